@@ -1,0 +1,139 @@
+//! `feature-extract`: the pushdown function of HAPI (Petrescu et al., SoCC 2024).
+//!
+//! Reads the invocation's objects from the tenant's granted bucket, decodes them (JPEG, PNG;
+//! grayscale becomes RGB), preprocesses them as the model's package says (resize, centre crop,
+//! normalise), batches them into an NCHW f32 tensor and runs layers [0, split) of the model
+//! through wasi-nn, by loading the graph named `<model>[0..split]`. The output tensor's first
+//! dimension follows the order of the invocation's keys.
+//!
+//! Options: none; any option is rejected, so a typo does not go unnoticed.
+//!
+//! Build: `cargo component build --release --target wasm32-wasip2`, or plain
+//! `cargo build --release` in `guest-fns/` (its `.cargo/config.toml` selects wasm32-wasip2).
+
+#[allow(clippy::too_many_arguments)] // generated bindings
+mod bindings {
+    wit_bindgen::generate!({
+        world: "pushdown",
+        path: "../../wit",
+        generate_all,
+        pub_export_macro: true,
+    });
+}
+
+use bindings::hapi::pushdown::models::{self, ModelInfo};
+use bindings::hapi::pushdown::objects;
+use bindings::hapi::pushdown::types::ElementType;
+use bindings::wasi::nn::{self, graph, tensor};
+use bindings::{Error, Guest, Invocation, TensorOut};
+use hapi_preprocess::{Transform, decode, transform_into};
+
+/// Most objects in one invocation. The host caps bytes read and output size as well; this
+/// bounds the preprocessed batch (150,528 f32 per 224x224 sample, about 600 KB).
+pub const MAX_KEYS: usize = 1024;
+
+struct FeatureExtract;
+
+impl Guest for FeatureExtract {
+    fn run(invocation: Invocation) -> Result<TensorOut, Error> {
+        if let Some((key, _)) = invocation.options.first() {
+            return Err(Error::BadRequest(format!(
+                "feature-extract takes no options (got `{key}`)"
+            )));
+        }
+        if invocation.keys.is_empty() || invocation.keys.len() > MAX_KEYS {
+            return Err(Error::BadRequest(format!(
+                "{} keys; an invocation takes 1..={MAX_KEYS}",
+                invocation.keys.len()
+            )));
+        }
+        let info = models::describe(&invocation.model).map_err(Error::BadRequest)?;
+        if invocation.split > info.layers {
+            return Err(Error::BadRequest(format!(
+                "split {} is past the last layer of `{}` ({} layers)",
+                invocation.split, info.name, info.layers
+            )));
+        }
+        let transform = transform_of(&info)?;
+        let mut batch = Vec::with_capacity(invocation.keys.len() * transform.sample_len());
+        for key in &invocation.keys {
+            let bytes = objects::get(&invocation.bucket, key).map_err(Error::Object)?;
+            let image = decode(&bytes).map_err(|e| Error::BadObject(format!("{key}: {e}")))?;
+            transform_into(&image, &transform, &mut batch)
+                .map_err(|e| Error::BadObject(format!("{key}: {e}")))?;
+        }
+        let crop = transform.crop;
+        let dims = vec![invocation.keys.len() as u32, 3, crop, crop];
+        let data: Vec<u8> = batch.iter().flat_map(|v| v.to_le_bytes()).collect();
+        if invocation.split == 0 {
+            return Ok(TensorOut {
+                dimensions: dims,
+                ty: ElementType::F32,
+                data,
+            });
+        }
+        infer(&info.name, invocation.split, dims, data)
+    }
+}
+
+fn transform_of(info: &ModelInfo) -> Result<Transform, Error> {
+    let spec = &info.input;
+    let three = |v: &[f32], what: &str| -> Result<[f32; 3], Error> {
+        v.try_into().map_err(|_| {
+            Error::Inference(format!(
+                "model `{}`: {what} has {} values, expected 3",
+                info.name,
+                v.len()
+            ))
+        })
+    };
+    if spec.channels != 3 || spec.height != spec.crop || spec.width != spec.crop {
+        return Err(Error::Inference(format!(
+            "model `{}` takes {}x{}x{} input, which this function does not produce",
+            info.name, spec.channels, spec.height, spec.width
+        )));
+    }
+    Ok(Transform {
+        resize: spec.resize,
+        crop: spec.crop,
+        mean: three(&spec.mean, "mean")?,
+        std: three(&spec.std, "std")?,
+    })
+}
+
+fn nn_error(what: &str, e: nn::errors::Error) -> Error {
+    Error::Inference(format!("{what}: {:?}: {}", e.code(), e.data()))
+}
+
+fn infer(model: &str, split: u32, dims: Vec<u32>, data: Vec<u8>) -> Result<TensorOut, Error> {
+    let name = format!("{model}[0..{split}]");
+    let graph =
+        graph::load_by_name(&name).map_err(|e| nn_error(&format!("loading graph `{name}`"), e))?;
+    let context = graph
+        .init_execution_context()
+        .map_err(|e| nn_error("creating an execution context", e))?;
+    let input = tensor::Tensor::new(&dims, tensor::TensorType::Fp32, &data);
+    let mut outputs = context
+        .compute(vec![("input".to_string(), input)])
+        .map_err(|e| nn_error(&format!("running `{name}`"), e))?;
+    if outputs.len() != 1 {
+        return Err(Error::Inference(format!(
+            "`{name}` returned {} tensors, expected 1",
+            outputs.len()
+        )));
+    }
+    let (_, output) = outputs.remove(0);
+    if output.ty() != tensor::TensorType::Fp32 {
+        return Err(Error::Inference(format!(
+            "`{name}` returned {:?}, expected FP32",
+            output.ty()
+        )));
+    }
+    Ok(TensorOut {
+        dimensions: output.dimensions(),
+        ty: ElementType::F32,
+        data: output.data(),
+    })
+}
+
+bindings::export!(FeatureExtract with_types_in bindings);

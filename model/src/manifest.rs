@@ -1,0 +1,181 @@
+//! The model package manifest (`manifest.json`), as the exporter writes it.
+
+use crate::{ModelError, Result};
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+
+/// The manifest format this crate reads.
+pub const FORMAT: u32 = 1;
+
+/// What a model package is: its origin, its input, and its flat list of layers.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Manifest {
+    pub format: u32,
+    /// Short name used in graph names (`resnet18[0..4]`): lowercase, digits, `_`.
+    pub name: String,
+    pub display_name: String,
+    /// Where the model code and weights come from.
+    pub source: String,
+    pub license: String,
+    /// Origin of the weights, or text starting with `random-init` for untrained ones.
+    pub weights: String,
+    pub torch_version: String,
+    pub input: InputSpec,
+    /// File with one class label per line, for models with a classifier.
+    pub labels: Option<String>,
+    /// Layers [0, freeze_index) are frozen in transfer learning (the paper's index).
+    pub freeze_index: usize,
+    pub layers: Vec<Layer>,
+}
+
+/// The model's input: per-sample shape (C, H, W) and its preprocessing.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct InputSpec {
+    pub shape: Vec<i64>,
+    /// Shorter side is resized to this many pixels...
+    pub resize: u32,
+    /// ...then the centre `crop` x `crop` square is taken.
+    pub crop: u32,
+    /// Per-channel normalisation of pixels scaled to [0, 1]: (x - mean) / std.
+    pub mean: [f32; 3],
+    pub std: [f32; 3],
+}
+
+/// One segment: a TorchScript file and the per-sample shapes it maps between.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Layer {
+    pub name: String,
+    pub file: String,
+    pub input_shape: Vec<i64>,
+    pub output_shape: Vec<i64>,
+    pub params: u64,
+}
+
+impl Layer {
+    /// fp32 bytes of one sample's output: what crossing the network after this layer costs.
+    pub fn output_bytes_per_sample(&self) -> u64 {
+        4 * self
+            .output_shape
+            .iter()
+            .map(|&d| u64::try_from(d).unwrap_or(0))
+            .product::<u64>()
+    }
+}
+
+impl Manifest {
+    /// Reads and validates `<dir>/manifest.json`.
+    pub fn load(dir: &Path) -> Result<Self> {
+        let path = dir.join("manifest.json");
+        let text = std::fs::read_to_string(&path).map_err(|source| ModelError::Io {
+            path: path.clone(),
+            source,
+        })?;
+        let manifest: Manifest =
+            serde_json::from_str(&text).map_err(|source| ModelError::ManifestParse {
+                path: path.clone(),
+                source,
+            })?;
+        manifest
+            .validate()
+            .map_err(|reason| ModelError::InvalidManifest { path, reason })?;
+        Ok(manifest)
+    }
+
+    /// Checks everything that can be checked without libtorch: format, names, freeze index,
+    /// and that each layer's input shape is the previous layer's output shape.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.format != FORMAT {
+            return Err(format!(
+                "format {} is not supported (expected {FORMAT})",
+                self.format
+            ));
+        }
+        let name_ok = !self.name.is_empty()
+            && self
+                .name
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+        if !name_ok {
+            return Err(format!(
+                "name `{}` must be non-empty lowercase ASCII letters, digits and `_`",
+                self.name
+            ));
+        }
+        if self.layers.is_empty() {
+            return Err("no layers".into());
+        }
+        if self.freeze_index > self.layers.len() {
+            return Err(format!(
+                "freeze_index {} is past the last layer ({} layers)",
+                self.freeze_index,
+                self.layers.len()
+            ));
+        }
+        check_shape("input.shape", &self.input.shape)?;
+        if self.input.shape.len() != 3 {
+            return Err(format!(
+                "input.shape {:?} must be (channels, height, width)",
+                self.input.shape
+            ));
+        }
+        if self.input.std.iter().any(|s| !(*s > 0.0 && s.is_finite())) {
+            return Err(format!("input.std {:?} must be positive", self.input.std));
+        }
+        if self.input.crop == 0 || self.input.resize < self.input.crop {
+            return Err(format!(
+                "input.resize {} must be at least input.crop {} (> 0)",
+                self.input.resize, self.input.crop
+            ));
+        }
+        let mut previous = ("input.shape".to_string(), &self.input.shape);
+        for (i, layer) in self.layers.iter().enumerate() {
+            if !is_plain_file_name(&layer.file) {
+                return Err(format!(
+                    "layer {i} `{}`: file `{}` must be a plain file name",
+                    layer.name, layer.file
+                ));
+            }
+            check_shape(&format!("layer {i} input_shape"), &layer.input_shape)?;
+            check_shape(&format!("layer {i} output_shape"), &layer.output_shape)?;
+            if &layer.input_shape != previous.1 {
+                return Err(format!(
+                    "shapes do not chain: layer {i} `{}` takes {:?} but {} is {:?}",
+                    layer.name, layer.input_shape, previous.0, previous.1
+                ));
+            }
+            previous = (
+                format!("layer {} `{}` output", i, layer.name),
+                &layer.output_shape,
+            );
+        }
+        if let Some(labels) = &self.labels
+            && !is_plain_file_name(labels)
+        {
+            return Err(format!("labels `{labels}` must be a plain file name"));
+        }
+        Ok(())
+    }
+
+    pub fn is_random_init(&self) -> bool {
+        self.weights.starts_with("random-init")
+    }
+}
+
+fn check_shape(what: &str, shape: &[i64]) -> Result<(), String> {
+    if shape.is_empty() || shape.iter().any(|&d| d <= 0) {
+        return Err(format!("{what} {shape:?} must have positive dimensions"));
+    }
+    Ok(())
+}
+
+fn is_plain_file_name(name: &str) -> bool {
+    !name.is_empty()
+        && name != "."
+        && name != ".."
+        && !name.contains('/')
+        && !name.contains('\\')
+        && !name.contains('\0')
+}

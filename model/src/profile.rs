@@ -1,0 +1,51 @@
+//! Per-layer forward time and output size on this process's device: the numbers the split
+//! choice is made from.
+
+use crate::{ModelPackage, Result, device};
+use serde::Serialize;
+use std::time::Instant;
+use tch::Tensor;
+
+/// One layer's cost at one batch size.
+#[derive(Clone, Debug, Serialize)]
+pub struct LayerProfile {
+    pub index: usize,
+    pub name: String,
+    pub batch: i64,
+    /// Median over the repetitions of the batch's forward time, divided by the batch size.
+    pub seconds_per_sample: f64,
+    pub output_bytes_per_sample: u64,
+}
+
+/// Times every layer of `pkg` on a random batch of `batch` samples: one warm-up run, then the
+/// median of `reps` runs. Each layer gets the previous layer's real output as input.
+pub fn profile_layers(pkg: &ModelPackage, batch: i64, reps: usize) -> Result<Vec<LayerProfile>> {
+    let reps = reps.max(1);
+    let shape: Vec<i64> = std::iter::once(batch)
+        .chain(pkg.manifest().input.shape.iter().copied())
+        .collect();
+    tch::manual_seed(0);
+    let mut x = Tensor::randn(shape.as_slice(), (tch::Kind::Float, pkg.device()));
+    let mut out = Vec::with_capacity(pkg.num_layers());
+    for (i, layer) in pkg.manifest().layers.iter().enumerate() {
+        let mut y = pkg.run(i..i + 1, &x)?; // warm-up
+        let mut times = Vec::with_capacity(reps);
+        for _ in 0..reps {
+            device::synchronize(pkg.device());
+            let started = Instant::now();
+            y = pkg.run(i..i + 1, &x)?;
+            device::synchronize(pkg.device());
+            times.push(started.elapsed().as_secs_f64());
+        }
+        times.sort_by(f64::total_cmp);
+        out.push(LayerProfile {
+            index: i,
+            name: layer.name.clone(),
+            batch,
+            seconds_per_sample: times[times.len() / 2] / batch as f64,
+            output_bytes_per_sample: layer.output_bytes_per_sample(),
+        });
+        x = y;
+    }
+    Ok(out)
+}

@@ -1,0 +1,226 @@
+//! Image preprocessing with one definition for both tiers.
+//!
+//! The Wasm pushdown guest (storage tier) and the trainer's no-pushdown baseline (compute tier)
+//! both call this crate, so "decode, resize, crop, normalise" means the same thing bit for bit
+//! on either side, and features do not depend on where they were computed.
+//!
+//! The pipeline is the usual ImageNet evaluation transform: decode (JPEG or PNG), convert to
+//! RGB (grayscale is replicated), resize so the shorter side is `resize` pixels (bilinear with
+//! antialiasing), take the centre `crop` x `crop` square, scale to [0, 1] and normalise each
+//! channel with `(x - mean) / std`, laid out as CHW f32.
+
+use image::{DynamicImage, ImageFormat, ImageReader, Limits, RgbImage, imageops::FilterType};
+use std::io::Cursor;
+
+/// Largest width or height accepted from a stored object. ImageNet photos are about 500 px;
+/// this leaves room for large photos while a crafted header cannot claim gigapixels.
+pub const MAX_IMAGE_SIDE: u32 = 8192;
+/// Largest decoder allocation: an 8192 x 8192 RGBA image.
+pub const MAX_DECODE_BYTES: u64 = 8192 * 8192 * 4;
+
+/// The transform parameters (a model package's `input` section).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Transform {
+    pub resize: u32,
+    pub crop: u32,
+    pub mean: [f32; 3],
+    pub std: [f32; 3],
+}
+
+#[derive(Debug, thiserror::Error, PartialEq)]
+#[non_exhaustive]
+pub enum PreprocessError {
+    #[error("not a JPEG or PNG image")]
+    UnknownFormat,
+    #[error("cannot decode {format}: {message}")]
+    Decode {
+        format: &'static str,
+        message: String,
+    },
+    #[error("image is {width}x{height}; each side must be 1..={MAX_IMAGE_SIDE} pixels")]
+    BadSize { width: u32, height: u32 },
+    #[error("bad transform: {0}")]
+    BadTransform(String),
+}
+
+impl Transform {
+    fn check(&self) -> Result<(), PreprocessError> {
+        if self.crop == 0 || self.resize < self.crop {
+            return Err(PreprocessError::BadTransform(format!(
+                "resize {} must be >= crop {} > 0",
+                self.resize, self.crop
+            )));
+        }
+        if self.std.iter().any(|s| !(*s > 0.0 && s.is_finite())) {
+            return Err(PreprocessError::BadTransform(format!(
+                "std {:?} must be positive",
+                self.std
+            )));
+        }
+        Ok(())
+    }
+
+    /// Elements of one preprocessed sample: 3 x crop x crop.
+    pub fn sample_len(&self) -> usize {
+        3 * self.crop as usize * self.crop as usize
+    }
+}
+
+/// Decodes a JPEG or PNG into 8-bit RGB, with size and allocation limits.
+pub fn decode(bytes: &[u8]) -> Result<RgbImage, PreprocessError> {
+    let format = match image::guess_format(bytes) {
+        Ok(f @ (ImageFormat::Jpeg | ImageFormat::Png)) => f,
+        _ => return Err(PreprocessError::UnknownFormat),
+    };
+    let name = if format == ImageFormat::Png {
+        "PNG"
+    } else {
+        "JPEG"
+    };
+    let decode_err = |e: image::ImageError| PreprocessError::Decode {
+        format: name,
+        message: e.to_string(),
+    };
+    let mut reader = ImageReader::with_format(Cursor::new(bytes), format);
+    let mut limits = Limits::default();
+    limits.max_image_width = Some(MAX_IMAGE_SIDE);
+    limits.max_image_height = Some(MAX_IMAGE_SIDE);
+    limits.max_alloc = Some(MAX_DECODE_BYTES);
+    reader.limits(limits);
+    let img = reader.decode().map_err(|e| match e {
+        image::ImageError::Limits(_) => {
+            match ImageReader::with_format(Cursor::new(bytes), format).into_dimensions() {
+                Ok((width, height)) => PreprocessError::BadSize { width, height },
+                Err(e) => decode_err(e),
+            }
+        }
+        e => decode_err(e),
+    })?;
+    if img.width() == 0 || img.height() == 0 {
+        return Err(PreprocessError::BadSize {
+            width: img.width(),
+            height: img.height(),
+        });
+    }
+    Ok(match img {
+        DynamicImage::ImageRgb8(rgb) => rgb,
+        other => other.to_rgb8(),
+    })
+}
+
+/// Resize (shorter side), centre crop and normalise an RGB image into CHW f32, appended to `out`.
+pub fn transform_into(
+    img: &RgbImage,
+    t: &Transform,
+    out: &mut Vec<f32>,
+) -> Result<(), PreprocessError> {
+    t.check()?;
+    let (w, h) = img.dimensions();
+    // Shorter side to `resize`, keeping the aspect ratio (rounded, at least `crop`).
+    let (nw, nh) = if w <= h {
+        let nh = (u64::from(h) * u64::from(t.resize)).div_ceil(u64::from(w).max(1));
+        (t.resize, u32::try_from(nh).unwrap_or(u32::MAX).max(t.crop))
+    } else {
+        let nw = (u64::from(w) * u64::from(t.resize)).div_ceil(u64::from(h).max(1));
+        (u32::try_from(nw).unwrap_or(u32::MAX).max(t.crop), t.resize)
+    };
+    let resized = image::imageops::resize(img, nw, nh, FilterType::Triangle);
+    let left = (nw - t.crop) / 2;
+    let top = (nh - t.crop) / 2;
+    let plane = t.crop as usize * t.crop as usize;
+    let start = out.len();
+    out.resize(start + 3 * plane, 0.0);
+    let dst = &mut out[start..];
+    for y in 0..t.crop {
+        for x in 0..t.crop {
+            let p = resized.get_pixel(left + x, top + y).0;
+            let i = y as usize * t.crop as usize + x as usize;
+            for c in 0..3 {
+                dst[c * plane + i] = (f32::from(p[c]) / 255.0 - t.mean[c]) / t.std[c];
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Decode and transform one encoded image into CHW f32.
+pub fn preprocess(bytes: &[u8], t: &Transform) -> Result<Vec<f32>, PreprocessError> {
+    let img = decode(bytes)?;
+    let mut out = Vec::with_capacity(t.sample_len());
+    transform_into(&img, t, &mut out)?;
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const T: Transform = Transform {
+        resize: 8,
+        crop: 4,
+        mean: [0.5, 0.5, 0.5],
+        std: [0.25, 0.25, 0.25],
+    };
+
+    fn png(img: &DynamicImage) -> Vec<u8> {
+        let mut buf = Cursor::new(Vec::new());
+        img.write_to(&mut buf, ImageFormat::Png).expect("encode");
+        buf.into_inner()
+    }
+
+    #[test]
+    fn grayscale_becomes_three_equal_channels() {
+        let gray = image::GrayImage::from_fn(10, 6, |x, y| image::Luma([(x * 20 + y) as u8]));
+        let out = preprocess(&png(&DynamicImage::ImageLuma8(gray)), &T).expect("ok");
+        assert_eq!(out.len(), T.sample_len());
+        let plane = 16;
+        assert_eq!(out[..plane], out[plane..2 * plane]);
+        assert_eq!(out[..plane], out[2 * plane..]);
+    }
+
+    #[test]
+    fn uniform_image_normalises_to_the_expected_value() {
+        let img = RgbImage::from_pixel(20, 30, image::Rgb([255, 0, 128]));
+        let out = preprocess(&png(&DynamicImage::ImageRgb8(img)), &T).expect("ok");
+        assert!(out[..16].iter().all(|v| (v - 2.0).abs() < 1e-6)); // (1 - .5) / .25
+        assert!(out[16..32].iter().all(|v| (v + 2.0).abs() < 1e-6)); // (0 - .5) / .25
+        let mid = (128.0 / 255.0 - 0.5) / 0.25;
+        assert!(out[32..].iter().all(|v| (v - mid).abs() < 1e-6));
+    }
+
+    #[test]
+    fn garbage_and_truncated_images_are_errors() {
+        assert_eq!(decode(b"hello"), Err(PreprocessError::UnknownFormat));
+        let img = RgbImage::from_pixel(20, 30, image::Rgb([1, 2, 3]));
+        let bytes = png(&DynamicImage::ImageRgb8(img));
+        let err = decode(&bytes[..bytes.len() / 2]).expect_err("truncated");
+        assert!(
+            matches!(err, PreprocessError::Decode { format: "PNG", .. }),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn oversized_image_is_refused() {
+        let wide = RgbImage::new(MAX_IMAGE_SIDE + 1, 1);
+        let err = decode(&png(&DynamicImage::ImageRgb8(wide))).expect_err("too wide");
+        assert_eq!(
+            err,
+            PreprocessError::BadSize {
+                width: MAX_IMAGE_SIDE + 1,
+                height: 1
+            }
+        );
+    }
+
+    #[test]
+    fn bad_transform_is_an_error() {
+        let img = RgbImage::new(4, 4);
+        let mut out = Vec::new();
+        let bad = Transform { crop: 9, ..T };
+        assert!(matches!(
+            transform_into(&img, &bad, &mut out),
+            Err(PreprocessError::BadTransform(_))
+        ));
+    }
+}

@@ -1,0 +1,111 @@
+//! `cargo xtask`: the project's tasks.
+//!
+//! Every command first runs `setup`, which installs whatever is missing (Wasm target, libtorch,
+//! the exporter's Python tools, Fashion-MNIST, model packages) into a cache outside the clone,
+//! so that a fresh clone on a warm machine is ready in seconds.
+
+mod setup;
+mod sh;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+const USAGE: &str = "\
+usage: cargo xtask <command> [options]
+
+commands:
+  setup              install what is missing (idempotent); prints where things are
+  test [--no-lint]   setup, build the guests, run fmt/clippy and every test
+  bench models       per-layer forward time and output bytes of every model package
+                     (table on stdout, JSON in target/bench/models.json)
+  env                print the environment (LIBTORCH, HAPI_MODELS, ...) as shell exports
+
+environment:
+  HAPI_CACHE         cache directory (default ~/.cache/hapi-rs)
+  HAPI_DEVICE        cpu | cuda (default: cuda when `nvidia-smi` finds a GPU)
+  HAPI_MODELS_ONLY   comma-separated model names to export (default: all)
+";
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let started = Instant::now();
+    let result = match args.first().map(String::as_str) {
+        Some("setup") => setup::run().map(|env| env.print_summary()),
+        Some("env") => setup::run().map(|env| env.print_exports()),
+        Some("test") => test(&args[1..]),
+        Some("bench") => bench(&args[1..]),
+        Some("-h" | "--help" | "help") | None => {
+            print!("{USAGE}");
+            Ok(())
+        }
+        Some(other) => Err(format!("unknown command `{other}`\n\n{USAGE}")),
+    };
+    match result {
+        Ok(()) => {
+            eprintln!("xtask: done in {:.1}s", started.elapsed().as_secs_f64());
+            ExitCode::SUCCESS
+        }
+        Err(message) => {
+            eprintln!("xtask: error: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn test(args: &[String]) -> Result<(), String> {
+    let lint = !args.iter().any(|a| a == "--no-lint");
+    if let Some(bad) = args.iter().find(|a| *a != "--no-lint") {
+        return Err(format!("unknown option `{bad}` for `test`"));
+    }
+    let env = setup::run()?;
+    let guests = env.workspace.join("guest-fns");
+    sh::step("building the guests (wasm32-wasip2)");
+    env.cargo_in(&guests, &["build", "--release"])?;
+    if lint {
+        sh::step("cargo fmt --check");
+        env.cargo(&["fmt", "--all", "--check"])?;
+        sh::step("cargo clippy");
+        env.cargo(&[
+            "clippy",
+            "--workspace",
+            "--all-targets",
+            "--",
+            "-D",
+            "warnings",
+        ])?;
+        env.cargo_in(&guests, &["fmt", "--all", "--check"])?;
+        env.cargo_in(&guests, &["clippy", "--release", "--", "-D", "warnings"])?;
+    }
+    sh::step("cargo test");
+    env.cargo(&["test", "--workspace", "--all-targets"])?;
+    Ok(())
+}
+
+fn bench(args: &[String]) -> Result<(), String> {
+    match args.first().map(String::as_str) {
+        Some("models") => {
+            let env = setup::run()?;
+            let out = env.workspace.join("target/bench");
+            std::fs::create_dir_all(&out).map_err(|e| format!("{}: {e}", out.display()))?;
+            let json: PathBuf = out.join("models.json");
+            let json = json.to_string_lossy().into_owned();
+            let mut cmd = vec![
+                "run",
+                "--release",
+                "--package",
+                "hapi-model",
+                "--bin",
+                "hapi-model",
+                "--",
+                "bench",
+                "--json",
+                &json,
+            ];
+            cmd.extend(args[1..].iter().map(String::as_str));
+            env.cargo(&cmd)
+        }
+        Some(other) => Err(format!("unknown benchmark `{other}` (known: models)")),
+        None => Err("usage: cargo xtask bench models [--batch N ...]".into()),
+    }
+}

@@ -19,6 +19,8 @@ commands:
   test [--no-lint]   setup, build the guests, run fmt/clippy and every test
   bench models       per-layer forward time and output bytes of every model package
                      (table on stdout, JSON in target/bench/models.json)
+  bench host         one invocation's cost: empty pushdown, Wasm vs native extraction,
+                     HTTP latency breakdown (table, JSON in target/bench/host.json)
   env                print the environment (LIBTORCH, HAPI_MODELS, ...) as shell exports
 
 environment:
@@ -105,7 +107,24 @@ fn bench(args: &[String]) -> Result<(), String> {
             cmd.extend(args[1..].iter().map(String::as_str));
             env.cargo(&cmd)
         }
-        Some(other) => Err(format!("unknown benchmark `{other}` (known: models)")),
-        None => Err("usage: cargo xtask bench models [--batch N ...]".into()),
+        Some("host") => {
+            let env = setup::run()?;
+            sh::step("building the guests (wasm32-wasip2)");
+            env.cargo_in(&env.workspace.join("guest-fns"), &["build", "--release"])?;
+            let json = env.workspace.join("target/bench/host.json");
+            let json = json.to_string_lossy().into_owned();
+            env.cargo(&[
+                "bench",
+                "--package",
+                "hapi-host",
+                "--bench",
+                "host",
+                "--",
+                "--json",
+                &json,
+            ])
+        }
+        Some(other) => Err(format!("unknown benchmark `{other}` (known: models, host)")),
+        None => Err("usage: cargo xtask bench models|host [options]".into()),
     }
 }

@@ -1,0 +1,116 @@
+//! Prometheus metrics, in the text exposition format.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
+
+#[derive(Debug, Default, Clone, Copy)]
+struct Series {
+    count: u64,
+    seconds: f64,
+    compute_seconds: f64,
+    read_bytes: u64,
+    output_bytes: u64,
+}
+
+/// A metric family: name, type, help and how to read it from a series.
+type Family = (
+    &'static str,
+    &'static str,
+    &'static str,
+    fn(&Series) -> String,
+);
+
+/// Per tenant, function and outcome code.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    series: Mutex<BTreeMap<(String, String, String), Series>>,
+}
+
+/// One finished invocation, as metrics see it.
+#[derive(Debug, Clone, Copy)]
+pub struct Observation<'a> {
+    pub tenant: &'a str,
+    pub function: &'a str,
+    pub code: &'a str,
+    pub total: Duration,
+    pub compute: Duration,
+    pub read_bytes: u64,
+    pub output_bytes: u64,
+}
+
+fn escape(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+impl Metrics {
+    pub fn observe(&self, o: Observation<'_>) {
+        let mut map = self.series.lock().unwrap_or_else(PoisonError::into_inner);
+        let s = map
+            .entry((
+                o.tenant.to_string(),
+                o.function.to_string(),
+                o.code.to_string(),
+            ))
+            .or_default();
+        s.count += 1;
+        s.seconds += o.total.as_secs_f64();
+        s.compute_seconds += o.compute.as_secs_f64();
+        s.read_bytes += o.read_bytes;
+        s.output_bytes += o.output_bytes;
+    }
+
+    pub fn render(&self) -> String {
+        let map = self.series.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut out = String::new();
+        let families: [Family; 5] = [
+            (
+                "hapi_invocations_total",
+                "counter",
+                "Invocations by tenant, function and outcome code.",
+                |s| s.count.to_string(),
+            ),
+            (
+                "hapi_invocation_seconds_total",
+                "counter",
+                "Wall time of invocations.",
+                |s| s.seconds.to_string(),
+            ),
+            (
+                "hapi_compute_seconds_total",
+                "counter",
+                "Time in model segments (wasi-nn compute).",
+                |s| s.compute_seconds.to_string(),
+            ),
+            (
+                "hapi_read_bytes_total",
+                "counter",
+                "Object bytes read by invocations.",
+                |s| s.read_bytes.to_string(),
+            ),
+            (
+                "hapi_output_bytes_total",
+                "counter",
+                "Tensor bytes returned by invocations.",
+                |s| s.output_bytes.to_string(),
+            ),
+        ];
+        for (name, kind, help, value) in families {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+            for ((tenant, function, code), s) in map.iter() {
+                let _ = writeln!(
+                    out,
+                    "{name}{{tenant=\"{}\",function=\"{}\",code=\"{}\"}} {}",
+                    escape(tenant),
+                    escape(function),
+                    escape(code),
+                    value(s)
+                );
+            }
+        }
+        out
+    }
+}

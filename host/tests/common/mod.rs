@@ -1,0 +1,252 @@
+//! Test support: guests built from source, a store with real Fashion-MNIST objects, a policy,
+//! and the host serving on a real socket.
+#![allow(dead_code)] // each test binary uses a different part
+
+use hapi_host::policy::{Policy, hash_token};
+use hapi_host::{Host, api};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+
+pub const ALICE: &str = "alice-token";
+pub const BOB: &str = "bob-token";
+pub const TIGHT: &str = "tight-token";
+
+pub fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// Builds the guests (`guest-fns/`) from source once per test binary; returns the directory
+/// holding `<name>.wasm`.
+pub fn guests() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = workspace().join("guest-fns");
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let out = std::process::Command::new(cargo)
+            .args(["build", "--release", "--quiet"])
+            .current_dir(&dir)
+            .env_remove("CARGO_TARGET_DIR")
+            .env_remove("RUSTFLAGS")
+            .output()
+            .expect("running cargo for the guests");
+        assert!(
+            out.status.success(),
+            "building guests failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        workspace().join(".hapi/target-guests/wasm32-wasip2/release")
+    })
+}
+
+pub fn guest(name: &str) -> PathBuf {
+    let p = guests().join(format!("{}.wasm", name.replace('-', "_")));
+    assert!(p.exists(), "{} was not built", p.display());
+    p
+}
+
+pub struct TestHost {
+    pub url: String,
+    pub host: Arc<Host>,
+    pub store: PathBuf,
+    pub policy_path: PathBuf,
+    _tmp: tempfile::TempDir,
+    pub client: reqwest::Client,
+}
+
+/// Fashion-MNIST test-split samples written to `<store>/datasets/fashion-mnist/...`.
+pub const SAMPLES: [usize; 6] = [0, 1, 2, 3, 1000, 9999];
+
+pub fn sample_key(i: usize) -> String {
+    let data = fashion_test();
+    let prefix = object_store::path::Path::from("fashion-mnist");
+    hapi_data::fashion_mnist::key(&prefix, "test", data.labels[i], i).to_string()
+}
+
+pub fn fashion_test() -> &'static hapi_data::fashion_mnist::Split {
+    static S: OnceLock<hapi_data::fashion_mnist::Split> = OnceLock::new();
+    S.get_or_init(|| {
+        let src = std::env::var_os("HAPI_FASHION_MNIST").map_or_else(
+            || PathBuf::from(hapi_data::fashion_mnist::DEFAULT_SOURCE),
+            PathBuf::from,
+        );
+        hapi_data::fashion_mnist::read_split(&src, "t10k")
+            .expect("Fashion-MNIST (run `cargo xtask setup`)")
+    })
+}
+
+fn write_store(store: &Path) {
+    let data = fashion_test();
+    for i in SAMPLES {
+        let path = store.join("datasets").join(sample_key(i));
+        std::fs::create_dir_all(path.parent().expect("parent")).expect("mkdir");
+        let png = hapi_data::fashion_mnist::encode_png(data.image(i), 28, 28).expect("png");
+        std::fs::write(path, png).expect("write");
+    }
+    // Something outside alice's grant, in her bucket, and bob's private bucket.
+    std::fs::create_dir_all(store.join("datasets/private")).expect("mkdir");
+    std::fs::write(
+        store.join("datasets/private/notes.txt"),
+        b"alice may not read this",
+    )
+    .expect("write");
+    std::fs::create_dir_all(store.join("secret/bob")).expect("mkdir");
+    std::fs::write(store.join("secret/bob/data.bin"), b"bob's data").expect("write");
+    // Objects to test byte caps: 1 KiB and 4 KiB.
+    std::fs::write(
+        store.join("datasets/fashion-mnist/small.bin"),
+        vec![1u8; 1024],
+    )
+    .expect("write");
+    std::fs::write(
+        store.join("datasets/fashion-mnist/big.bin"),
+        vec![2u8; 4096],
+    )
+    .expect("write");
+    std::fs::write(
+        store.join("datasets/fashion-mnist/corrupt.png"),
+        b"\x89PNG\r\n\x1a\nnot really",
+    )
+    .expect("write");
+}
+
+pub fn policy_text(store: &Path, state: &Path) -> String {
+    let models = hapi_model::models_dir();
+    format!(
+        r#"
+[host]
+listen = "127.0.0.1:0"
+store = "{store}"
+models = "{models}"
+state = "{state}"
+device = "cpu"
+
+[tenants.alice]
+token_sha256 = "{alice}"
+grants = [{{ bucket = "datasets", prefix = "fashion-mnist/" }}]
+models = ["efficientnet_lite0", "resnet18"]
+memory = "512MiB"
+timeout = "20s"
+deploy = true
+[tenants.alice.functions]
+feature-extract = "{fe}"
+hostile = "{hostile}"
+
+[tenants.bob]
+token_sha256 = "{bob}"
+grants = [{{ bucket = "secret", prefix = "bob/" }}]
+models = ["resnet18"]
+[tenants.bob.functions]
+feature-extract = "{fe}"
+hostile = "{hostile}"
+
+[tenants.tight]
+token_sha256 = "{tight}"
+grants = [{{ bucket = "datasets", prefix = "fashion-mnist/" }}]
+models = ["resnet18"]
+memory = "32MiB"
+timeout = "1s"
+max_output = "64KiB"
+max_object = "2KiB"
+max_read = "3KiB"
+concurrency = 2
+[tenants.tight.functions]
+hostile = "{hostile}"
+"#,
+        store = store.display(),
+        models = models.display(),
+        state = state.display(),
+        alice = hash_token(ALICE),
+        bob = hash_token(BOB),
+        tight = hash_token(TIGHT),
+        fe = guest("feature-extract").display(),
+        hostile = guest("hostile").display(),
+    )
+}
+
+impl TestHost {
+    pub async fn start() -> Self {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let store = tmp.path().join("store");
+        write_store(&store);
+        let policy_path = tmp.path().join("policy.toml");
+        std::fs::write(&policy_path, policy_text(&store, &tmp.path().join("state")))
+            .expect("policy");
+        let policy = Policy::load(&policy_path).expect("policy parses");
+        let host = tokio::task::spawn_blocking(move || Host::start(policy))
+            .await
+            .expect("join")
+            .expect("host starts");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let url = format!("http://{}", listener.local_addr().expect("addr"));
+        let router = api::router(Arc::clone(&host));
+        tokio::spawn(async move { axum::serve(listener, router).await });
+        Self {
+            url,
+            host,
+            store,
+            policy_path,
+            _tmp: tmp,
+            client: reqwest::Client::new(),
+        }
+    }
+
+    pub async fn invoke(
+        &self,
+        token: &str,
+        function: &str,
+        body: serde_json::Value,
+    ) -> reqwest::Response {
+        self.client
+            .post(format!("{}/v1/invoke/{function}", self.url))
+            .bearer_auth(token)
+            .json(&body)
+            .send()
+            .await
+            .expect("request")
+    }
+}
+
+/// The error code of a JSON error response, after checking its status.
+pub async fn error_code(resp: reqwest::Response, status: u16) -> (String, String) {
+    let got = resp.status().as_u16();
+    let body: serde_json::Value = resp.json().await.expect("JSON error body");
+    assert_eq!(got, status, "{body}");
+    (
+        body["code"].as_str().expect("code").to_string(),
+        body["message"].as_str().expect("message").to_string(),
+    )
+}
+
+/// The `features` tensor of a safetensors response: shape and f32 values.
+pub async fn features(resp: reqwest::Response) -> (Vec<usize>, Vec<f32>) {
+    let status = resp.status();
+    let bytes = resp.bytes().await.expect("body");
+    assert!(
+        status.is_success(),
+        "{status}: {}",
+        String::from_utf8_lossy(&bytes)
+    );
+    let st = safetensors::SafeTensors::deserialize(&bytes).expect("safetensors");
+    let t = st.tensor("features").expect("features tensor");
+    let values = t
+        .data()
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
+    (t.shape().to_vec(), values)
+}
+
+/// The bytes of a u8 `features` tensor.
+pub async fn raw(resp: reqwest::Response) -> Vec<u8> {
+    let status = resp.status();
+    let bytes = resp.bytes().await.expect("body");
+    assert!(
+        status.is_success(),
+        "{status}: {}",
+        String::from_utf8_lossy(&bytes)
+    );
+    let st = safetensors::SafeTensors::deserialize(&bytes).expect("safetensors");
+    st.tensor("features").expect("features").data().to_vec()
+}

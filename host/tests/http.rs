@@ -1,0 +1,167 @@
+//! The HTTP API over a real socket: authentication, routing, models, health and metrics.
+
+mod common;
+
+use common::{ALICE, TIGHT, TestHost, error_code, sample_key};
+use serde_json::json;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn missing_or_wrong_tokens_are_401() {
+    let h = TestHost::start().await;
+    let url = format!("{}/v1/invoke/feature-extract", h.url);
+    let resp = h
+        .client
+        .post(&url)
+        .json(&json!({}))
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(
+        resp.headers().get("www-authenticate").expect("challenge"),
+        "Bearer"
+    );
+    assert_eq!(error_code(resp, 401).await.0, "unauthenticated");
+    let resp = h
+        .client
+        .post(&url)
+        .bearer_auth("not-a-token")
+        .json(&json!({}))
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(error_code(resp, 401).await.0, "bad_token");
+    let resp = h
+        .client
+        .get(format!("{}/v1/models", h.url))
+        .header("authorization", "Basic abc")
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(error_code(resp, 401).await.0, "unauthenticated");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invoking_a_function_the_tenant_does_not_own_is_404() {
+    let h = TestHost::start().await;
+    // `tight` has only `hostile`; `feature-extract` is alice's and bob's.
+    let body =
+        json!({"bucket": "datasets", "keys": [sample_key(0)], "model": "resnet18", "split": 1});
+    let (code, message) = error_code(h.invoke(TIGHT, "feature-extract", body).await, 404).await;
+    assert_eq!(code, "function_not_found");
+    assert!(
+        message.contains("tenant `tight` has no function `feature-extract`"),
+        "{message}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_requests_are_400() {
+    let h = TestHost::start().await;
+    let resp = h
+        .client
+        .post(format!("{}/v1/invoke/feature-extract", h.url))
+        .bearer_auth(ALICE)
+        .body("{\"bucket\": ")
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(error_code(resp, 400).await.0, "bad_json");
+    let body =
+        json!({"bucket": "datasets", "keys": [], "model": "resnet18", "split": 1, "batch": 4});
+    let (code, message) = error_code(h.invoke(ALICE, "feature-extract", body).await, 400).await;
+    assert_eq!(code, "bad_json");
+    assert!(message.contains("unknown field `batch`"), "{message}");
+    let body = json!({"bucket": "datasets", "keys": [sample_key(0)], "model": "resnet18", "split": 1, "options": {"resize": "128"}});
+    let (code, message) = error_code(h.invoke(ALICE, "feature-extract", body).await, 400).await;
+    assert_eq!(code, "bad_request");
+    assert!(message.contains("takes no options"), "{message}");
+    let resp = h
+        .client
+        .get(format!("{}/v2/nothing", h.url))
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(error_code(resp, 404).await.0, "no_route");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn models_are_listed_per_tenant_and_profiled_on_this_device() {
+    let h = TestHost::start().await;
+    let models: serde_json::Value = h
+        .client
+        .get(format!("{}/v1/models", h.url))
+        .bearer_auth(ALICE)
+        .send()
+        .await
+        .expect("get")
+        .json()
+        .await
+        .expect("json");
+    let names: Vec<&str> = models
+        .as_array()
+        .expect("array")
+        .iter()
+        .filter_map(|m| m["name"].as_str())
+        .collect();
+    assert_eq!(names, ["efficientnet_lite0", "resnet18"]);
+    let resp = h
+        .client
+        .get(format!("{}/v1/models/resnet18/profile", h.url))
+        .bearer_auth(ALICE)
+        .send()
+        .await
+        .expect("get");
+    assert_eq!(resp.status(), 200);
+    let profile: serde_json::Value = resp.json().await.expect("json");
+    let layers = profile["layers"].as_array().expect("layers");
+    assert_eq!(layers.len(), 15);
+    assert!(
+        layers
+            .iter()
+            .all(|l| l["seconds_per_sample"].as_f64().is_some_and(|s| s > 0.0)),
+        "{profile}"
+    );
+    assert_eq!(layers[0]["output_bytes_per_sample"], 64 * 112 * 112 * 4);
+    let resp = h
+        .client
+        .get(format!("{}/v1/models/vgg11/profile", h.url))
+        .bearer_auth(ALICE)
+        .send()
+        .await
+        .expect("get");
+    assert_eq!(error_code(resp, 404).await.0, "model_not_found");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_and_metrics() {
+    let h = TestHost::start().await;
+    let health = h
+        .client
+        .get(format!("{}/healthz", h.url))
+        .send()
+        .await
+        .expect("get");
+    assert_eq!(health.status(), 200);
+    let body =
+        json!({"bucket": "datasets", "keys": [sample_key(0)], "model": "resnet18", "split": 1});
+    assert_eq!(h.invoke(ALICE, "feature-extract", body).await.status(), 200);
+    let text = h
+        .client
+        .get(format!("{}/metrics", h.url))
+        .send()
+        .await
+        .expect("get")
+        .text()
+        .await
+        .expect("text");
+    assert!(
+        text.contains(
+            r#"hapi_invocations_total{tenant="alice",function="feature-extract",code="ok"} 1"#
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains("# TYPE hapi_compute_seconds_total counter"),
+        "{text}"
+    );
+}

@@ -1,0 +1,271 @@
+//! Tenants reach only what they were granted; bad input of every kind gets a clear error.
+
+mod common;
+
+use common::{ALICE, BOB, TIGHT, TestHost, error_code, guest, raw, sample_key};
+use serde_json::json;
+
+fn read(bucket: &str, keys: &[&str]) -> serde_json::Value {
+    json!({"bucket": bucket, "keys": keys, "model": "resnet18", "split": 0, "options": {"mode": "read"}})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_outside_the_grant_are_denied() {
+    let h = TestHost::start().await;
+    // Its own grant works...
+    assert_eq!(
+        raw(h
+            .invoke(
+                ALICE,
+                "hostile",
+                read("datasets", &["fashion-mnist/small.bin"])
+            )
+            .await)
+        .await,
+        vec![1u8; 1024]
+    );
+    // ...nothing else does.
+    let cases: [(&str, &str); 8] = [
+        ("secret", "bob/data.bin"),
+        ("datasets", "private/notes.txt"),
+        ("datasets", "../secret/bob/data.bin"),
+        ("datasets", "fashion-mnist/../private/notes.txt"),
+        ("datasets", "/etc/passwd"),
+        ("datasets", "fashion-mnist//small.bin"),
+        ("datasets", "fashion-mnist/./small.bin"),
+        ("..", "etc/passwd"),
+    ];
+    for (bucket, key) in cases {
+        let (code, message) =
+            error_code(h.invoke(ALICE, "hostile", read(bucket, &[key])).await, 403).await;
+        assert_eq!(code, "object_denied", "{bucket}/{key}: {message}");
+    }
+    // Bob cannot read Alice's objects either.
+    let (code, _) = error_code(
+        h.invoke(
+            BOB,
+            "hostile",
+            read("datasets", &["fashion-mnist/small.bin"]),
+        )
+        .await,
+        403,
+    )
+    .await;
+    assert_eq!(code, "object_denied");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn listing_shows_only_granted_keys() {
+    let h = TestHost::start().await;
+    let body = json!({"bucket": "datasets", "keys": [], "model": "resnet18", "split": 0, "options": {"mode": "list", "prefix": "fashion-mnist/"}});
+    let listed =
+        String::from_utf8(raw(h.invoke(ALICE, "hostile", body).await).await).expect("utf-8");
+    assert!(listed.lines().any(|k| k == sample_key(0)), "{listed}");
+    assert!(
+        listed.lines().all(|k| k.starts_with("fashion-mnist/")),
+        "{listed}"
+    );
+    let body = json!({"bucket": "datasets", "keys": [], "model": "resnet18", "split": 0, "options": {"mode": "list", "prefix": "private/"}});
+    let (code, _) = error_code(h.invoke(ALICE, "hostile", body).await, 403).await;
+    assert_eq!(code, "object_denied");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn missing_and_corrupt_objects_are_named() {
+    let h = TestHost::start().await;
+    let fe = |keys: &[&str]| json!({"bucket": "datasets", "keys": keys, "model": "resnet18", "split": 2});
+    let (code, message) = error_code(
+        h.invoke(ALICE, "feature-extract", fe(&["fashion-mnist/nope.png"]))
+            .await,
+        404,
+    )
+    .await;
+    assert_eq!(code, "object_not_found");
+    assert!(message.contains("fashion-mnist/nope.png"), "{message}");
+    let (code, message) = error_code(
+        h.invoke(ALICE, "feature-extract", fe(&["fashion-mnist/corrupt.png"]))
+            .await,
+        422,
+    )
+    .await;
+    assert_eq!(code, "bad_object");
+    assert!(message.contains("fashion-mnist/corrupt.png"), "{message}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_models_and_layer_ranges_are_rejected() {
+    let h = TestHost::start().await;
+    let fe = |model: &str, split: u32| json!({"bucket": "datasets", "keys": [sample_key(0)], "model": model, "split": split});
+    for (model, split, needle) in [
+        ("no_such_model", 1, "not one tenant `alice` may use"),
+        ("vgg11", 1, "not one tenant `alice` may use"),
+        ("resnet18", 16, "past the last layer"),
+    ] {
+        let (code, message) = error_code(
+            h.invoke(ALICE, "feature-extract", fe(model, split)).await,
+            400,
+        )
+        .await;
+        assert_eq!(code, "bad_request", "{message}");
+        assert!(message.contains(needle), "{model}[{split}]: {message}");
+    }
+    // Graph names straight through wasi-nn.
+    let graph = |name: &str, dims: &str, bytes: usize| {
+        json!({"bucket": "datasets", "keys": [], "model": "resnet18", "split": 0,
+               "options": {"mode": "graph", "graph": name, "dims": dims, "bytes": bytes.to_string()}})
+    };
+    for (name, needle) in [
+        ("resnet18[0..99]", "has 15 layers"),
+        ("resnet18[3..3]", "empty layer range"),
+        ("resnet18", "is not `<model>[a..b]`"),
+        ("vgg11[0..1]", "not one tenant"),
+        ("no_such[0..1]", "not one tenant"),
+    ] {
+        let (code, message) = error_code(
+            h.invoke(ALICE, "hostile", graph(name, "1,3,224,224", 602_112))
+                .await,
+            422,
+        )
+        .await;
+        assert_eq!(code, "inference_failed", "{message}");
+        assert!(message.contains(needle), "{name}: {message}");
+    }
+    // Tensors whose bytes or shape do not match.
+    let (_, message) = error_code(
+        h.invoke(
+            ALICE,
+            "hostile",
+            graph("resnet18[0..2]", "1,3,224,224", 100),
+        )
+        .await,
+        422,
+    )
+    .await;
+    assert!(message.contains("tensor data is 100 bytes"), "{message}");
+    let (_, message) = error_code(
+        h.invoke(
+            ALICE,
+            "hostile",
+            graph("resnet18[0..2]", "1,3,32,32", 12_288),
+        )
+        .await,
+        422,
+    )
+    .await;
+    assert!(
+        message.contains("takes (batch >= 1, [3, 224, 224])"),
+        "{message}"
+    );
+    let (_, message) = error_code(
+        h.invoke(
+            ALICE,
+            "hostile",
+            graph("resnet18[4..6]", "2,3,224,224", 1_204_224),
+        )
+        .await,
+        422,
+    )
+    .await;
+    assert!(message.contains("[64, 56, 56]"), "{message}");
+    // And a valid call through the same path works.
+    assert_eq!(
+        raw(h
+            .invoke(
+                ALICE,
+                "hostile",
+                graph("resnet18[0..2]", "1,3,224,224", 602_112)
+            )
+            .await)
+        .await,
+        1u32.to_le_bytes()
+    ); // usize is 32-bit in the guest
+}
+
+async fn put(h: &TestHost, token: &str, name: &str, body: Vec<u8>) -> reqwest::Response {
+    h.client
+        .put(format!("{}/v1/functions/{name}", h.url))
+        .bearer_auth(token)
+        .body(body)
+        .send()
+        .await
+        .expect("request")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uploads_that_are_not_granted_components_are_rejected() {
+    let h = TestHost::start().await;
+    for (body, needle) in [
+        (b"hello".to_vec(), "not WebAssembly"),
+        (b"\0asm\x01\0\0\0".to_vec(), "core Wasm module"),
+        (b"\0asm\x0d\0\x01\0garbage".to_vec(), "does not compile"),
+        (
+            std::fs::read(guest("fs-reader")).expect("fs-reader"),
+            "wasi:filesystem/preopens@0.2.6",
+        ),
+    ] {
+        let (code, message) = error_code(put(&h, ALICE, "mine", body).await, 422).await;
+        assert_eq!(code, "bad_component", "{message}");
+        assert!(message.contains(needle), "{needle}: {message}");
+    }
+    // A tenant without the deploy right cannot upload at all.
+    let (code, _) = error_code(
+        put(
+            &h,
+            BOB,
+            "mine",
+            std::fs::read(guest("hostile")).expect("wasm"),
+        )
+        .await,
+        403,
+    )
+    .await;
+    assert_eq!(code, "deploy_not_allowed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deployed_function_can_be_invoked_listed_and_removed() {
+    let h = TestHost::start().await;
+    let resp = put(
+        &h,
+        ALICE,
+        "mine",
+        std::fs::read(guest("hostile")).expect("wasm"),
+    )
+    .await;
+    assert_eq!(resp.status(), 201);
+    let body = json!({"bucket": "datasets", "keys": [], "model": "resnet18", "split": 0, "options": {"mode": "output", "bytes": "3"}});
+    assert_eq!(
+        raw(h.invoke(ALICE, "mine", body.clone()).await).await,
+        [7, 7, 7]
+    );
+    let list: serde_json::Value = h
+        .client
+        .get(format!("{}/v1/functions", h.url))
+        .bearer_auth(ALICE)
+        .send()
+        .await
+        .expect("list")
+        .json()
+        .await
+        .expect("json");
+    let names: Vec<&str> = list
+        .as_array()
+        .expect("array")
+        .iter()
+        .filter_map(|f| f["name"].as_str())
+        .collect();
+    assert_eq!(names, ["feature-extract", "hostile", "mine"]);
+    // Other tenants do not see it.
+    let (code, _) = error_code(h.invoke(TIGHT, "mine", body.clone()).await, 404).await;
+    assert_eq!(code, "function_not_found");
+    let resp = h
+        .client
+        .delete(format!("{}/v1/functions/mine", h.url))
+        .bearer_auth(ALICE)
+        .send()
+        .await
+        .expect("delete");
+    assert_eq!(resp.status(), 204);
+    let (code, _) = error_code(h.invoke(ALICE, "mine", body).await, 404).await;
+    assert_eq!(code, "function_not_found");
+}

@@ -1,0 +1,222 @@
+//! Every limit as a pair: obeyed and violated. After a violation, another tenant's invocation
+//! succeeds: the host is unaffected.
+
+mod common;
+
+use common::{BOB, TIGHT, TestHost, error_code, raw};
+use serde_json::{Value, json};
+use std::time::{Duration, Instant};
+
+fn hostile(mode: &str, extra: &[(&str, &str)], keys: &[&str]) -> Value {
+    let mut options = serde_json::Map::new();
+    options.insert("mode".into(), mode.into());
+    for (k, v) in extra {
+        options.insert((*k).into(), (*v).into());
+    }
+    json!({"bucket": "datasets", "keys": keys, "model": "resnet18", "split": 0, "options": options})
+}
+
+/// Bob reads his own object: the host still serves other tenants.
+async fn others_still_served(h: &TestHost) {
+    let body = json!({"bucket": "secret", "keys": ["bob/data.bin"], "model": "resnet18", "split": 0, "options": {"mode": "read"}});
+    assert_eq!(
+        raw(h.invoke(BOB, "hostile", body).await).await,
+        b"bob's data"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_limit_obeyed() {
+    let h = TestHost::start().await;
+    let out = raw(h
+        .invoke(
+            TIGHT,
+            "hostile",
+            hostile("alloc", &[("bytes", "8000000")], &[]),
+        )
+        .await)
+    .await;
+    assert_eq!(
+        u64::from_le_bytes(out.try_into().expect("8 bytes")),
+        8_000_000u64.div_ceil(4096)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_limit_violated() {
+    let h = TestHost::start().await;
+    let resp = h
+        .invoke(
+            TIGHT,
+            "hostile",
+            hostile("alloc", &[("bytes", "100000000")], &[]),
+        )
+        .await;
+    let (code, message) = error_code(resp, 422).await;
+    assert_eq!(code, "memory_limit_exceeded", "{message}");
+    assert!(message.contains("33554432"), "{message}");
+    others_still_served(&h).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tensor_memory_held_in_the_host_is_limited_too() {
+    let h = TestHost::start().await;
+    // 64 tensors of 1 MiB: within the guest's own memory one at a time, over it in the host.
+    let resp = h
+        .invoke(
+            TIGHT,
+            "hostile",
+            hostile("tensors", &[("count", "64"), ("bytes", "1048576")], &[]),
+        )
+        .await;
+    let (code, message) = error_code(resp, 422).await;
+    assert_eq!(code, "memory_limit_exceeded", "{message}");
+    others_still_served(&h).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn time_limit_obeyed() {
+    let h = TestHost::start().await;
+    let out = raw(h
+        .invoke(TIGHT, "hostile", hostile("output", &[("bytes", "10")], &[]))
+        .await)
+    .await;
+    assert_eq!(out, [7; 10]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn time_limit_violated_stops_the_guest_within_its_deadline() {
+    let h = TestHost::start().await;
+    let started = Instant::now();
+    let resp = h.invoke(TIGHT, "hostile", hostile("loop", &[], &[])).await;
+    let elapsed = started.elapsed();
+    let (code, message) = error_code(resp, 422).await;
+    assert_eq!(code, "time_limit_exceeded", "{message}");
+    // Deadline 1 s (the policy), plus slack for instantiation and the epoch tick.
+    assert!(
+        elapsed >= Duration::from_secs(1) && elapsed < Duration::from_millis(1500),
+        "{elapsed:?}"
+    );
+    others_still_served(&h).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn output_limit_obeyed() {
+    let h = TestHost::start().await;
+    let out = raw(h
+        .invoke(
+            TIGHT,
+            "hostile",
+            hostile("output", &[("bytes", "65536")], &[]),
+        )
+        .await)
+    .await;
+    assert_eq!(out.len(), 65536);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn output_limit_violated() {
+    let h = TestHost::start().await;
+    let resp = h
+        .invoke(
+            TIGHT,
+            "hostile",
+            hostile("output", &[("bytes", "65537")], &[]),
+        )
+        .await;
+    let (code, message) = error_code(resp, 422).await;
+    assert_eq!(code, "output_too_large", "{message}");
+    assert!(message.contains("65537"), "{message}");
+    others_still_served(&h).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn object_byte_caps_obeyed() {
+    let h = TestHost::start().await;
+    // 1 KiB object under the 2 KiB object cap; 3 x 1 KiB = the 3 KiB invocation cap.
+    let keys = ["fashion-mnist/small.bin"; 3];
+    let out = raw(h
+        .invoke(TIGHT, "hostile", hostile("read", &[], &keys))
+        .await)
+    .await;
+    assert_eq!(out.len(), 3 * 1024);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn object_byte_cap_violated() {
+    let h = TestHost::start().await;
+    let resp = h
+        .invoke(
+            TIGHT,
+            "hostile",
+            hostile("read", &[], &["fashion-mnist/big.bin"]),
+        )
+        .await;
+    let (code, message) = error_code(resp, 413).await;
+    assert_eq!(code, "object_too_large", "{message}");
+    assert!(message.contains("2048"), "{message}");
+    others_still_served(&h).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invocation_read_cap_violated() {
+    let h = TestHost::start().await;
+    let keys = ["fashion-mnist/small.bin"; 4];
+    let resp = h
+        .invoke(TIGHT, "hostile", hostile("read", &[], &keys))
+        .await;
+    let (code, message) = error_code(resp, 413).await;
+    assert_eq!(code, "object_too_large", "{message}");
+    assert!(message.contains("3072"), "{message}");
+    others_still_served(&h).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrency_limit_answers_429_with_retry_after() {
+    let h = TestHost::start().await;
+    // `tight` may run 2 at once; the third of three endless loops is refused at once.
+    let calls = (0..3).map(|_| h.invoke(TIGHT, "hostile", hostile("loop", &[], &[])));
+    let responses = futures_join(calls).await;
+    let refused: Vec<&reqwest::Response> = responses.iter().filter(|r| r.status() == 429).collect();
+    assert_eq!(
+        refused.len(),
+        1,
+        "{:?}",
+        responses
+            .iter()
+            .map(reqwest::Response::status)
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(
+        refused[0]
+            .headers()
+            .get("retry-after")
+            .expect("Retry-After"),
+        "1"
+    );
+}
+
+async fn futures_join<F: Future<Output = reqwest::Response>>(
+    calls: impl Iterator<Item = F>,
+) -> Vec<reqwest::Response> {
+    futures::future::join_all(calls).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trapping_guest_gets_a_clear_error() {
+    let h = TestHost::start().await;
+    let (code, message) = error_code(
+        h.invoke(TIGHT, "hostile", hostile("panic", &[], &[])).await,
+        422,
+    )
+    .await;
+    assert_eq!(code, "function_trapped", "{message}");
+    let (code, message) = error_code(
+        h.invoke(TIGHT, "hostile", hostile("bad-output", &[], &[]))
+            .await,
+        422,
+    )
+    .await;
+    assert_eq!(code, "bad_output", "{message}");
+    others_still_served(&h).await;
+}

@@ -1,0 +1,101 @@
+//! Policy files: unknown keys and bad values are errors naming the key and the line.
+
+use hapi_host::policy::{Policy, hash_token};
+use std::path::Path;
+
+fn parse(text: &str) -> Result<Policy, String> {
+    Policy::parse("policy.toml", text, Path::new("/srv")).map_err(|e| e.to_string())
+}
+
+fn with_tenant(extra: &str) -> String {
+    format!(
+        "[host]\nstore = \"store\"\nmodels = \"models\"\nstate = \"state\"\n\n[tenants.alice]\ntoken_sha256 = \"{}\"\n{extra}\n",
+        hash_token("t")
+    )
+}
+
+#[test]
+fn a_valid_policy_parses_with_defaults_and_relative_paths() {
+    let p = parse(&with_tenant(
+        "grants = [{ bucket = \"datasets\", prefix = \"a/\" }]\nmodels = [\"resnet18\"]",
+    ))
+    .expect("valid");
+    assert_eq!(p.host.store, Path::new("/srv/store"));
+    assert_eq!(p.host.listen.to_string(), "127.0.0.1:8080");
+    let alice = &p.tenants["alice"];
+    assert_eq!(alice.limits.memory, 256 << 20);
+    assert!(!alice.deploy);
+    assert!(
+        p.tenant_by_token_hash(&hapi_host::policy::token_digest("t"))
+            .is_some()
+    );
+    assert!(
+        p.tenant_by_token_hash(&hapi_host::policy::token_digest("u"))
+            .is_none()
+    );
+}
+
+#[test]
+fn unknown_key_is_named_with_its_line() {
+    let e = parse(&with_tenant("memroy = \"1GiB\"")).expect_err("typo");
+    assert!(e.contains("policy.toml line 8"), "{e}");
+    assert!(e.contains("unknown field `memroy`"), "{e}");
+    let e = parse("[host]\nstore = \"s\"\nmodels = \"m\"\nstate = \"x\"\nlisten_addr = \"1\"\n")
+        .expect_err("typo");
+    assert!(
+        e.contains("line 5") && e.contains("unknown field `listen_addr`"),
+        "{e}"
+    );
+}
+
+#[test]
+fn bad_values_are_named_with_key_and_line() {
+    for (extra, needle) in [
+        (
+            "memory = \"12XB\"",
+            "tenants.alice.memory: `12XB`: unknown unit `XB`",
+        ),
+        (
+            "memory = \"8GiB\"",
+            "tenants.alice.memory: must be 1MiB..=4GiB",
+        ),
+        (
+            "timeout = \"30\"",
+            "tenants.alice.timeout: `30` needs a unit",
+        ),
+        (
+            "concurrency = 0",
+            "tenants.alice.concurrency = 0: must be 1..=64",
+        ),
+        (
+            "capabilities = [\"sockets\"]",
+            "unknown capability `sockets`",
+        ),
+        (
+            "grants = [{ bucket = \"d\", prefix = \"../x\" }]",
+            "prefix `../x` must be relative",
+        ),
+    ] {
+        let e = parse(&with_tenant(extra)).expect_err(extra);
+        assert!(e.contains("policy.toml line 8"), "{extra}: {e}");
+        assert!(e.contains(needle), "{extra}: {e}");
+    }
+    let e = parse("[host]\nstore = \"s\"\nmodels = \"m\"\nstate = \"x\"\nlisten = \"localhost\"\n")
+        .expect_err("listen");
+    assert!(e.contains("line 5") && e.contains("host.listen"), "{e}");
+    let e = parse("[host]\nstore = \"s\"\nmodels = \"m\"\nstate = \"x\"\n[tenants.a]\ntoken_sha256 = \"abc\"\n").expect_err("hash");
+    assert!(e.contains("line 6") && e.contains("64 hex digits"), "{e}");
+    let e = parse("[host]\nstore = \"s\"\n").expect_err("missing");
+    assert!(e.contains("missing field `models`"), "{e}");
+}
+
+#[test]
+fn two_tenants_with_one_token_are_refused() {
+    let text = format!(
+        "{}\n[tenants.bob]\ntoken_sha256 = \"{}\"\n",
+        with_tenant(""),
+        hash_token("t")
+    );
+    let e = parse(&text).expect_err("same token");
+    assert!(e.contains("same token as tenant `alice`"), "{e}");
+}

@@ -99,3 +99,19 @@ fn two_tenants_with_one_token_are_refused() {
     let e = parse(&text).expect_err("same token");
     assert!(e.contains("same token as tenant `alice`"), "{e}");
 }
+
+#[test]
+fn the_example_policy_parses_and_its_token_matches() {
+    let path = Path::new(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../examples/policy.toml"
+    ));
+    let p = Policy::load(path).expect("examples/policy.toml");
+    let demo = &p.tenants["demo"];
+    assert!(
+        p.tenant_by_token_hash(&hapi_host::policy::token_digest("demo-token"))
+            .is_some()
+    );
+    assert_eq!(demo.limits.memory, 512 << 20);
+    assert!(demo.functions.contains_key("feature-extract"));
+}

@@ -80,7 +80,7 @@ fn test(args: &[String]) -> Result<(), String> {
         env.cargo_in(&guests, &["clippy", "--release", "--", "-D", "warnings"])?;
     }
     sh::step("cargo test");
-    env.cargo(&["test", "--workspace", "--all-targets"])?;
+    env.cargo(&["test", "--workspace"])?;
     Ok(())
 }
 

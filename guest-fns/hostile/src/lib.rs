@@ -1,6 +1,7 @@
 //! Test guest: does what its `mode` option asks, to test the host's limits and checks.
 //!
 //! Modes (option `mode`): `alloc` (allocate and touch `bytes` bytes), `loop` (never return),
+//! `spin` (count to `iterations`, then return the count),
 //! `output` (return a `bytes`-byte tensor), `read` (read every key; return the bytes),
 //! `graph` (load the graph named by option `graph` and run it on a tensor of `dims` with
 //! `bytes` bytes of data), `tensors` (create `count` tensors of `bytes` bytes and keep them),
@@ -63,6 +64,13 @@ impl Guest for Hostile {
                 }
             }
             "output" => Ok(bytes_out(vec![7; number(&inv, "bytes")? as usize])),
+            "spin" => {
+                let mut x: u64 = 0;
+                for _ in 0..number(&inv, "iterations")? {
+                    x = std::hint::black_box(x.wrapping_add(1));
+                }
+                Ok(bytes_out(x.to_le_bytes().to_vec()))
+            }
             "read" => {
                 let mut all = Vec::new();
                 for key in &inv.keys {

@@ -1,0 +1,128 @@
+//! The `hapi-host` binary as operators run it: SIGHUP reloads the policy without dropping
+//! in-flight work, SIGTERM finishes in-flight invocations before exiting.
+
+mod common;
+
+use common::{ALICE, BOB, guest, policy_text, raw};
+use serde_json::json;
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+struct Server {
+    child: Child,
+    url: String,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn signal(child: &Child, sig: i32) {
+    // SAFETY: kill(2) with the pid of a child this test spawned and still owns.
+    let rc = unsafe { libc::kill(child.id() as i32, sig) };
+    assert_eq!(rc, 0, "kill failed");
+}
+
+fn start(policy: &std::path::Path) -> Server {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_hapi-host"))
+        .args(["serve", "--policy"])
+        .arg(policy)
+        .args(["--listen", "127.0.0.1:0"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("hapi-host starts");
+    let stdout = child.stdout.take().expect("stdout");
+    let mut line = String::new();
+    BufReader::new(stdout)
+        .read_line(&mut line)
+        .expect("first line");
+    let url = line
+        .trim()
+        .strip_prefix("listening on ")
+        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+        .to_string();
+    Server { child, url }
+}
+
+/// The test policy with bob's section removed (bob's tenant table and functions).
+fn without_bob(text: &str) -> String {
+    let start = text.find("[tenants.bob]").expect("bob");
+    let end = text.find("[tenants.tight]").expect("tight");
+    format!("{}{}", &text[..start], &text[end..])
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_reloads_the_policy_and_sigterm_finishes_in_flight_work() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let store = tmp.path().join("store");
+    std::fs::create_dir_all(store.join("secret/bob")).expect("mkdir");
+    std::fs::write(store.join("secret/bob/data.bin"), b"bob's data").expect("write");
+    let full = policy_text(&store, &tmp.path().join("state"));
+    let policy = tmp.path().join("policy.toml");
+    std::fs::write(&policy, without_bob(&full)).expect("policy");
+    let _ = guest("hostile");
+    let mut server = start(&policy);
+    let client = reqwest::Client::new();
+    let bob_reads = || {
+        client
+            .post(format!("{}/v1/invoke/hostile", server.url))
+            .bearer_auth(BOB)
+            .json(&json!({"bucket": "secret", "keys": ["bob/data.bin"], "model": "resnet18", "split": 0, "options": {"mode": "read"}}))
+            .send()
+    };
+    assert_eq!(bob_reads().await.expect("request").status(), 401);
+
+    // A long invocation is in flight while the policy is reloaded.
+    let spin = |url: String| {
+        let client = client.clone();
+        async move {
+            client
+                .post(format!("{url}/v1/invoke/hostile"))
+                .bearer_auth(ALICE)
+                .json(&json!({"bucket": "datasets", "keys": [], "model": "resnet18", "split": 0, "options": {"mode": "spin", "iterations": "1500000000"}}))
+                .send()
+                .await
+                .expect("request")
+        }
+    };
+    let in_flight = tokio::spawn(spin(server.url.clone()));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    std::fs::write(&policy, &full).expect("policy with bob");
+    signal(&server.child, libc::SIGHUP);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let resp = bob_reads().await.expect("request");
+        if resp.status() == 200 {
+            assert_eq!(raw(resp).await, b"bob's data");
+            break;
+        }
+        assert!(Instant::now() < deadline, "bob was never let in");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let done = in_flight.await.expect("join");
+    assert_eq!(raw(done).await, 1_500_000_000u64.to_le_bytes());
+
+    // SIGTERM during an invocation: it completes, then the process exits cleanly.
+    let in_flight = tokio::spawn(spin(server.url.clone()));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    signal(&server.child, libc::SIGTERM);
+    let done = in_flight.await.expect("join");
+    assert_eq!(raw(done).await, 1_500_000_000u64.to_le_bytes());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = server.child.try_wait().expect("wait") {
+            break status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "hapi-host did not exit after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "{status}");
+}

@@ -10,7 +10,8 @@ use std::time::Instant;
 #[derive(Parser, Debug)]
 #[command(version, about)]
 struct Cli {
-    /// Object store: a local directory or a file:// URL (created if missing).
+    /// Object store: a local directory or file:// URL (created if missing), or s3://bucket
+    /// (endpoint and credentials from AWS_* environment variables).
     #[arg(long, default_value = "data/store")]
     store: String,
     #[command(subcommand)]

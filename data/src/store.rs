@@ -8,12 +8,20 @@ use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 use std::collections::HashSet;
 use std::sync::Arc;
 
-/// Opens the store at `location`: a directory path or a `file://` URL (created if missing).
+/// Opens the store at `location`: a directory path or `file://` URL (created if missing), or
+/// `s3://bucket` (endpoint and credentials from the usual `AWS_*` environment variables, e.g.
+/// `AWS_ENDPOINT`, `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_ALLOW_HTTP`).
 pub fn open_store(location: &str) -> anyhow::Result<Arc<dyn ObjectStore>> {
     let dir = if let Some(rest) = location.strip_prefix("file://") {
         std::path::PathBuf::from(rest)
+    } else if location.starts_with("s3://") {
+        let s3 = object_store::aws::AmazonS3Builder::from_env()
+            .with_url(location)
+            .build()
+            .with_context(|| format!("opening {location}"))?;
+        return Ok(Arc::new(s3));
     } else if location.contains("://") {
-        bail!("`{location}`: only local directories and file:// URLs are supported by this loader");
+        bail!("`{location}`: expected a directory, a file:// URL or s3://bucket");
     } else {
         std::path::PathBuf::from(location)
     };

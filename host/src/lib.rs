@@ -52,7 +52,7 @@ impl Host {
         let models = Models::open(&h.models, device)
             .with_context(|| format!("reading model packages in {}", h.models.display()))?;
         let store = objects::Store::open(&h.store)
-            .with_context(|| format!("opening the object store {}", h.store.display()))?;
+            .with_context(|| format!("opening the object store {:?}", h.store))?;
         let runtime = Runtime::new(Arc::new(models), Arc::new(store), Arc::new(nn::Direct))?;
         std::fs::create_dir_all(h.state.join("functions"))
             .with_context(|| format!("creating {}", h.state.display()))?;
@@ -86,7 +86,10 @@ impl Host {
                     };
                     if path.extension().is_some_and(|e| e == "wasm") {
                         let bytes = std::fs::read(&path)?;
-                        match self.runtime.compile(tenant, &name, &bytes) {
+                        match self
+                            .runtime
+                            .compile(tenant, &name, &bytes, Some(&self.cache_dir()))
+                        {
                             Ok(f) => {
                                 fns.insert(name, f);
                             }
@@ -105,7 +108,7 @@ impl Host {
                 })?;
                 let f = self
                     .runtime
-                    .compile(tenant, name, &bytes)
+                    .compile(tenant, name, &bytes, Some(&self.cache_dir()))
                     .with_context(|| {
                         format!(
                             "tenant `{}` function `{name}` ({})",
@@ -119,6 +122,11 @@ impl Host {
         }
         *write(&self.functions) = table;
         Ok(())
+    }
+
+    /// Compiled machine code of deployed components, reused across restarts.
+    fn cache_dir(&self) -> PathBuf {
+        self.state.join("compiled")
     }
 
     pub fn policy(&self) -> Arc<Policy> {
@@ -168,7 +176,9 @@ impl Host {
         name: &str,
         bytes: &[u8],
     ) -> Result<Function, DeployError> {
-        let f = self.runtime.compile(tenant, name, bytes)?;
+        let f = self
+            .runtime
+            .compile(tenant, name, bytes, Some(&self.cache_dir()))?;
         let dir = self.state.join("functions").join(&tenant.name);
         let saved = std::fs::create_dir_all(&dir).and_then(|()| {
             let tmp = dir.join(format!(".{name}.wasm.tmp"));

@@ -66,6 +66,22 @@ struct RawHost {
     memory_budget: Option<Spanned<String>>,
     batch_window: Option<Spanned<String>>,
     max_request: Option<Spanned<String>>,
+    s3: Option<RawS3>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawS3 {
+    #[serde(default)]
+    endpoint: String,
+    #[serde(default = "default_region")]
+    region: String,
+    access_key_id: Option<String>,
+    secret_access_key: Option<String>,
+}
+
+fn default_region() -> String {
+    "us-east-1".into()
 }
 
 #[derive(Debug, Deserialize)]
@@ -105,10 +121,29 @@ pub struct Policy {
     pub tenants: BTreeMap<String, Arc<Tenant>>,
 }
 
+/// Where objects live.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreLocation {
+    /// A directory whose subdirectories are buckets (`store = "/path"` or `"file:///path"`).
+    Local(PathBuf),
+    /// An S3 service (`store = "s3://"`, settings in `[host.s3]`, credentials there or in
+    /// the usual `AWS_*` environment variables).
+    S3(S3Settings),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct S3Settings {
+    /// e.g. `http://127.0.0.1:8333`; empty for AWS itself.
+    pub endpoint: String,
+    pub region: String,
+    pub access_key_id: Option<String>,
+    pub secret_access_key: Option<String>,
+}
+
 #[derive(Debug, Clone)]
 pub struct HostSettings {
     pub listen: SocketAddr,
-    pub store: PathBuf,
+    pub store: StoreLocation,
     pub models: PathBuf,
     pub state: PathBuf,
     pub device: String,
@@ -324,9 +359,43 @@ impl Policy {
             }
         };
         let max_request = ctx.size("host.max_request", &h.max_request, 32 << 20)?;
+        let store = match h.store.get_ref().as_str() {
+            "s3://" => {
+                let s3 = h.s3.as_ref().map_or_else(
+                    || S3Settings {
+                        endpoint: String::new(),
+                        region: default_region(),
+                        access_key_id: None,
+                        secret_access_key: None,
+                    },
+                    |s| S3Settings {
+                        endpoint: s.endpoint.clone(),
+                        region: s.region.clone(),
+                        access_key_id: s.access_key_id.clone(),
+                        secret_access_key: s.secret_access_key.clone(),
+                    },
+                );
+                StoreLocation::S3(s3)
+            }
+            other if other.contains("://") && !other.starts_with("file://") => {
+                return ctx.err(
+                    h.store.span(),
+                    format!("host.store = {other:?}: expected a directory, file:///path or s3://"),
+                );
+            }
+            _ => {
+                if h.s3.is_some() {
+                    return ctx.err(
+                        h.store.span(),
+                        "host.s3 is set but host.store is not \"s3://\"".into(),
+                    );
+                }
+                StoreLocation::Local(ctx.path(&h.store))
+            }
+        };
         let host = HostSettings {
             listen,
-            store: ctx.path(&h.store),
+            store,
             models: ctx.path(&h.models),
             state: ctx.path(&h.state),
             device,

@@ -6,6 +6,7 @@ use crate::nn::Executor;
 use crate::objects::{ObjectError, Objects, Store as ObjectRoot};
 use crate::policy::Tenant;
 use std::collections::BTreeMap;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use wasmtime::component::{Component, Linker, ResourceTable};
@@ -147,7 +148,7 @@ fn meta(m: crate::objects::ObjectMeta) -> wit_objects::ObjectMeta {
         key: m.key,
         size: m.size,
         last_modified_ms: m.last_modified_ms,
-        etag: None,
+        etag: m.etag,
     }
 }
 
@@ -381,12 +382,55 @@ impl Runtime {
         &self.models
     }
 
-    /// Validates, compiles and pre-instantiates a component for `tenant`.
+    /// Compiles `bytes`, or loads the machine code an earlier compilation left in `cache`
+    /// (keyed by the component's digest and the engine's compatibility hash).
+    fn component(
+        &self,
+        bytes: &[u8],
+        sha256: &str,
+        cache: Option<&Path>,
+    ) -> Result<Component, DeployError> {
+        let cached = cache.map(|dir| {
+            use std::hash::{Hash, Hasher};
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            self.engine.precompile_compatibility_hash().hash(&mut h);
+            dir.join(format!("{sha256}-{:016x}.cwasm", h.finish()))
+        });
+        if let Some(path) = cached.as_ref().filter(|p| p.exists()) {
+            // SAFETY: the file was written by `Component::serialize` of an engine with the same
+            // compatibility hash, into the host's own state directory.
+            match unsafe { Component::deserialize_file(&self.engine, path) } {
+                Ok(c) => return Ok(c),
+                Err(e) => tracing::warn!("ignoring {}: {e}", path.display()),
+            }
+        }
+        let component = Component::new(&self.engine, bytes)
+            .map_err(|e| DeployError::Invalid(format!("{e:#}")))?;
+        if let Some(path) = cached {
+            let written = component
+                .serialize()
+                .map_err(|e| std::io::Error::other(e.to_string()))
+                .and_then(|code| {
+                    std::fs::create_dir_all(path.parent().unwrap_or(Path::new(".")))?;
+                    let tmp = path.with_extension("tmp");
+                    std::fs::write(&tmp, code)?;
+                    std::fs::rename(&tmp, &path)
+                });
+            if let Err(e) = written {
+                tracing::warn!("not caching compiled code at {}: {e}", path.display());
+            }
+        }
+        Ok(component)
+    }
+
+    /// Validates, compiles (or loads from `cache`) and pre-instantiates a component for
+    /// `tenant`.
     pub fn compile(
         &self,
         tenant: &Tenant,
         name: &str,
         bytes: &[u8],
+        cache: Option<&Path>,
     ) -> Result<Function, DeployError> {
         if bytes.len() < 8 || &bytes[..4] != b"\0asm" {
             return Err(DeployError::NotWasm);
@@ -394,8 +438,8 @@ impl Runtime {
         if bytes[4..8] == [1, 0, 0, 0] {
             return Err(DeployError::CoreModule);
         }
-        let component = Component::new(&self.engine, bytes)
-            .map_err(|e| DeployError::Invalid(format!("{e:#}")))?;
+        let sha256 = crate::policy::hash_bytes(bytes);
+        let component = self.component(bytes, &sha256, cache)?;
         let mut allowed: Vec<&str> = ALWAYS.to_vec();
         if tenant.capabilities.clocks {
             allowed.push("wasi:clocks/");
@@ -422,7 +466,7 @@ impl Runtime {
             .map_err(|e| DeployError::WrongWorld(format!("{e:#}")))?;
         Ok(Function {
             name: name.to_string(),
-            sha256: crate::policy::hash_bytes(bytes),
+            sha256,
             size: bytes.len(),
             pre,
         })

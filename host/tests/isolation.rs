@@ -233,6 +233,19 @@ async fn a_deployed_function_can_be_invoked_listed_and_removed() {
     )
     .await;
     assert_eq!(resp.status(), 201);
+    let info: serde_json::Value = resp.json().await.expect("json");
+    // Compiled once; the machine code is kept for restarts.
+    let compiled = h.policy_path.with_file_name("state").join("compiled");
+    let sha = info["sha256"].as_str().expect("sha256");
+    let cached = std::fs::read_dir(&compiled)
+        .expect("compiled dir")
+        .filter_map(Result::ok);
+    assert!(
+        cached
+            .into_iter()
+            .any(|e| e.file_name().to_string_lossy().starts_with(sha)),
+        "no cached code for {sha}"
+    );
     let body = json!({"bucket": "datasets", "keys": [], "model": "resnet18", "split": 0, "options": {"mode": "output", "bytes": "3"}});
     assert_eq!(
         raw(h.invoke(ALICE, "mine", body.clone()).await).await,

@@ -20,7 +20,10 @@ fn a_valid_policy_parses_with_defaults_and_relative_paths() {
         "grants = [{ bucket = \"datasets\", prefix = \"a/\" }]\nmodels = [\"resnet18\"]",
     ))
     .expect("valid");
-    assert_eq!(p.host.store, Path::new("/srv/store"));
+    assert_eq!(
+        p.host.store,
+        hapi_host::policy::StoreLocation::Local("/srv/store".into())
+    );
     assert_eq!(p.host.listen.to_string(), "127.0.0.1:8080");
     let alice = &p.tenants["alice"];
     assert_eq!(alice.limits.memory, 256 << 20);

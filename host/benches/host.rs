@@ -13,7 +13,7 @@ mod common;
 use common::{ALICE, SAMPLES, TestHost, sample_key};
 use hapi_host::runtime::Invocation;
 use hapi_model::{ModelPackage, models_dir};
-use hapi_preprocess::{Transform, preprocess};
+use hapi_preprocess::preprocess;
 use serde_json::json;
 use std::time::{Duration, Instant};
 
@@ -91,12 +91,7 @@ async fn main() {
     };
     let pkg = ModelPackage::load(&models_dir().join(model), tch::Device::Cpu).expect("package");
     let i = &pkg.manifest().input;
-    let t = Transform {
-        resize: i.resize,
-        crop: i.crop,
-        mean: i.mean,
-        std: i.std,
-    };
+    let t = i.transform();
     let native = || {
         let mut batch = Vec::new();
         for k in &keys {

@@ -175,6 +175,29 @@ fn invoke_error(e: InvokeError) -> ApiError {
     ApiError::new(status, code, e.to_string())
 }
 
+/// Runs blocking work (Wasm, libtorch, compilation) off the async threads.
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> ApiResult<T> {
+    tokio::task::spawn_blocking(f).await.map_err(|e| {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "host_error",
+            format!("worker: {e}"),
+        )
+    })
+}
+
+fn require_deploy(tenant: &Tenant) -> ApiResult<()> {
+    if tenant.deploy {
+        Ok(())
+    } else {
+        Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "deploy_not_allowed",
+            format!("tenant `{}` may not deploy functions", tenant.name),
+        ))
+    }
+}
+
 fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> ApiResult<T> {
     serde_json::from_slice(body).map_err(|e| {
         ApiError::new(
@@ -230,20 +253,13 @@ async fn invoke(
     };
     let worker_host = Arc::clone(&host);
     let worker_tenant = Arc::clone(&tenant);
-    let (result, timings, read) = tokio::task::spawn_blocking(move || {
+    let (result, timings, read) = blocking(move || {
         let _permit = permit;
         worker_host
             .runtime()
             .invoke(&worker_tenant, &f, &invocation)
     })
-    .await
-    .map_err(|e| {
-        ApiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "host_error",
-            format!("invocation worker: {e}"),
-        )
-    })?;
+    .await?;
 
     let encode_started = Instant::now();
     let outcome = result.map_err(invoke_error).and_then(|out| {
@@ -358,13 +374,7 @@ async fn deploy(
     Path(name): Path<String>,
     body: Bytes,
 ) -> ApiResult<impl IntoResponse> {
-    if !tenant.deploy {
-        return Err(ApiError::new(
-            StatusCode::FORBIDDEN,
-            "deploy_not_allowed",
-            format!("tenant `{}` may not deploy functions", tenant.name),
-        ));
-    }
+    require_deploy(&tenant)?;
     if !valid_function_name(&name) {
         return Err(ApiError::new(
             StatusCode::BAD_REQUEST,
@@ -375,15 +385,8 @@ async fn deploy(
     let worker = Arc::clone(&host);
     let t = Arc::clone(&tenant);
     let n = name.clone();
-    let f = tokio::task::spawn_blocking(move || worker.deploy(&t, &n, &body))
-        .await
-        .map_err(|e| {
-            ApiError::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "host_error",
-                e.to_string(),
-            )
-        })?
+    let f = blocking(move || worker.deploy(&t, &n, &body))
+        .await?
         .map_err(|e| {
             ApiError::new(
                 StatusCode::UNPROCESSABLE_ENTITY,
@@ -406,13 +409,7 @@ async fn undeploy(
     Authed(tenant): Authed,
     Path(name): Path<String>,
 ) -> ApiResult<StatusCode> {
-    if !tenant.deploy {
-        return Err(ApiError::new(
-            StatusCode::FORBIDDEN,
-            "deploy_not_allowed",
-            format!("tenant `{}` may not deploy functions", tenant.name),
-        ));
-    }
+    require_deploy(&tenant)?;
     if host.undeploy(&tenant, &name) {
         Ok(StatusCode::NO_CONTENT)
     } else {
@@ -479,15 +476,8 @@ async fn profile(
     }
     let worker = Arc::clone(&host);
     let n = name.clone();
-    let layers = tokio::task::spawn_blocking(move || worker.runtime().models().profile(&n))
-        .await
-        .map_err(|e| {
-            ApiError::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "host_error",
-                e.to_string(),
-            )
-        })?
+    let layers = blocking(move || worker.runtime().models().profile(&n))
+        .await?
         .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "host_error", e))?;
     Ok(axum::Json(Profile {
         model: name,

@@ -4,19 +4,14 @@ mod common;
 
 use common::{ALICE, SAMPLES, TestHost, features, sample_key};
 use hapi_model::{ModelPackage, models_dir};
-use hapi_preprocess::{Transform, preprocess};
+use hapi_preprocess::preprocess;
 use serde_json::json;
 
 /// The same images, preprocessed and run natively in Rust through the model crate.
 fn native(store: &std::path::Path, model: &str, split: usize) -> (Vec<i64>, Vec<f32>) {
     let pkg = ModelPackage::load(&models_dir().join(model), tch::Device::Cpu).expect("package");
     let i = &pkg.manifest().input;
-    let t = Transform {
-        resize: i.resize,
-        crop: i.crop,
-        mean: i.mean,
-        std: i.std,
-    };
+    let t = i.transform();
     let mut batch = Vec::new();
     for s in SAMPLES {
         let bytes = std::fs::read(store.join("datasets").join(sample_key(s))).expect("object");

@@ -43,6 +43,18 @@ pub struct InputSpec {
     pub std: [f32; 3],
 }
 
+impl InputSpec {
+    /// The preprocessing this model expects, as both tiers run it.
+    pub fn transform(&self) -> hapi_preprocess::Transform {
+        hapi_preprocess::Transform {
+            resize: self.resize,
+            crop: self.crop,
+            mean: self.mean,
+            std: self.std,
+        }
+    }
+}
+
 /// One segment: a TorchScript file and the per-sample shapes it maps between.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]

@@ -2,7 +2,7 @@
 //! preprocessing, names what is in real photos that scikit-image ships.
 
 use hapi_model::{ModelPackage, models_dir};
-use hapi_preprocess::{Transform, preprocess};
+use hapi_preprocess::preprocess;
 use std::path::PathBuf;
 use tch::{Device, Tensor};
 
@@ -20,12 +20,7 @@ fn efficientnet_lite0_recognises_real_photos() {
     let labels = pkg.labels().expect("labels").expect("package ships labels");
     assert_eq!(labels.len(), 1000);
     let input = &pkg.manifest().input;
-    let transform = Transform {
-        resize: input.resize,
-        crop: input.crop,
-        mean: input.mean,
-        std: input.std,
-    };
+    let transform = input.transform();
     let cases: [(&str, &[&str]); 4] = [
         ("coffee.png", &["espresso"]),
         ("chelsea.png", &["tabby", "tiger cat", "Egyptian cat"]),

@@ -239,8 +239,8 @@ pub async fn error_code(resp: reqwest::Response, status: u16) -> (String, String
     )
 }
 
-/// The `features` tensor of a safetensors response: shape and f32 values.
-pub async fn features(resp: reqwest::Response) -> (Vec<usize>, Vec<f32>) {
+/// The `features` tensor of a successful safetensors response: shape and raw bytes.
+async fn tensor(resp: reqwest::Response) -> (Vec<usize>, Vec<u8>) {
     let status = resp.status();
     let bytes = resp.bytes().await.expect("body");
     assert!(
@@ -250,23 +250,20 @@ pub async fn features(resp: reqwest::Response) -> (Vec<usize>, Vec<f32>) {
     );
     let st = safetensors::SafeTensors::deserialize(&bytes).expect("safetensors");
     let t = st.tensor("features").expect("features tensor");
-    let values = t
-        .data()
+    (t.shape().to_vec(), t.data().to_vec())
+}
+
+/// The `features` tensor of a safetensors response: shape and f32 values.
+pub async fn features(resp: reqwest::Response) -> (Vec<usize>, Vec<f32>) {
+    let (shape, bytes) = tensor(resp).await;
+    let values = bytes
         .chunks_exact(4)
         .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
         .collect();
-    (t.shape().to_vec(), values)
+    (shape, values)
 }
 
 /// The bytes of a u8 `features` tensor.
 pub async fn raw(resp: reqwest::Response) -> Vec<u8> {
-    let status = resp.status();
-    let bytes = resp.bytes().await.expect("body");
-    assert!(
-        status.is_success(),
-        "{status}: {}",
-        String::from_utf8_lossy(&bytes)
-    );
-    let st = safetensors::SafeTensors::deserialize(&bytes).expect("safetensors");
-    st.tensor("features").expect("features").data().to_vec()
+    tensor(resp).await.1
 }

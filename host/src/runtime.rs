@@ -358,15 +358,20 @@ impl Runtime {
             |s| s,
         )
         .map_err(wasm_err)?;
-        // The epoch clock: deadlines are counted in ticks of EPOCH_TICK.
+        // The epoch clock: deadlines are counted in ticks of EPOCH_TICK of wall time. When the
+        // ticker oversleeps (a loaded machine), it catches up, so deadlines do not stretch.
         let ticker = engine.weak();
         std::thread::Builder::new()
             .name("epoch-ticker".into())
             .spawn(move || {
+                let mut next = Instant::now() + EPOCH_TICK;
                 while let Some(engine) = ticker.upgrade() {
-                    engine.increment_epoch();
+                    while Instant::now() >= next {
+                        engine.increment_epoch();
+                        next += EPOCH_TICK;
+                    }
                     drop(engine);
-                    std::thread::sleep(EPOCH_TICK);
+                    std::thread::sleep(next.saturating_duration_since(Instant::now()));
                 }
             })?;
         Ok(Self {
@@ -496,11 +501,9 @@ impl Runtime {
         };
         let mut store = Store::new(&self.engine, state);
         store.limiter(|s| &mut s.limiter);
-        let ticks = limits
-            .timeout
-            .as_millis()
-            .div_ceil(EPOCH_TICK.as_millis())
-            .max(1) as u64;
+        // The next tick may come at any moment, so one tick more than the timeout holds: the
+        // guest gets at least its whole timeout and at most one tick beyond it.
+        let ticks = limits.timeout.as_millis().div_ceil(EPOCH_TICK.as_millis()) as u64 + 1;
         store.set_epoch_deadline(ticks);
         store.epoch_deadline_trap();
 

@@ -2,12 +2,12 @@
 //! choice is made from.
 
 use crate::{ModelPackage, Result, device};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::time::Instant;
 use tch::Tensor;
 
 /// One layer's cost at one batch size.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct LayerProfile {
     pub index: usize,
     pub name: String,

@@ -1,0 +1,428 @@
+//! The storage tier as the trainer sees it: `hapi-host`'s HTTP API, with retries.
+//!
+//! Transient failures (connection refused or reset, a body cut short, 5xx, 429) are retried
+//! with exponential backoff, on the next host when there are several, until the retry budget
+//! is spent. Client errors (4xx) are not retried: they name what is wrong.
+
+use hapi_model::profile::LayerProfile;
+use serde::{Deserialize, Serialize};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+/// How long and how often to retry transient failures.
+#[derive(Clone, Copy, Debug)]
+pub struct RetryPolicy {
+    pub initial: Duration,
+    pub max_backoff: Duration,
+    /// Give up when a request has failed for this long.
+    pub give_up_after: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        Self {
+            initial: Duration::from_millis(100),
+            max_backoff: Duration::from_secs(5),
+            give_up_after: Duration::from_secs(120),
+        }
+    }
+}
+
+/// Why an invocation failed for good.
+#[derive(Debug, thiserror::Error)]
+pub enum InvokeError {
+    /// An object could not be read or decoded; `key` is the one the host named.
+    #[error("object `{key}`: {message}")]
+    BadObject { key: String, message: String },
+    /// The host refused the request (4xx other than 429); retrying would not help.
+    #[error("{host} refused the request ({status} {code}): {message}")]
+    Rejected {
+        host: String,
+        status: u16,
+        code: String,
+        message: String,
+    },
+    /// Transient failures went on past the retry budget.
+    #[error(
+        "storage host {host} kept failing for {secs:.0} s ({attempts} attempts); last error: {last}"
+    )]
+    GaveUp {
+        host: String,
+        attempts: u32,
+        secs: f64,
+        last: String,
+    },
+}
+
+/// A storage host could not be reached when the job started.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot reach storage host {host}: {message} (is `hapi-host serve` running there?)")]
+pub struct Unreachable {
+    pub host: String,
+    pub message: String,
+}
+
+/// The host's `Server-Timing` stages, in seconds.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize)]
+pub struct ServerTiming {
+    pub read: f64,
+    pub decode: f64,
+    pub compute: f64,
+    pub total: f64,
+}
+
+impl ServerTiming {
+    fn parse(header: &str) -> Self {
+        let mut t = Self::default();
+        for part in header.split(',') {
+            let mut it = part.trim().split(';');
+            let name = it.next().unwrap_or_default();
+            let dur = it
+                .find_map(|kv| kv.trim().strip_prefix("dur="))
+                .and_then(|v| v.parse::<f64>().ok())
+                .unwrap_or(0.0)
+                / 1e3;
+            match name {
+                "read" => t.read = dur,
+                "decode" => t.decode = dur,
+                "compute" => t.compute = dur,
+                "total" => t.total = dur,
+                _ => {}
+            }
+        }
+        t
+    }
+
+    pub fn add(&mut self, o: &Self) {
+        self.read += o.read;
+        self.decode += o.decode;
+        self.compute += o.compute;
+        self.total += o.total;
+    }
+}
+
+/// One invocation's output.
+#[derive(Debug)]
+pub struct Features {
+    /// Batch first.
+    pub shape: Vec<i64>,
+    pub data: Vec<f32>,
+    /// Response body bytes.
+    pub bytes: u64,
+    pub server: ServerTiming,
+    /// From sending the request to having the whole body.
+    pub wall: Duration,
+    /// Parsing the safetensors body into floats.
+    pub deserialize: Duration,
+}
+
+/// The profile endpoint's answer.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+pub struct HostProfile {
+    pub model: String,
+    pub device: String,
+    pub batch: i64,
+    pub layers: Vec<LayerProfile>,
+}
+
+#[derive(Deserialize)]
+struct ErrorBody {
+    code: String,
+    message: String,
+}
+
+/// A client for one or more storage hosts serving the same data.
+#[derive(Debug)]
+pub struct StorageClient {
+    hosts: Vec<String>,
+    token: String,
+    function: String,
+    http: reqwest::Client,
+    retry: RetryPolicy,
+    next: AtomicUsize,
+    /// Requests retried so far.
+    retries: AtomicUsize,
+}
+
+enum Attempt {
+    Done(Features),
+    Fatal(InvokeError),
+    Retry {
+        why: String,
+        after: Option<Duration>,
+    },
+}
+
+impl StorageClient {
+    pub fn new(
+        hosts: Vec<String>,
+        token: String,
+        function: String,
+        retry: RetryPolicy,
+    ) -> anyhow::Result<Self> {
+        anyhow::ensure!(!hosts.is_empty(), "no storage host given (--host URL)");
+        let hosts = hosts
+            .into_iter()
+            .map(|h| h.trim_end_matches('/').to_string())
+            .collect();
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(5))
+            .build()?;
+        Ok(Self {
+            hosts,
+            token,
+            function,
+            http,
+            retry,
+            next: AtomicUsize::new(0),
+            retries: AtomicUsize::new(0),
+        })
+    }
+
+    pub fn hosts(&self) -> &[String] {
+        &self.hosts
+    }
+
+    /// Retried requests so far.
+    pub fn retries(&self) -> usize {
+        self.retries.load(Ordering::Relaxed)
+    }
+
+    /// Checks that every host answers `/healthz`; the first that does not is the error.
+    pub async fn check_reachable(&self) -> Result<(), Unreachable> {
+        for host in &self.hosts {
+            let res = self
+                .http
+                .get(format!("{host}/healthz"))
+                .timeout(Duration::from_secs(10))
+                .send()
+                .await;
+            match res {
+                Ok(r) if r.status().is_success() => {}
+                Ok(r) => {
+                    return Err(Unreachable {
+                        host: host.clone(),
+                        message: format!("/healthz answered {}", r.status()),
+                    });
+                }
+                Err(e) => {
+                    return Err(Unreachable {
+                        host: host.clone(),
+                        message: error_chain(&e),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The host's per-layer profile of `model` (first host).
+    pub async fn profile(&self, model: &str) -> anyhow::Result<HostProfile> {
+        let host = &self.hosts[0];
+        let resp = self
+            .http
+            .get(format!("{host}/v1/models/{model}/profile"))
+            .bearer_auth(&self.token)
+            .send()
+            .await
+            .map_err(|e| anyhow::anyhow!("{host}: profile of `{model}`: {}", error_chain(&e)))?;
+        let status = resp.status();
+        let body = resp.bytes().await?;
+        if !status.is_success() {
+            let msg = serde_json::from_slice::<ErrorBody>(&body).map_or_else(
+                |_| String::from_utf8_lossy(&body).into_owned(),
+                |e| format!("{}: {}", e.code, e.message),
+            );
+            anyhow::bail!("{host}: profile of `{model}`: {status}: {msg}");
+        }
+        Ok(serde_json::from_slice(&body)?)
+    }
+
+    /// Runs the pushdown function on `keys`, retrying transient failures.
+    pub async fn invoke(
+        &self,
+        bucket: &str,
+        keys: &[String],
+        model: &str,
+        split: usize,
+    ) -> Result<Features, InvokeError> {
+        let body = serde_json::json!({
+            "bucket": bucket, "keys": keys, "model": model, "split": split,
+        });
+        let started = Instant::now();
+        let mut backoff = self.retry.initial;
+        let mut attempts = 0u32;
+        loop {
+            let host = &self.hosts[self.next.fetch_add(1, Ordering::Relaxed) % self.hosts.len()];
+            attempts += 1;
+            match self.attempt(host, &body, keys).await {
+                Attempt::Done(f) => return Ok(f),
+                Attempt::Fatal(e) => return Err(e),
+                Attempt::Retry { why, after } => {
+                    if started.elapsed() >= self.retry.give_up_after {
+                        return Err(InvokeError::GaveUp {
+                            host: host.clone(),
+                            attempts,
+                            secs: started.elapsed().as_secs_f64(),
+                            last: why,
+                        });
+                    }
+                    self.retries.fetch_add(1, Ordering::Relaxed);
+                    let wait = after.unwrap_or(backoff).min(self.retry.max_backoff);
+                    tokio::time::sleep(wait).await;
+                    backoff = (backoff * 2).min(self.retry.max_backoff);
+                }
+            }
+        }
+    }
+
+    async fn attempt(&self, host: &str, body: &serde_json::Value, keys: &[String]) -> Attempt {
+        let sent = Instant::now();
+        let resp = match self
+            .http
+            .post(format!("{host}/v1/invoke/{}", self.function))
+            .bearer_auth(&self.token)
+            .json(body)
+            .send()
+            .await
+        {
+            Ok(r) => r,
+            Err(e) => {
+                return Attempt::Retry {
+                    why: format!("{host}: {}", error_chain(&e)),
+                    after: None,
+                };
+            }
+        };
+        let status = resp.status();
+        let retry_after = resp
+            .headers()
+            .get(reqwest::header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok())
+            .map(Duration::from_secs);
+        let timing = resp
+            .headers()
+            .get("server-timing")
+            .and_then(|v| v.to_str().ok())
+            .map(ServerTiming::parse)
+            .unwrap_or_default();
+        let bytes = match resp.bytes().await {
+            Ok(b) => b,
+            Err(e) => {
+                return Attempt::Retry {
+                    why: format!("{host}: reading the response: {}", error_chain(&e)),
+                    after: None,
+                };
+            }
+        };
+        let wall = sent.elapsed();
+        if status.is_success() {
+            let t = Instant::now();
+            return match parse_features(&bytes) {
+                Ok((shape, data)) => Attempt::Done(Features {
+                    shape,
+                    data,
+                    bytes: bytes.len() as u64,
+                    server: timing,
+                    wall,
+                    deserialize: t.elapsed(),
+                }),
+                Err(message) => Attempt::Fatal(InvokeError::Rejected {
+                    host: host.to_string(),
+                    status: status.as_u16(),
+                    code: "bad_response".into(),
+                    message,
+                }),
+            };
+        }
+        let (code, message) = serde_json::from_slice::<ErrorBody>(&bytes).map_or_else(
+            |_| (String::new(), String::from_utf8_lossy(&bytes).into_owned()),
+            |e| (e.code, e.message),
+        );
+        if status.as_u16() == 429 || status.is_server_error() {
+            return Attempt::Retry {
+                why: format!("{host}: {status} {code}: {message}"),
+                after: retry_after,
+            };
+        }
+        if matches!(
+            code.as_str(),
+            "bad_object" | "object_not_found" | "object_too_large"
+        ) {
+            // The host names the key in its message; find which of ours it is (the longest
+            // match, so `a/1.png` is not mistaken for `a/1.png.bak`).
+            if let Some(key) = keys
+                .iter()
+                .filter(|k| message.contains(k.as_str()))
+                .max_by_key(|k| k.len())
+            {
+                return Attempt::Fatal(InvokeError::BadObject {
+                    key: key.clone(),
+                    message: format!("{code}: {message}"),
+                });
+            }
+        }
+        Attempt::Fatal(InvokeError::Rejected {
+            host: host.to_string(),
+            status: status.as_u16(),
+            code,
+            message,
+        })
+    }
+}
+
+/// The `features` tensor of a safetensors body as f32s.
+pub fn parse_features(body: &[u8]) -> Result<(Vec<i64>, Vec<f32>), String> {
+    let st = safetensors::SafeTensors::deserialize(body)
+        .map_err(|e| format!("response is not safetensors: {e:?}"))?;
+    let t = st
+        .tensor("features")
+        .map_err(|e| format!("response has no `features` tensor: {e:?}"))?;
+    if t.dtype() != safetensors::Dtype::F32 {
+        return Err(format!("`features` is {:?}, expected F32", t.dtype()));
+    }
+    let shape: Vec<i64> = t.shape().iter().map(|&d| d as i64).collect();
+    let data = t
+        .data()
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
+    Ok((shape, data))
+}
+
+/// An error with its sources, which is where reqwest says "connection refused".
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(inner) = src {
+        let m = inner.to_string();
+        if !s.contains(&m) {
+            s.push_str(": ");
+            s.push_str(&m);
+        }
+        src = inner.source();
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn server_timing_is_parsed_in_seconds() {
+        let t = ServerTiming::parse(
+            "instantiate;dur=0.100, read;dur=1.5, decode;dur=20.000, compute;dur=57.25, encode;dur=0.4, total;dur=80.000",
+        );
+        assert!((t.read - 0.0015).abs() < 1e-12);
+        assert!((t.decode - 0.02).abs() < 1e-12);
+        assert!((t.compute - 0.05725).abs() < 1e-12);
+        assert!((t.total - 0.08).abs() < 1e-12);
+    }
+
+    #[test]
+    fn features_that_are_not_safetensors_are_an_error() {
+        assert!(parse_features(b"not a tensor").is_err());
+    }
+}

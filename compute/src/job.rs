@@ -1,0 +1,1064 @@
+//! A transfer-learning job: list the data, choose the split, train epochs through the
+//! pipeline, evaluate, checkpoint, and write the results.
+
+use crate::client::{RetryPolicy, StorageClient};
+use crate::dataset::{Dataset, Limits, Sample, epoch_order};
+use crate::head::{Head, OptimizerKind};
+use crate::pipeline::{self, StageTimes};
+use crate::plan::{Costs, Drift, Estimate, Split, min_output_split};
+use crate::source::{Fetched, Source};
+use anyhow::{Context, bail};
+use futures::StreamExt;
+use hapi_model::ModelPackage;
+use indicatif::{ProgressBar, ProgressStyle};
+use object_store::{ObjectStore, ObjectStoreExt};
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+use tch::{Device, Tensor};
+use tokio::runtime::Runtime;
+
+/// `--split`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SplitArg {
+    Auto,
+    None,
+    Freeze,
+    Min,
+    At(usize),
+}
+
+impl std::str::FromStr for SplitArg {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Ok(match s {
+            "auto" => Self::Auto,
+            "none" => Self::None,
+            "freeze" => Self::Freeze,
+            "min" => Self::Min,
+            n => Self::At(n.parse().map_err(|_| {
+                format!("`{n}`: expected auto, none, freeze, min or a layer index")
+            })?),
+        })
+    }
+}
+
+/// Everything a job needs (the CLI's flags).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct JobConfig {
+    pub hosts: Vec<String>,
+    #[serde(skip)]
+    pub token: String,
+    pub function: String,
+    /// Object store root: a directory (each subdirectory a bucket) or `s3://` (buckets are S3
+    /// buckets; endpoint and credentials from `AWS_*`).
+    pub store: String,
+    pub bucket: String,
+    pub prefix: String,
+    pub models: PathBuf,
+    pub model: String,
+    pub freeze: Option<usize>,
+    pub batch: usize,
+    pub epochs: usize,
+    pub optimizer: OptimizerKind,
+    pub lr: f64,
+    pub seed: u64,
+    pub split: SplitArg,
+    pub prefetch: usize,
+    pub request_size: usize,
+    pub in_flight: usize,
+    pub train_limit: Option<usize>,
+    pub test_limit: Option<usize>,
+    pub max_iters: Option<usize>,
+    pub test: bool,
+    pub skip_bad: bool,
+    pub retry_secs: f64,
+    pub device: String,
+    pub memory_limit: Option<u64>,
+    pub replan_threshold: f64,
+    pub cache_features: bool,
+    pub checkpoint: Option<PathBuf>,
+    pub resume: bool,
+    pub out: Option<PathBuf>,
+    pub progress: bool,
+}
+
+/// One epoch's record.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct EpochResult {
+    pub epoch: usize,
+    pub split: Split,
+    pub iterations: usize,
+    pub samples: usize,
+    pub wall_s: f64,
+    /// Mean per iteration, measured.
+    pub storage_stage_s: f64,
+    pub compute_stage_s: f64,
+    /// The compute tier waiting for batches, whole epoch.
+    pub starved_s: f64,
+    /// The plan's estimate for this epoch's split, when there is a plan.
+    pub predicted: Option<Estimate>,
+    pub bytes_received: u64,
+    pub requests: usize,
+    pub retries: usize,
+    pub server: crate::client::ServerTiming,
+    pub train_loss: f64,
+    pub step_losses: Vec<f64>,
+    pub test_accuracy: Option<f64>,
+    pub test_s: Option<f64>,
+    pub skipped: Vec<String>,
+    pub from_cache: bool,
+    pub replanned: Option<String>,
+}
+
+/// The plan: what was measured and what each split was estimated to cost.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct PlanReport {
+    pub chosen: Split,
+    pub probe_s: f64,
+    pub costs: Costs,
+    pub estimates: Vec<Estimate>,
+}
+
+/// What a job writes to `--out`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Results {
+    pub config: JobConfig,
+    pub device: String,
+    pub classes: Vec<String>,
+    pub train_samples: usize,
+    pub test_samples: usize,
+    pub freeze: usize,
+    pub trainable_params: i64,
+    pub plan: Option<PlanReport>,
+    pub epochs: Vec<EpochResult>,
+    pub skipped_total: usize,
+}
+
+/// What the checkpoint directory's `state.json` holds.
+#[derive(Serialize, Deserialize)]
+struct CheckpointState {
+    fingerprint: String,
+    epochs_done: usize,
+    results: Results,
+    split: Split,
+}
+
+/// A job ready to run.
+pub struct Job {
+    cfg: JobConfig,
+    rt: Arc<Runtime>,
+    pkg: Arc<ModelPackage>,
+    freeze: usize,
+    device: Device,
+    data: Dataset,
+    store: Arc<dyn ObjectStore>,
+    client: Option<Arc<StorageClient>>,
+    head: Head,
+    /// Frozen features (the head's input) by key, with --cache-features.
+    cache: HashMap<String, Vec<f32>>,
+}
+
+impl std::fmt::Debug for Job {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Job")
+            .field("cfg", &self.cfg)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Opens the bucket's object store.
+pub fn open_bucket(store: &str, bucket: &str) -> anyhow::Result<Arc<dyn ObjectStore>> {
+    if store.starts_with("s3://") {
+        hapi_data::open_store(&format!("s3://{bucket}"))
+    } else {
+        let root = store.strip_prefix("file://").unwrap_or(store);
+        let dir = Path::new(root).join(bucket);
+        if !dir.is_dir() {
+            bail!(
+                "bucket `{bucket}` not found: {} is not a directory",
+                dir.display()
+            );
+        }
+        hapi_data::open_store(&dir.to_string_lossy())
+    }
+}
+
+fn log(pb: Option<&ProgressBar>, line: &str) {
+    match pb {
+        Some(pb) if !pb.is_hidden() => pb.println(line),
+        _ => eprintln!("{line}"),
+    }
+}
+
+impl Job {
+    /// Loads the model, lists the data and reaches the storage hosts.
+    pub fn open(cfg: JobConfig) -> anyhow::Result<Self> {
+        let device = hapi_model::device::parse(&cfg.device)?;
+        let pkg_dir = cfg.models.join(&cfg.model);
+        let pkg = Arc::new(
+            ModelPackage::load(&pkg_dir, device)
+                .with_context(|| format!("model `{}` in {}", cfg.model, cfg.models.display()))?,
+        );
+        let n = pkg.num_layers();
+        let freeze = cfg.freeze.unwrap_or(pkg.freeze_index());
+        if freeze == 0 || freeze >= n {
+            bail!(
+                "--freeze {freeze}: `{}` has {n} layers; the freeze index must be in 1..{n}",
+                cfg.model
+            );
+        }
+        if let SplitArg::At(s) = cfg.split
+            && s > freeze
+        {
+            bail!(
+                "--split {s} is past the freeze index {freeze}: only frozen layers can be pushed down"
+            );
+        }
+        anyhow::ensure!(cfg.batch > 0, "--batch must be at least 1");
+        let rt = Arc::new(
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()?,
+        );
+        let store = open_bucket(&cfg.store, &cfg.bucket)?;
+        let limits = Limits {
+            train: cfg.train_limit,
+            test: cfg.test_limit,
+            seed: cfg.seed,
+        };
+        let data = rt.block_on(Dataset::list(store.as_ref(), &cfg.prefix, limits))?;
+        let client = if cfg.split == SplitArg::None {
+            None
+        } else {
+            let retry = RetryPolicy {
+                give_up_after: std::time::Duration::from_secs_f64(cfg.retry_secs),
+                ..RetryPolicy::default()
+            };
+            let c = StorageClient::new(
+                cfg.hosts.clone(),
+                cfg.token.clone(),
+                cfg.function.clone(),
+                retry,
+            )?;
+            rt.block_on(c.check_reachable())?;
+            Some(Arc::new(c))
+        };
+        let head = Head::new(
+            &pkg,
+            freeze,
+            data.classes.len(),
+            device,
+            cfg.seed,
+            cfg.optimizer,
+            cfg.lr,
+        )?;
+        Ok(Self {
+            cfg,
+            rt,
+            pkg,
+            freeze,
+            device,
+            data,
+            store,
+            client,
+            head,
+            cache: HashMap::new(),
+        })
+    }
+
+    pub fn dataset(&self) -> &Dataset {
+        &self.data
+    }
+
+    pub fn freeze(&self) -> usize {
+        self.freeze
+    }
+
+    fn source(&self, split: Split) -> anyhow::Result<Source> {
+        Ok(match split {
+            Split::None => Source::Local {
+                store: Arc::clone(&self.store),
+                transform: self.pkg.manifest().input.transform(),
+                in_flight: self.cfg.in_flight * self.cfg.request_size,
+                skip_bad: self.cfg.skip_bad,
+            },
+            Split::At(s) => Source::Pushdown {
+                client: Arc::clone(
+                    self.client
+                        .as_ref()
+                        .context("a pushdown split needs --host")?,
+                ),
+                bucket: self.cfg.bucket.clone(),
+                model: self.cfg.model.clone(),
+                split: s,
+                request_size: self.cfg.request_size,
+                in_flight: self.cfg.in_flight,
+                skip_bad: self.cfg.skip_bad,
+            },
+        })
+    }
+
+    fn iterations(&self) -> usize {
+        let n = self.data.train.len().div_ceil(self.cfg.batch);
+        self.cfg.max_iters.map_or(n, |m| m.min(n))
+    }
+
+    /// Bytes per sample sent at each split 0..=freeze.
+    fn bytes_at(&self) -> Vec<u64> {
+        let m = self.pkg.manifest();
+        let input: i64 = m.input.shape.iter().product();
+        std::iter::once(input as u64 * 4)
+            .chain(
+                m.layers[..self.freeze]
+                    .iter()
+                    .map(|l| l.output_bytes_per_sample()),
+            )
+            .collect()
+    }
+
+    /// Measures both tiers and the network, and estimates every split.
+    pub fn plan(&mut self) -> anyhow::Result<PlanReport> {
+        let started = Instant::now();
+        let client = Arc::clone(self.client.as_ref().context("--split auto needs --host")?);
+        let cfg = &self.cfg;
+        let r = cfg.request_size.max(1);
+        let probe_keys: Vec<String> = self
+            .data
+            .train
+            .iter()
+            .take(r)
+            .map(|s| s.key.clone())
+            .collect();
+        let freeze = self.freeze;
+        let (host_profile, big, small) = self.rt.block_on(async {
+            let profile = client.profile(&cfg.model).await?;
+            // Warm-up, then one large (split 0) and one small (split freeze) transfer.
+            client
+                .invoke(&cfg.bucket, &probe_keys, &cfg.model, 0)
+                .await?;
+            let big = client
+                .invoke(&cfg.bucket, &probe_keys, &cfg.model, 0)
+                .await?;
+            client
+                .invoke(&cfg.bucket, &probe_keys, &cfg.model, freeze)
+                .await?;
+            let small = client
+                .invoke(&cfg.bucket, &probe_keys, &cfg.model, freeze)
+                .await?;
+            anyhow::Ok((profile, big, small))
+        })?;
+        let n = probe_keys.len() as f64;
+        let t_big = (big.wall.as_secs_f64() - big.server.total).max(1e-6);
+        let t_small = (small.wall.as_secs_f64() - small.server.total).max(0.0);
+        let (bandwidth, latency) = if big.bytes > small.bytes && t_big > t_small {
+            let bw = (big.bytes - small.bytes) as f64 / (t_big - t_small);
+            (bw, (t_small - small.bytes as f64 / bw).max(0.0))
+        } else {
+            (big.bytes as f64 / t_big, t_small)
+        };
+        // No pushdown: read the same objects from the store, decode them here.
+        let store = Arc::clone(&self.store);
+        let paths: Vec<object_store::path::Path> = probe_keys
+            .iter()
+            .map(|k| object_store::path::Path::from(k.as_str()))
+            .collect();
+        let read_started = Instant::now();
+        let objects: Vec<_> = self.rt.block_on(async {
+            futures::stream::iter(paths)
+                .map(|p| {
+                    let store = Arc::clone(&store);
+                    async move { store.get(&p).await?.bytes().await }
+                })
+                .buffered(cfg.in_flight.max(1) * r)
+                .collect::<Vec<_>>()
+                .await
+                .into_iter()
+                .collect::<Result<Vec<_>, _>>()
+        })?;
+        let read_s = read_started.elapsed().as_secs_f64().max(1e-6);
+        let object_total: usize = objects.iter().map(|o| o.len()).sum();
+        let transform = self.pkg.manifest().input.transform();
+        let decode_started = Instant::now();
+        for o in &objects {
+            hapi_preprocess::preprocess(o, &transform)?;
+        }
+        let local_decode = decode_started.elapsed().as_secs_f64() / n;
+        // The compute tier's layers at the training batch size, and the head's step.
+        let b = cfg.batch.min(64) as i64;
+        let local = hapi_model::profile::profile_layers(&self.pkg, b, 1)?;
+        let head_step = self.time_head_step()?;
+        let m = self.pkg.manifest();
+        let weights: Vec<u64> = (0..=freeze)
+            .map(|s| 4 * m.layers[s..].iter().map(|l| l.params).sum::<u64>())
+            .collect();
+        let costs = Costs {
+            batch: cfg.batch,
+            iterations: self.iterations(),
+            freeze,
+            request_size: r,
+            in_flight: cfg.in_flight,
+            host_decode: (big.server.read + big.server.decode) / n,
+            host_layer: host_profile
+                .layers
+                .iter()
+                .map(|l| l.seconds_per_sample)
+                .collect(),
+            latency,
+            bandwidth,
+            bytes_at: self.bytes_at(),
+            parse_per_byte: big.deserialize.as_secs_f64() / big.bytes.max(1) as f64,
+            local_layer: local.iter().map(|l| l.seconds_per_sample).collect(),
+            head_step,
+            object_bytes: object_total as f64 / n,
+            store_bandwidth: object_total as f64 / read_s,
+            local_decode,
+            local_cores: std::thread::available_parallelism().map_or(1, usize::from),
+            weight_bytes: weights,
+            layer_in_bytes: m
+                .layers
+                .iter()
+                .map(|l| 4 * l.input_shape.iter().product::<i64>() as u64)
+                .collect(),
+            layer_out_bytes: m
+                .layers
+                .iter()
+                .map(|l| l.output_bytes_per_sample())
+                .collect(),
+            prefetch: cfg.prefetch,
+            memory_limit: cfg.memory_limit.unwrap_or_else(available_memory),
+            storage_scale: 1.0,
+            compute_scale: 1.0,
+        };
+        let chosen = costs.choose();
+        Ok(PlanReport {
+            chosen: chosen.split,
+            probe_s: started.elapsed().as_secs_f64(),
+            estimates: costs.estimates(),
+            costs,
+        })
+    }
+
+    /// One training step of a throw-away copy of the head on random features.
+    fn time_head_step(&self) -> anyhow::Result<f64> {
+        let mut probe = Head::new(
+            &self.pkg,
+            self.freeze,
+            self.data.classes.len(),
+            self.device,
+            self.cfg.seed,
+            self.cfg.optimizer,
+            self.cfg.lr,
+        )?;
+        let shape: Vec<i64> = std::iter::once(self.cfg.batch as i64)
+            .chain(
+                self.pkg.manifest().layers[self.freeze]
+                    .input_shape
+                    .iter()
+                    .copied(),
+            )
+            .collect();
+        let x = Tensor::randn(shape.as_slice(), (tch::Kind::Float, self.device));
+        let y = Tensor::zeros([self.cfg.batch as i64], (tch::Kind::Int64, self.device));
+        probe.train_step(&x, &y);
+        let t = Instant::now();
+        probe.train_step(&x, &y);
+        hapi_model::device::synchronize(self.device);
+        Ok(t.elapsed().as_secs_f64())
+    }
+
+    /// The split a fixed `--split` names.
+    pub fn fixed_split(&self, arg: SplitArg) -> Split {
+        match arg {
+            SplitArg::None => Split::None,
+            SplitArg::Freeze => Split::At(self.freeze),
+            SplitArg::Min => Split::At(min_output_split(&self.bytes_at(), self.freeze)),
+            SplitArg::At(s) => Split::At(s),
+            SplitArg::Auto => Split::At(self.freeze),
+        }
+    }
+
+    fn to_tensor(&self, f: &Fetched) -> anyhow::Result<Tensor> {
+        let shape: Vec<i64> = std::iter::once(f.labels.len() as i64)
+            .chain(f.sample_shape.iter().copied())
+            .collect();
+        Ok(Tensor::from_slice(&f.data)
+            .f_view(shape.as_slice())
+            .context("batch tensor")?
+            .to_device(self.device))
+    }
+
+    /// Layers [s, freeze) on this tier: the head's input.
+    fn frozen_rest(&self, split: Split, x: &Tensor) -> anyhow::Result<Tensor> {
+        let start = match split {
+            Split::None => 0,
+            Split::At(s) => s,
+        };
+        Ok(self.pkg.run(start..self.freeze, x)?)
+    }
+
+    fn cache_batch(&mut self, keys: &[String], feats: &Tensor) -> anyhow::Result<()> {
+        let flat = feats.to_device(Device::Cpu).contiguous().view([-1]);
+        let all: Vec<f32> = Vec::<f32>::try_from(&flat)?;
+        let per = all.len() / keys.len().max(1);
+        for (k, row) in keys.iter().zip(all.chunks_exact(per.max(1))) {
+            self.cache.insert(k.clone(), row.to_vec());
+        }
+        Ok(())
+    }
+
+    fn cached_tensor(&self, samples: &[Sample]) -> Option<(Tensor, Tensor)> {
+        let mut data = Vec::new();
+        for s in samples {
+            data.extend_from_slice(self.cache.get(&s.key)?);
+        }
+        let shape: Vec<i64> = std::iter::once(samples.len() as i64)
+            .chain(
+                self.pkg.manifest().layers[self.freeze]
+                    .input_shape
+                    .iter()
+                    .copied(),
+            )
+            .collect();
+        let x = Tensor::from_slice(&data)
+            .view(shape.as_slice())
+            .to_device(self.device);
+        let y = Tensor::from_slice(&samples.iter().map(|s| s.label).collect::<Vec<_>>())
+            .to_device(self.device);
+        Some((x, y))
+    }
+
+    fn progress(&self, len: usize, prefix: String) -> ProgressBar {
+        let pb = if self.cfg.progress {
+            ProgressBar::new(len as u64)
+        } else {
+            ProgressBar::hidden()
+        };
+        pb.set_style(
+            ProgressStyle::with_template(
+                "{prefix:>12} [{bar:30}] {pos}/{len} it  {msg}  ETA {eta}",
+            )
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> "),
+        );
+        pb.set_prefix(prefix);
+        pb
+    }
+
+    /// Trains one epoch at `split`; `iters` batches of the epoch's order.
+    pub fn train_epoch(
+        &mut self,
+        epoch: usize,
+        split: Split,
+        iters: usize,
+    ) -> anyhow::Result<EpochResult> {
+        let order = epoch_order(self.data.train.len(), self.cfg.seed, epoch);
+        let batches: Vec<Vec<Sample>> = order
+            .chunks(self.cfg.batch)
+            .take(iters)
+            .map(|c| c.iter().map(|&i| self.data.train[i].clone()).collect())
+            .collect();
+        let pb = self.progress(batches.len(), format!("epoch {}", epoch + 1));
+        let started = Instant::now();
+        let mut losses = Vec::with_capacity(batches.len());
+        let mut bytes = 0u64;
+        let mut requests = 0usize;
+        let mut server = crate::client::ServerTiming::default();
+        let mut skipped = Vec::new();
+        let mut samples = 0usize;
+        let retries_before = self.client.as_ref().map_or(0, |c| c.retries());
+        let cached = self.cfg.cache_features
+            && batches
+                .iter()
+                .flatten()
+                .all(|s| self.cache.contains_key(&s.key));
+        let times = if cached {
+            let mut t = StageTimes::default();
+            for batch in &batches {
+                let step = Instant::now();
+                let Some((x, y)) = self.cached_tensor(batch) else {
+                    bail!("feature cache incomplete");
+                };
+                losses.push(self.head.train_step(&x, &y));
+                samples += batch.len();
+                t.compute.push(step.elapsed().as_secs_f64());
+                pb.inc(1);
+            }
+            t
+        } else {
+            let source = self.source(split)?;
+            let cache = self.cfg.cache_features;
+            let rt = Arc::clone(&self.rt);
+            let r = pipeline::run(&rt, &source, batches, self.cfg.prefetch, |_, f| {
+                bytes += f.bytes;
+                requests += f.requests;
+                server.add(&f.server);
+                skipped.extend(f.skipped.iter().map(|(k, m)| {
+                    log(Some(&pb), &format!("skipped bad object `{k}`: {m}"));
+                    k.clone()
+                }));
+                if f.labels.is_empty() {
+                    pb.inc(1);
+                    return Ok(());
+                }
+                let x = self.to_tensor(&f)?;
+                let feats = self.frozen_rest(split, &x)?;
+                if cache {
+                    self.cache_batch(&f.keys, &feats)?;
+                }
+                let y = Tensor::from_slice(&f.labels).to_device(self.device);
+                let loss = self.head.train_step(&feats, &y);
+                samples += f.labels.len();
+                losses.push(loss);
+                let el = started.elapsed().as_secs_f64();
+                pb.set_message(format!(
+                    "{:.0} samples/s  loss {loss:.4}",
+                    samples as f64 / el.max(1e-9)
+                ));
+                pb.inc(1);
+                Ok(())
+            });
+            r?
+        };
+        pb.finish_and_clear();
+        let wall = started.elapsed().as_secs_f64();
+        Ok(EpochResult {
+            epoch,
+            split,
+            iterations: losses.len(),
+            samples,
+            wall_s: wall,
+            storage_stage_s: times.mean_storage(),
+            compute_stage_s: times.mean_compute(),
+            starved_s: times.starved,
+            predicted: None,
+            bytes_received: bytes,
+            requests,
+            retries: self.client.as_ref().map_or(0, |c| c.retries()) - retries_before,
+            server,
+            train_loss: if losses.is_empty() {
+                f64::NAN
+            } else {
+                losses.iter().sum::<f64>() / losses.len() as f64
+            },
+            step_losses: losses,
+            test_accuracy: None,
+            test_s: None,
+            skipped,
+            from_cache: cached,
+            replanned: None,
+        })
+    }
+
+    /// Test accuracy at `split`.
+    pub fn evaluate(&mut self, split: Split) -> anyhow::Result<(f64, Vec<String>)> {
+        let batches: Vec<Vec<Sample>> = self
+            .data
+            .test
+            .chunks(self.cfg.batch)
+            .map(<[Sample]>::to_vec)
+            .collect();
+        let pb = self.progress(batches.len(), "test".into());
+        let mut correct = 0i64;
+        let mut total = 0i64;
+        let mut skipped = Vec::new();
+        if self.cfg.cache_features
+            && self
+                .data
+                .test
+                .iter()
+                .all(|s| self.cache.contains_key(&s.key))
+        {
+            for b in &batches {
+                if let Some((x, y)) = self.cached_tensor(b) {
+                    correct += self.head.correct(&x, &y);
+                    total += b.len() as i64;
+                }
+                pb.inc(1);
+            }
+        } else {
+            let source = self.source(split)?;
+            let cache = self.cfg.cache_features;
+            let rt = Arc::clone(&self.rt);
+            let r = pipeline::run(&rt, &source, batches, self.cfg.prefetch, |_, f| {
+                skipped.extend(f.skipped.iter().map(|(k, _)| k.clone()));
+                if !f.labels.is_empty() {
+                    let x = self.to_tensor(&f)?;
+                    let feats = self.frozen_rest(split, &x)?;
+                    if cache {
+                        self.cache_batch(&f.keys, &feats)?;
+                    }
+                    let y = Tensor::from_slice(&f.labels).to_device(self.device);
+                    correct += self.head.correct(&feats, &y);
+                    total += f.labels.len() as i64;
+                }
+                pb.inc(1);
+                Ok(())
+            });
+            r?;
+        }
+        pb.finish_and_clear();
+        Ok((correct as f64 / total.max(1) as f64, skipped))
+    }
+
+    fn fingerprint(&self) -> String {
+        let c = &self.cfg;
+        format!(
+            "model={} freeze={} classes={:?} train={} test={} seed={} batch={} opt={:?} lr={} first={:?}",
+            c.model,
+            self.freeze,
+            self.data.classes,
+            self.data.train.len(),
+            self.data.test.len(),
+            c.seed,
+            c.batch,
+            c.optimizer,
+            c.lr,
+            self.data.train.first().map(|s| &s.key),
+        )
+    }
+
+    /// Runs the whole job.
+    pub fn run(mut self) -> anyhow::Result<Results> {
+        let device = format!("{:?}", self.device);
+        let mut results = Results {
+            config: self.cfg.clone(),
+            device,
+            classes: self.data.classes.clone(),
+            train_samples: self.data.train.len(),
+            test_samples: self.data.test.len(),
+            freeze: self.freeze,
+            trainable_params: self.head.num_params(),
+            plan: None,
+            epochs: Vec::new(),
+            skipped_total: 0,
+        };
+        let mut split = self.fixed_split(self.cfg.split);
+        let mut start_epoch = 0;
+        if self.cfg.resume {
+            if let Some((dir, state)) = self.latest_checkpoint()? {
+                self.head.load(&dir)?;
+                start_epoch = state.epochs_done;
+                split = state.split;
+                results.epochs = state.results.epochs;
+                results.plan = state.results.plan;
+                eprintln!(
+                    "resuming after epoch {start_epoch} from {} (split {split})",
+                    dir.display()
+                );
+            } else {
+                eprintln!("--resume: no checkpoint yet; starting from the beginning");
+            }
+        }
+        let mut costs = None;
+        if self.cfg.split == SplitArg::Auto {
+            let report = match results.plan.clone() {
+                Some(p) => p,
+                None => {
+                    eprintln!("profiling both tiers and the network to choose the split...");
+                    let p = self.plan()?;
+                    split = p.chosen;
+                    p
+                }
+            };
+            print_plan(&report);
+            costs = Some(report.costs.clone());
+            results.plan = Some(report);
+        }
+        let iters = self.iterations();
+        for epoch in start_epoch..self.cfg.epochs {
+            let mut r = self.train_epoch(epoch, split, iters)?;
+            r.predicted = costs.as_ref().map(|c| c.estimate(split));
+            if self.cfg.test && !self.data.test.is_empty() {
+                let t = Instant::now();
+                let (acc, skipped) = self.evaluate(split)?;
+                r.test_accuracy = Some(acc);
+                r.test_s = Some(t.elapsed().as_secs_f64());
+                r.skipped.extend(skipped);
+            }
+            print_epoch(&r, self.cfg.epochs);
+            if let (Some(c), Some(pred)) = (costs.as_mut(), r.predicted)
+                && !r.from_cache
+            {
+                let drift = Drift::of(&pred, r.storage_stage_s, r.compute_stage_s);
+                if drift.exceeds(self.cfg.replan_threshold) {
+                    c.storage_scale *= 1.0 + drift.storage;
+                    c.compute_scale *= 1.0 + drift.compute;
+                    let next = c.choose();
+                    let note = format!(
+                        "re-plan: storage stage {:+.0}%, compute stage {:+.0}% against the plan; split {split} -> {}",
+                        drift.storage * 100.0,
+                        drift.compute * 100.0,
+                        next.split
+                    );
+                    eprintln!("{note}");
+                    r.replanned = Some(note);
+                    split = next.split;
+                    if let Some(p) = results.plan.as_mut() {
+                        p.costs = c.clone();
+                    }
+                }
+            }
+            results.skipped_total += r.skipped.len();
+            results.epochs.push(r);
+            self.write_checkpoint(epoch + 1, split, &results)?;
+            if let Some(out) = &self.cfg.out {
+                write_json(out, &results)?;
+            }
+        }
+        Ok(results)
+    }
+
+    fn latest_checkpoint(&self) -> anyhow::Result<Option<(PathBuf, CheckpointState)>> {
+        let Some(dir) = &self.cfg.checkpoint else {
+            bail!("--resume needs --checkpoint DIR");
+        };
+        let mut best: Option<(usize, PathBuf)> = None;
+        if dir.is_dir() {
+            for e in std::fs::read_dir(dir)? {
+                let e = e?;
+                let name = e.file_name().to_string_lossy().into_owned();
+                if let Some(n) = name
+                    .strip_prefix("epoch-")
+                    .and_then(|n| n.parse::<usize>().ok())
+                    && best.as_ref().is_none_or(|(b, _)| n > *b)
+                {
+                    best = Some((n, e.path()));
+                }
+            }
+        }
+        let Some((_, path)) = best else {
+            return Ok(None);
+        };
+        let text = std::fs::read_to_string(path.join("state.json"))
+            .with_context(|| format!("reading {}", path.join("state.json").display()))?;
+        let state: CheckpointState = serde_json::from_str(&text)
+            .with_context(|| format!("parsing {}", path.join("state.json").display()))?;
+        let mine = self.fingerprint();
+        if state.fingerprint != mine {
+            bail!(
+                "the checkpoint in {} is from a different job:\n  it has: {}\n  this job: {mine}",
+                path.display(),
+                state.fingerprint
+            );
+        }
+        Ok(Some((path, state)))
+    }
+
+    /// Writes `epoch-NNNN/` atomically (a temporary directory renamed into place) and removes
+    /// older epochs.
+    fn write_checkpoint(
+        &self,
+        epochs_done: usize,
+        split: Split,
+        results: &Results,
+    ) -> anyhow::Result<()> {
+        let Some(dir) = &self.cfg.checkpoint else {
+            return Ok(());
+        };
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        let tmp = dir.join(format!(".epoch-{epochs_done:04}.tmp"));
+        let _ = std::fs::remove_dir_all(&tmp);
+        std::fs::create_dir_all(&tmp)?;
+        self.head.save(&tmp)?;
+        let state = CheckpointState {
+            fingerprint: self.fingerprint(),
+            epochs_done,
+            results: results.clone(),
+            split,
+        };
+        std::fs::write(tmp.join("state.json"), serde_json::to_vec_pretty(&state)?)?;
+        let final_dir = dir.join(format!("epoch-{epochs_done:04}"));
+        let _ = std::fs::remove_dir_all(&final_dir);
+        std::fs::rename(&tmp, &final_dir)
+            .with_context(|| format!("moving the checkpoint into {}", final_dir.display()))?;
+        for e in std::fs::read_dir(dir)? {
+            let e = e?;
+            let name = e.file_name().to_string_lossy().into_owned();
+            if let Some(n) = name
+                .strip_prefix("epoch-")
+                .and_then(|n| n.parse::<usize>().ok())
+                && n < epochs_done
+            {
+                let _ = std::fs::remove_dir_all(e.path());
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Writes `value` as pretty JSON, atomically.
+pub fn write_json<T: Serialize>(path: &Path, value: &T) -> anyhow::Result<()> {
+    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent)?;
+    }
+    let tmp = path.with_extension("json.tmp");
+    std::fs::write(&tmp, serde_json::to_vec_pretty(value)?)
+        .with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))?;
+    Ok(())
+}
+
+/// `MemAvailable` from /proc/meminfo (the compute tier's memory limit unless given).
+fn available_memory() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find_map(|l| l.strip_prefix("MemAvailable:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .map_or(u64::MAX, |kb| kb * 1024)
+}
+
+fn ms(s: f64) -> String {
+    format!("{:.1}", s * 1e3)
+}
+
+/// Prints the plan: measured inputs and every split's estimate.
+pub fn print_plan(p: &PlanReport) {
+    let c = &p.costs;
+    eprintln!(
+        "plan ({:.1} s of probing): bandwidth {:.1} MB/s, request latency {} ms, host decode {} ms/sample, local decode {} ms/sample, store read {:.1} MB/s, head step {} ms",
+        p.probe_s,
+        c.bandwidth / 1e6,
+        ms(c.latency),
+        ms(c.host_decode),
+        ms(c.local_decode),
+        c.store_bandwidth / 1e6,
+        ms(c.head_step),
+    );
+    eprintln!("  split  storage ms/it  compute ms/it  epoch s  MB/it   fits");
+    for e in &p.estimates {
+        let mb = match e.split {
+            Split::None => c.object_bytes * c.batch as f64 / 1e6,
+            Split::At(s) => (c.bytes_at[s] * c.batch as u64) as f64 / 1e6,
+        };
+        eprintln!(
+            "  {:>5}  {:>13}  {:>13}  {:>7.2}  {:>6.2}  {}{}",
+            e.split.to_string(),
+            ms(e.storage),
+            ms(e.compute),
+            e.epoch,
+            mb,
+            if e.fits { "yes" } else { "no" },
+            if e.split == p.chosen {
+                "  <- chosen"
+            } else {
+                ""
+            },
+        );
+    }
+}
+
+fn print_epoch(r: &EpochResult, epochs: usize) {
+    let pred = r.predicted.map_or_else(String::new, |p| {
+        format!(" (predicted {} / {} ms)", ms(p.storage), ms(p.compute))
+    });
+    eprintln!(
+        "epoch {}/{epochs}: split {}, {} it, {:.1} s, {:.0} samples/s, storage stage {} ms/it, compute stage {} ms/it{pred}, {:.1} MB received, loss {:.4}{}{}",
+        r.epoch + 1,
+        r.split,
+        r.iterations,
+        r.wall_s,
+        r.samples as f64 / r.wall_s.max(1e-9),
+        ms(r.storage_stage_s),
+        ms(r.compute_stage_s),
+        r.bytes_received as f64 / 1e6,
+        r.train_loss,
+        r.test_accuracy.map_or_else(String::new, |a| format!(
+            ", test accuracy {:.2}%",
+            a * 100.0
+        )),
+        if r.skipped.is_empty() {
+            String::new()
+        } else {
+            format!(", {} bad objects skipped", r.skipped.len())
+        },
+    );
+}
+
+/// One split's measured time in a sweep.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct SweepCase {
+    pub split: Split,
+    pub seconds: f64,
+    pub storage_stage_s: f64,
+    pub compute_stage_s: f64,
+    pub bytes_received: u64,
+    pub predicted: Estimate,
+}
+
+/// Every split measured for a fixed number of iterations, and the planner's choice.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct SweepResults {
+    pub model: String,
+    pub batch: usize,
+    pub iterations: usize,
+    pub freeze: usize,
+    pub cases: Vec<SweepCase>,
+    pub best: Split,
+    pub best_s: f64,
+    /// The planner's choice and its own run's time (profiling not included; see `plan.probe_s`).
+    pub auto: Split,
+    pub auto_s: f64,
+    pub none_s: f64,
+    pub plan: PlanReport,
+}
+
+impl Job {
+    /// `--sweep`: plans as `auto` would, then runs `none` and every split 0..=freeze for the
+    /// job's iteration count (`--max-iters`), then the planner's choice again as `auto`'s run.
+    pub fn sweep(mut self) -> anyhow::Result<SweepResults> {
+        let iters = self.iterations();
+        eprintln!("sweep: planning as --split auto would");
+        let plan = self.plan()?;
+        print_plan(&plan);
+        let mut cases = Vec::new();
+        let candidates: Vec<Split> = std::iter::once(Split::None)
+            .chain((0..=self.freeze).map(Split::At))
+            .collect();
+        for split in candidates {
+            let r = self.train_epoch(0, split, iters)?;
+            let predicted = plan.costs.estimate(split);
+            eprintln!(
+                "sweep: split {split:>4}: {:.2} s for {iters} it (predicted {:.2} s), storage {} / compute {} ms/it, {:.1} MB",
+                r.wall_s,
+                predicted.epoch,
+                ms(r.storage_stage_s),
+                ms(r.compute_stage_s),
+                r.bytes_received as f64 / 1e6
+            );
+            cases.push(SweepCase {
+                split,
+                seconds: r.wall_s,
+                storage_stage_s: r.storage_stage_s,
+                compute_stage_s: r.compute_stage_s,
+                bytes_received: r.bytes_received,
+                predicted,
+            });
+        }
+        let auto = self.train_epoch(0, plan.chosen, iters)?;
+        let best = cases
+            .iter()
+            .min_by(|a, b| a.seconds.total_cmp(&b.seconds))
+            .context("no cases")?;
+        let none_s = cases.first().map_or(f64::NAN, |c| c.seconds);
+        Ok(SweepResults {
+            model: self.cfg.model.clone(),
+            batch: self.cfg.batch,
+            iterations: iters,
+            freeze: self.freeze,
+            best: best.split,
+            best_s: best.seconds,
+            auto: plan.chosen,
+            auto_s: auto.wall_s,
+            none_s,
+            cases,
+            plan,
+        })
+    }
+}

@@ -1,0 +1,51 @@
+//! HAPI's compute tier: a transfer-learning trainer that pushes the first frozen layers down
+//! to the storage tier (`hapi-host`), chooses where to cut from measurements, keeps storage
+//! requests for the next iterations in flight while it trains the current one, and trains a
+//! new head on the features.
+//!
+//! The binary is `hapi-train`; [`job::Job`] is the library entry point.
+
+pub mod client;
+pub mod dataset;
+pub mod head;
+pub mod job;
+pub mod pipeline;
+pub mod plan;
+pub mod source;
+
+/// Process exit codes of `hapi-train`.
+pub mod exit {
+    /// A usage error (clap's code).
+    pub const USAGE: u8 = 2;
+    /// A storage host was not reachable when the job started.
+    pub const UNREACHABLE: u8 = 3;
+    /// A stored object was missing or corrupt (and `--skip-bad` was not given).
+    pub const BAD_OBJECT: u8 = 4;
+    /// The storage tier kept failing past the retry budget, or refused a request.
+    pub const STORAGE: u8 = 5;
+    /// Anything else.
+    pub const OTHER: u8 = 1;
+}
+
+/// The exit code for a failed job.
+pub fn exit_code(e: &anyhow::Error) -> u8 {
+    for cause in e.chain() {
+        if cause.downcast_ref::<client::Unreachable>().is_some() {
+            return exit::UNREACHABLE;
+        }
+        if let Some(f) = cause.downcast_ref::<source::FetchError>() {
+            return match f {
+                source::FetchError::BadObject { .. } => exit::BAD_OBJECT,
+                source::FetchError::Invoke(client::InvokeError::BadObject { .. }) => {
+                    exit::BAD_OBJECT
+                }
+                source::FetchError::Invoke(_) => exit::STORAGE,
+                source::FetchError::Other(_) => exit::OTHER,
+            };
+        }
+        if cause.downcast_ref::<client::InvokeError>().is_some() {
+            return exit::STORAGE;
+        }
+    }
+    exit::OTHER
+}

@@ -1,0 +1,226 @@
+//! `hapi-train`: run a transfer-learning job against one or more `hapi-host` storage tiers.
+
+use clap::{Parser, ValueEnum};
+use hapi_train::head::OptimizerKind;
+use hapi_train::job::{Job, JobConfig, SplitArg, write_json};
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum Opt {
+    Sgd,
+    Adam,
+}
+
+/// Transfer learning with near-data feature extraction: layers [0, s) run as a pushdown
+/// function on the storage tier (`hapi-host`), layers [s, freeze) and the new head
+/// [freeze, end) run here.
+///
+/// Exit codes: 0 done; 1 other error; 2 usage; 3 a storage host is not reachable at start;
+/// 4 a stored object is missing or corrupt (without --skip-bad); 5 the storage tier refused a
+/// request or kept failing past --retry-for.
+#[derive(Debug, Parser)]
+#[command(version)]
+struct Cli {
+    /// Storage host URL; repeat for several hosts (requests are spread over them).
+    #[arg(
+        long = "host",
+        env = "HAPI_HOSTS",
+        value_delimiter = ',',
+        default_value = "http://127.0.0.1:8080"
+    )]
+    hosts: Vec<String>,
+    /// Bearer token of this tenant on the storage hosts.
+    #[arg(long, env = "HAPI_TOKEN", default_value = "", hide_env_values = true)]
+    token: String,
+    /// The tenant's pushdown function on the hosts.
+    #[arg(long, default_value = "feature-extract")]
+    function: String,
+    /// Object store root as this machine reaches it: a directory whose subdirectories are
+    /// buckets, or `s3://` (endpoint and credentials from AWS_* variables). Used for listing
+    /// the data set and by `--split none`.
+    #[arg(long, default_value = "data/store")]
+    store: String,
+    #[arg(long, default_value = "datasets")]
+    bucket: String,
+    /// Data set prefix in the bucket: `<prefix>/{train,test}/<class>/<object>`.
+    #[arg(long, default_value = "fashion-mnist")]
+    prefix: String,
+    /// Model packages directory (default: $HAPI_MODELS, else .hapi/models).
+    #[arg(long)]
+    models: Option<PathBuf>,
+    #[arg(long, default_value = "efficientnet_lite0")]
+    model: String,
+    /// Freeze index: layers [0, freeze) stay frozen (default: the package's).
+    #[arg(long)]
+    freeze: Option<usize>,
+    /// Training batch size.
+    #[arg(long, default_value_t = 32)]
+    batch: usize,
+    #[arg(long, default_value_t = 1)]
+    epochs: usize,
+    #[arg(long, value_enum, default_value = "adam")]
+    optimizer: Opt,
+    #[arg(long, default_value_t = 1e-3)]
+    lr: f64,
+    /// SGD momentum.
+    #[arg(long, default_value_t = 0.9)]
+    momentum: f64,
+    #[arg(long, default_value_t = 0.0)]
+    weight_decay: f64,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Where to cut: auto (measure and choose), none (no pushdown), freeze (push every frozen
+    /// layer), min (push to the smallest output), or a layer index s (layers [0, s) on storage).
+    #[arg(long, default_value = "auto")]
+    split: SplitArg,
+    /// Batches fetched ahead of the one being trained.
+    #[arg(long, default_value_t = 2)]
+    prefetch: usize,
+    /// Object keys per storage request.
+    #[arg(long, default_value_t = 8)]
+    request_size: usize,
+    /// Storage requests in flight per batch.
+    #[arg(long, default_value_t = 4)]
+    in_flight: usize,
+    /// Use at most this many training samples (a seeded subset).
+    #[arg(long)]
+    train_limit: Option<usize>,
+    #[arg(long)]
+    test_limit: Option<usize>,
+    /// Stop each epoch after this many iterations.
+    #[arg(long)]
+    max_iters: Option<usize>,
+    /// Skip the test-set evaluation after each epoch.
+    #[arg(long)]
+    no_test: bool,
+    /// Leave missing or corrupt objects out (counted in the results) instead of failing.
+    #[arg(long)]
+    skip_bad: bool,
+    /// Keep retrying a failing storage request this long (seconds) before giving up.
+    #[arg(long, default_value_t = 120.0)]
+    retry_for: f64,
+    /// Compute-tier device: auto, cpu, cuda or cuda:N.
+    #[arg(long, env = "HAPI_DEVICE", default_value = "auto")]
+    device: String,
+    /// Compute-tier memory available to the job, bytes (default: MemAvailable).
+    #[arg(long)]
+    memory_limit: Option<u64>,
+    /// Re-plan when a measured stage time drifts more than this fraction from the plan.
+    #[arg(long, default_value_t = 0.2)]
+    replan_threshold: f64,
+    /// Keep the frozen features of every sample after the first epoch and train later epochs
+    /// from them (no storage traffic; the frozen layers are deterministic).
+    #[arg(long)]
+    cache_features: bool,
+    /// Directory for per-epoch checkpoints.
+    #[arg(long)]
+    checkpoint: Option<PathBuf>,
+    /// Continue from the newest checkpoint in --checkpoint.
+    #[arg(long)]
+    resume: bool,
+    /// Results JSON (per-epoch times, stage times, bytes, split, loss, accuracy).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Measure `none` and every split for --max-iters iterations, then the planner's choice
+    /// (the split-choice evaluation); writes the sweep to --out.
+    #[arg(long)]
+    sweep: bool,
+    /// No progress bars.
+    #[arg(long)]
+    quiet: bool,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("hapi-train: error: {e:#}");
+            ExitCode::from(hapi_train::exit_code(&e))
+        }
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
+    let optimizer = match cli.optimizer {
+        Opt::Sgd => OptimizerKind::Sgd {
+            momentum: cli.momentum,
+            weight_decay: cli.weight_decay,
+        },
+        Opt::Adam => OptimizerKind::Adam {
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: cli.weight_decay,
+        },
+    };
+    if cli.sweep && cli.max_iters.is_none() {
+        anyhow::bail!("--sweep needs --max-iters N (iterations per split)");
+    }
+    let cfg = JobConfig {
+        hosts: cli.hosts,
+        token: cli.token,
+        function: cli.function,
+        store: cli.store,
+        bucket: cli.bucket,
+        prefix: cli.prefix,
+        models: cli.models.unwrap_or_else(hapi_model::models_dir),
+        model: cli.model,
+        freeze: cli.freeze,
+        batch: cli.batch,
+        epochs: cli.epochs,
+        optimizer,
+        lr: cli.lr,
+        seed: cli.seed,
+        split: cli.split,
+        prefetch: cli.prefetch,
+        request_size: cli.request_size,
+        in_flight: cli.in_flight,
+        train_limit: cli.train_limit,
+        test_limit: cli.test_limit,
+        max_iters: cli.max_iters,
+        test: !cli.no_test && !cli.sweep,
+        skip_bad: cli.skip_bad,
+        retry_secs: cli.retry_for,
+        device: cli.device,
+        memory_limit: cli.memory_limit,
+        replan_threshold: cli.replan_threshold,
+        cache_features: cli.cache_features,
+        checkpoint: cli.checkpoint,
+        resume: cli.resume,
+        out: cli.out.clone(),
+        progress: !cli.quiet && std::io::stderr().is_terminal(),
+    };
+    let job = Job::open(cfg)?;
+    eprintln!(
+        "{} train / {} test samples, {} classes; freeze index {}",
+        job.dataset().train.len(),
+        job.dataset().test.len(),
+        job.dataset().classes.len(),
+        job.freeze()
+    );
+    if cli.sweep {
+        let sweep = job.sweep()?;
+        eprintln!(
+            "sweep: best split {} ({:.2} s), auto chose {} ({:.2} s, {:.3}x best), none {:.2} s",
+            sweep.best,
+            sweep.best_s,
+            sweep.auto,
+            sweep.auto_s,
+            sweep.auto_s / sweep.best_s,
+            sweep.none_s
+        );
+        if let Some(out) = &cli.out {
+            write_json(out, &sweep)?;
+        }
+    } else {
+        let results = job.run()?;
+        if let Some(out) = &cli.out {
+            write_json(out, &results)?;
+            eprintln!("results: {}", out.display());
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,270 @@
+//! Choosing the split: a two-stage pipeline model fed only with measurements from this job's
+//! machines (no constants fitted elsewhere).
+//!
+//! For split `s` (layers [0, s) on storage) and a training batch of `B` samples:
+//!
+//! - storage stage `srv(s)`: the host decodes `B` objects and runs layers [0, s)
+//!   (`work`), and the features cross the network (`net = B * bytes(s) / bandwidth`). A batch
+//!   goes out as `n` requests that pipeline with each other, so the stage takes
+//!   `max(work, net) + min(work, net) / n`, plus one request latency per round of in-flight
+//!   requests, plus parsing the responses on the compute tier;
+//! - compute stage `cli(s)`: layers [s, freeze) forward plus the head's forward, backward and
+//!   update;
+//! - an epoch of `N` iterations takes `srv + max(srv, cli) * (N - 1) + cli` (the pipeline fills,
+//!   runs at the slower stage's pace, drains): the paper's formula with our glue folded into
+//!   the stages where it runs.
+//!
+//! No pushdown (`none`) reads the stored objects (`B * object_bytes / store_bandwidth`) while
+//! the compute tier decodes them and runs every frozen layer; decoding joins the compute stage
+//! when the trainer has a single core.
+//!
+//! Splits whose compute-tier memory does not fit are dropped. After each epoch the measured
+//! stage times are compared with the plan; a drift over the threshold rescales that stage's
+//! estimates and the split is chosen again.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// Where to cut.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Split {
+    /// No pushdown: stored objects are read and everything runs on the compute tier.
+    None,
+    /// Layers [0, s) on the storage tier.
+    At(usize),
+}
+
+impl fmt::Display for Split {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::None => f.write_str("none"),
+            Self::At(s) => write!(f, "{s}"),
+        }
+    }
+}
+
+/// Everything measured for the plan. Times are seconds, sizes bytes.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Costs {
+    pub batch: usize,
+    pub iterations: usize,
+    pub freeze: usize,
+    /// Keys per storage request, and requests in flight.
+    pub request_size: usize,
+    pub in_flight: usize,
+    /// Storage tier, per sample: decoding in the guest, and each layer (host profile).
+    pub host_decode: f64,
+    pub host_layer: Vec<f64>,
+    /// Per request: HTTP round trip beyond transfer and server time.
+    pub latency: f64,
+    /// Storage -> compute bytes per second, measured from real transfers.
+    pub bandwidth: f64,
+    /// Bytes per sample sent at split s, for s in 0..=freeze (s = 0: the preprocessed input).
+    pub bytes_at: Vec<u64>,
+    /// Compute tier: parsing a response, per byte.
+    pub parse_per_byte: f64,
+    /// Compute tier, per sample: each layer (local profile at the training batch size).
+    pub local_layer: Vec<f64>,
+    /// Compute tier, per iteration: the head's forward, backward and update.
+    pub head_step: f64,
+    /// No pushdown: mean stored object size, read bandwidth, native decode per sample.
+    pub object_bytes: f64,
+    pub store_bandwidth: f64,
+    pub local_decode: f64,
+    /// Cores the trainer may use (decoding overlaps compute only with more than one).
+    pub local_cores: usize,
+    /// Compute-tier memory: fixed bytes (weights of [s, end)) per split, and the limit.
+    pub weight_bytes: Vec<u64>,
+    pub layer_in_bytes: Vec<u64>,
+    pub layer_out_bytes: Vec<u64>,
+    pub prefetch: usize,
+    pub memory_limit: u64,
+    /// Correction factors from re-planning (1.0 until a drift is seen).
+    pub storage_scale: f64,
+    pub compute_scale: f64,
+}
+
+/// One split's estimate.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
+pub struct Estimate {
+    pub split: Split,
+    /// Per iteration.
+    pub storage: f64,
+    pub compute: f64,
+    /// Whole epoch.
+    pub epoch: f64,
+    pub memory: u64,
+    pub fits: bool,
+}
+
+impl Costs {
+    fn requests(&self) -> usize {
+        self.batch.div_ceil(self.request_size.max(1))
+    }
+
+    pub fn estimate(&self, split: Split) -> Estimate {
+        let b = self.batch as f64;
+        let (storage, compute, memory) = match split {
+            Split::At(s) => {
+                let work = b * (self.host_decode + self.host_layer[..s].iter().sum::<f64>());
+                let bytes = b * self.bytes_at[s] as f64;
+                let net = bytes / self.bandwidth.max(1.0);
+                let n = self.requests().max(1) as f64;
+                let rounds = (self.requests().div_ceil(self.in_flight.max(1))) as f64;
+                let storage = (work.max(net)
+                    + work.min(net) / n
+                    + rounds * self.latency
+                    + bytes * self.parse_per_byte)
+                    * self.storage_scale;
+                let compute = (b * self.local_layer[s..self.freeze].iter().sum::<f64>()
+                    + self.head_step)
+                    * self.compute_scale;
+                (storage, compute, self.memory(s))
+            }
+            Split::None => {
+                let read = b * self.object_bytes / self.store_bandwidth.max(1.0);
+                let decode = b * self.local_decode;
+                let layers =
+                    b * self.local_layer[..self.freeze].iter().sum::<f64>() + self.head_step;
+                let (storage, compute) = if self.local_cores > 1 {
+                    (read.max(decode), layers)
+                } else {
+                    (read, layers + decode)
+                };
+                (
+                    storage * self.storage_scale,
+                    compute * self.compute_scale,
+                    self.memory(0),
+                )
+            }
+        };
+        let n = self.iterations.max(1) as f64;
+        let epoch = storage + storage.max(compute) * (n - 1.0) + compute;
+        Estimate {
+            split,
+            storage,
+            compute,
+            epoch,
+            memory,
+            fits: memory <= self.memory_limit,
+        }
+    }
+
+    /// Compute-tier memory at split s: weights of [s, end), the largest activation pair of the
+    /// frozen layers it runs, twice the head's activations (forward and gradients), and the
+    /// prefetched batches.
+    fn memory(&self, s: usize) -> u64 {
+        let b = self.batch as u64;
+        let pair = (s..self.freeze)
+            .map(|i| self.layer_in_bytes[i] + self.layer_out_bytes[i])
+            .max()
+            .unwrap_or(0);
+        let head: u64 = self.layer_out_bytes[self.freeze..].iter().sum();
+        self.weight_bytes[s] + b * pair + 2 * b * head + self.prefetch as u64 * b * self.bytes_at[s]
+    }
+
+    /// Every candidate's estimate: `none` and splits 0..=freeze.
+    pub fn estimates(&self) -> Vec<Estimate> {
+        std::iter::once(Split::None)
+            .chain((0..=self.freeze).map(Split::At))
+            .map(|s| self.estimate(s))
+            .collect()
+    }
+
+    /// The cheapest split that fits; `none` if nothing else fits.
+    pub fn choose(&self) -> Estimate {
+        let all = self.estimates();
+        all.iter()
+            .filter(|e| e.fits)
+            .min_by(|a, b| a.epoch.total_cmp(&b.epoch))
+            .copied()
+            .unwrap_or(all[0])
+    }
+}
+
+/// The split with the smallest output among 1..=freeze (ties: the earliest).
+pub fn min_output_split(bytes_at: &[u64], freeze: usize) -> usize {
+    (1..=freeze)
+        .min_by_key(|&s| (bytes_at[s], s))
+        .unwrap_or(freeze)
+}
+
+/// The measured per-iteration stage times of an epoch against its plan.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
+pub struct Drift {
+    pub storage: f64,
+    pub compute: f64,
+}
+
+impl Drift {
+    pub fn of(predicted: &Estimate, measured_storage: f64, measured_compute: f64) -> Self {
+        Self {
+            storage: measured_storage / predicted.storage.max(1e-9) - 1.0,
+            compute: measured_compute / predicted.compute.max(1e-9) - 1.0,
+        }
+    }
+
+    pub fn exceeds(&self, threshold: f64) -> bool {
+        self.storage.abs() > threshold || self.compute.abs() > threshold
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn costs(bandwidth: f64) -> Costs {
+        // A 4-layer model whose layer 2 output is tiny; storage is as fast as compute.
+        Costs {
+            batch: 32,
+            iterations: 10,
+            freeze: 3,
+            request_size: 8,
+            in_flight: 4,
+            host_decode: 0.002,
+            host_layer: vec![0.01, 0.01, 0.01, 0.001],
+            latency: 0.001,
+            bandwidth,
+            bytes_at: vec![600_000, 800_000, 4_000, 50_000],
+            parse_per_byte: 1e-10,
+            local_layer: vec![0.01, 0.01, 0.01, 0.001],
+            head_step: 0.01,
+            object_bytes: 100_000.0,
+            store_bandwidth: bandwidth,
+            local_decode: 0.002,
+            local_cores: 1,
+            weight_bytes: vec![4_000_000, 3_000_000, 2_000_000, 1_000_000],
+            layer_in_bytes: vec![600_000, 600_000, 800_000, 4_000],
+            layer_out_bytes: vec![600_000, 800_000, 4_000, 40],
+            prefetch: 2,
+            memory_limit: u64::MAX,
+            storage_scale: 1.0,
+            compute_scale: 1.0,
+        }
+    }
+
+    #[test]
+    fn a_slow_network_favours_the_small_output_and_a_fast_one_balances_the_tiers() {
+        let slow = costs(1e6).choose();
+        assert_eq!(slow.split, Split::At(2), "{slow:?}");
+        // With a fast network, splitting at 1 or 2 balances the two tiers; 2 keeps more work
+        // on storage but the compute stage then only has layer 2 and the head.
+        let fast = costs(1e10).choose();
+        assert!(matches!(fast.split, Split::At(1 | 2)), "{fast:?}");
+    }
+
+    #[test]
+    fn splits_that_do_not_fit_are_dropped() {
+        let mut c = costs(1e6);
+        c.memory_limit = c.estimate(Split::At(2)).memory - 1;
+        let e = c.choose();
+        assert_ne!(e.split, Split::At(2));
+        assert!(e.fits);
+    }
+
+    #[test]
+    fn min_output_split_is_the_smallest_bytes() {
+        assert_eq!(min_output_split(&[600_000, 800_000, 4_000, 50_000], 3), 2);
+    }
+}

@@ -1,0 +1,487 @@
+//! `hapi-train` end to end: the real `hapi-host` binary serving the real `feature-extract`
+//! component over a socket, real Fashion-MNIST objects in a local store, real libtorch.
+
+use serde_json::Value;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+const TOKEN: &str = "trainer-token";
+const TRAIN: usize = 64;
+const TEST: usize = 32;
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn cargo() -> String {
+    std::env::var("CARGO").unwrap_or_else(|_| "cargo".into())
+}
+
+/// The guests, built from source once per test binary.
+fn feature_extract() -> &'static Path {
+    static P: OnceLock<PathBuf> = OnceLock::new();
+    P.get_or_init(|| {
+        let out = Command::new(cargo())
+            .args(["build", "--release", "--quiet"])
+            .current_dir(workspace().join("guest-fns"))
+            .env_remove("CARGO_TARGET_DIR")
+            .env_remove("RUSTFLAGS")
+            .output()
+            .expect("cargo for the guests");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        workspace().join(".hapi/target-guests/wasm32-wasip2/release/feature_extract.wasm")
+    })
+}
+
+/// The `hapi-host` binary, built by cargo (another package's binary is not in
+/// `CARGO_BIN_EXE_*`); its path comes from cargo's own build report.
+fn host_binary() -> &'static Path {
+    static P: OnceLock<PathBuf> = OnceLock::new();
+    P.get_or_init(|| {
+        let out = Command::new(cargo())
+            .args([
+                "build",
+                "--package",
+                "hapi-host",
+                "--bin",
+                "hapi-host",
+                "--message-format=json",
+            ])
+            .current_dir(workspace())
+            .stderr(Stdio::inherit())
+            .output()
+            .expect("cargo build -p hapi-host");
+        assert!(out.status.success(), "building hapi-host failed");
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter(|v| v["target"]["name"] == "hapi-host")
+            .find_map(|v| v["executable"].as_str().map(PathBuf::from))
+            .expect("cargo reported the hapi-host executable")
+    })
+}
+
+/// A store with `TRAIN` + `TEST` Fashion-MNIST objects in ImageFolder layout, and a policy.
+struct Fixture {
+    dir: tempfile::TempDir,
+}
+
+impl Fixture {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let src = std::env::var_os("HAPI_FASHION_MNIST").map_or_else(
+            || PathBuf::from(hapi_data::fashion_mnist::DEFAULT_SOURCE),
+            PathBuf::from,
+        );
+        let data = hapi_data::fashion_mnist::read_split(&src, "t10k")
+            .expect("Fashion-MNIST (run `cargo xtask setup`)");
+        let prefix = object_store::path::Path::from("fashion-mnist");
+        for i in 0..TRAIN + TEST {
+            let split = if i < TRAIN { "train" } else { "test" };
+            let key = hapi_data::fashion_mnist::key(&prefix, split, data.labels[i], i).to_string();
+            let png = hapi_data::fashion_mnist::encode_png(data.image(i), 28, 28).expect("png");
+            let path = dir.path().join("store/datasets").join(key);
+            std::fs::create_dir_all(path.parent().expect("parent")).expect("mkdir");
+            std::fs::write(path, png).expect("write");
+        }
+        let policy = format!(
+            r#"
+[host]
+listen = "127.0.0.1:0"
+store = "{store}"
+models = "{models}"
+state = "{state}"
+device = "cpu"
+
+[tenants.trainer]
+token_sha256 = "{hash}"
+grants = [{{ bucket = "datasets", prefix = "fashion-mnist/" }}]
+models = ["efficientnet_lite0"]
+memory = "1GiB"
+timeout = "60s"
+concurrency = 8
+[tenants.trainer.functions]
+feature-extract = "{fe}"
+"#,
+            store = dir.path().join("store").display(),
+            models = hapi_model::models_dir().display(),
+            state = dir.path().join("state").display(),
+            hash = hapi_host::policy::hash_token(TOKEN),
+            fe = feature_extract().display(),
+        );
+        std::fs::write(dir.path().join("policy.toml"), policy).expect("policy");
+        Self { dir }
+    }
+
+    fn store(&self) -> PathBuf {
+        self.dir.path().join("store")
+    }
+
+    /// A train object's path and key (the first one in sorted order).
+    fn first_train_object(&self) -> (PathBuf, String) {
+        let root = self.store().join("datasets");
+        let mut files: Vec<PathBuf> = walk(&root.join("fashion-mnist/train"));
+        files.sort();
+        let path = files.into_iter().next().expect("a train object");
+        let key = path
+            .strip_prefix(&root)
+            .expect("under root")
+            .to_string_lossy()
+            .into_owned();
+        (path, key)
+    }
+
+    fn start_host(&self, listen: &str) -> Server {
+        let mut child = Command::new(host_binary())
+            .args(["serve", "--policy"])
+            .arg(self.dir.path().join("policy.toml"))
+            .args(["--listen", listen])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("hapi-host starts");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().expect("stdout"))
+            .read_line(&mut line)
+            .expect("first line");
+        let url = line
+            .trim()
+            .strip_prefix("listening on ")
+            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+            .to_string();
+        Server { child, url }
+    }
+}
+
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).expect("read_dir").flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}
+
+struct Server {
+    child: Child,
+    url: String,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn trainer(fx: &Fixture, url: &str, out: &Path, args: &[&str]) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_hapi-train"));
+    cmd.args(["--host", url, "--token", TOKEN, "--store"])
+        .arg(fx.store())
+        .args([
+            "--model",
+            "efficientnet_lite0",
+            "--batch",
+            "16",
+            "--seed",
+            "7",
+            "--quiet",
+        ])
+        .args([
+            "--request-size",
+            "4",
+            "--in-flight",
+            "2",
+            "--device",
+            "cpu",
+            "--out",
+        ])
+        .arg(out)
+        .args(args);
+    cmd
+}
+
+fn run_ok(cmd: &mut Command) -> Value {
+    let out = cmd.output().expect("hapi-train runs");
+    assert!(
+        out.status.success(),
+        "hapi-train failed ({:?}):\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let path = cmd
+        .get_args()
+        .skip_while(|a| *a != "--out")
+        .nth(1)
+        .expect("--out");
+    serde_json::from_slice(&std::fs::read(path).expect("results")).expect("results JSON")
+}
+
+fn losses(results: &Value) -> Vec<f64> {
+    results["epochs"]
+        .as_array()
+        .expect("epochs")
+        .iter()
+        .flat_map(|e| e["step_losses"].as_array().expect("losses").clone())
+        .map(|v| v.as_f64().expect("f64"))
+        .collect()
+}
+
+fn max_diff(a: &[f64], b: &[f64]) -> f64 {
+    assert_eq!(a.len(), b.len(), "different step counts");
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f64::max)
+}
+
+#[test]
+fn the_loss_is_the_same_for_none_a_middle_split_and_freeze_and_auto_plans() {
+    let fx = Fixture::new();
+    let host = fx.start_host("127.0.0.1:0");
+    let tmp = fx.dir.path();
+    let mut runs = Vec::new();
+    for split in ["none", "13", "freeze"] {
+        let out = tmp.join(format!("split-{split}.json"));
+        let r = run_ok(&mut trainer(
+            &fx,
+            &host.url,
+            &out,
+            &["--split", split, "--epochs", "2"],
+        ));
+        runs.push((split, r));
+    }
+    let base = losses(&runs[0].1);
+    assert_eq!(base.len(), 2 * TRAIN.div_ceil(16));
+    assert!(base.iter().all(|l| l.is_finite() && *l > 0.0), "{base:?}");
+    for (split, r) in &runs[1..] {
+        let d = max_diff(&base, &losses(r));
+        assert!(
+            d <= 1e-4,
+            "split {split}: step losses differ from none by {d}"
+        );
+        let e = &r["epochs"][0];
+        assert!(e["bytes_received"].as_u64().expect("bytes") > 0);
+        assert!(e["test_accuracy"].as_f64().is_some());
+    }
+    // Pushing every frozen layer down sends [1280] floats per sample; none sends nothing
+    // through the host, and split 13 sends more than freeze.
+    let bytes = |i: usize| {
+        runs[i].1["epochs"][0]["bytes_received"]
+            .as_u64()
+            .expect("bytes")
+    };
+    assert!(
+        bytes(1) > bytes(2),
+        "split 13 {} <= freeze {}",
+        bytes(1),
+        bytes(2)
+    );
+    assert_eq!(runs[0].1["epochs"][0]["requests"], TRAIN as u64);
+    // auto: a plan with an estimate for every candidate, and a chosen split that was used.
+    let out = tmp.join("auto.json");
+    let r = run_ok(&mut trainer(
+        &fx,
+        &host.url,
+        &out,
+        &["--split", "auto", "--no-test"],
+    ));
+    let plan = &r["plan"];
+    assert_eq!(
+        plan["estimates"].as_array().expect("estimates").len(),
+        1 + 26
+    );
+    assert_eq!(plan["chosen"], r["epochs"][0]["split"]);
+    assert!(
+        r["epochs"][0]["predicted"]["epoch"]
+            .as_f64()
+            .expect("predicted")
+            > 0.0
+    );
+    let d = max_diff(&base[..TRAIN.div_ceil(16)], &losses(&r));
+    assert!(d <= 1e-4, "auto's losses differ from none by {d}");
+}
+
+#[test]
+fn a_host_that_is_not_running_is_a_clear_error_with_its_own_exit_code() {
+    let fx = Fixture::new();
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        l.local_addr().expect("addr").port()
+    };
+    let url = format!("http://127.0.0.1:{port}");
+    let out = fx.dir.path().join("r.json");
+    let o: Output = trainer(&fx, &url, &out, &["--split", "13"])
+        .output()
+        .expect("runs");
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(3), "{stderr}");
+    assert!(
+        stderr.contains("cannot reach storage host") && stderr.contains(&url),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_host_killed_and_restarted_mid_epoch_is_retried_and_the_result_is_unchanged() {
+    let fx = Fixture::new();
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        l.local_addr().expect("addr").port()
+    };
+    let listen = format!("127.0.0.1:{port}");
+    let mut host = fx.start_host(&listen);
+    let url = host.url.clone();
+    let args = ["--split", "13", "--prefetch", "1", "--no-test"];
+    let calm = run_ok(&mut trainer(
+        &fx,
+        &url,
+        &fx.dir.path().join("calm.json"),
+        &args,
+    ));
+
+    let out = fx.dir.path().join("killed.json");
+    let child = trainer(&fx, &url, &out, &args)
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("trainer");
+    // Kill the host once it has answered a few of this run's requests.
+    let client = std::net::TcpStream::connect(&listen).map(drop);
+    assert!(client.is_ok(), "host listening");
+    let base = invocations(&url);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while invocations(&url) < base + 3 {
+        assert!(Instant::now() < deadline, "the trainer never invoked");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = host.child.kill();
+    let _ = host.child.wait();
+    std::thread::sleep(Duration::from_millis(1500));
+    host = fx.start_host(&listen);
+    let o = child.wait_with_output().expect("trainer finishes");
+    drop(host);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let killed: Value =
+        serde_json::from_slice(&std::fs::read(&out).expect("results")).expect("json");
+    assert!(
+        killed["epochs"][0]["retries"].as_u64().expect("retries") > 0,
+        "the trainer never had to retry"
+    );
+    let d = max_diff(&losses(&calm), &losses(&killed));
+    assert!(d <= 1e-6, "losses differ after the restart by {d}");
+}
+
+/// Invocations the host has answered (all codes), from /metrics; 0 when it is down.
+fn invocations(url: &str) -> u64 {
+    let Ok(text) = http_get(url, "/metrics") else {
+        return 0;
+    };
+    text.lines()
+        .filter(|l| l.starts_with("hapi_invocations_total"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
+fn http_get(url: &str, path: &str) -> std::io::Result<String> {
+    use std::io::{Read, Write};
+    let addr = url.trim_start_matches("http://");
+    let mut s = std::net::TcpStream::connect(addr)?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut body = String::new();
+    s.read_to_string(&mut body)?;
+    Ok(body)
+}
+
+#[test]
+fn a_corrupt_object_is_named_or_skipped_and_counted() {
+    let fx = Fixture::new();
+    let host = fx.start_host("127.0.0.1:0");
+    let (path, key) = fx.first_train_object();
+    std::fs::write(&path, b"\x89PNG\r\n\x1a\nthis is not an image").expect("corrupt");
+    for split in ["13", "none"] {
+        let out = fx.dir.path().join(format!("bad-{split}.json"));
+        let o = trainer(&fx, &host.url, &out, &["--split", split, "--no-test"])
+            .output()
+            .expect("runs");
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(4), "split {split}: {stderr}");
+        assert!(
+            stderr.contains(&key),
+            "split {split}: the error does not name `{key}`: {stderr}"
+        );
+
+        let r = run_ok(&mut trainer(
+            &fx,
+            &host.url,
+            &out,
+            &["--split", split, "--no-test", "--skip-bad"],
+        ));
+        assert_eq!(r["skipped_total"], 1, "split {split}");
+        assert_eq!(r["epochs"][0]["skipped"][0], key.as_str());
+        assert_eq!(r["epochs"][0]["samples"], (TRAIN - 1) as u64);
+    }
+}
+
+#[test]
+fn a_resumed_job_continues_exactly_where_the_checkpoint_left_it() {
+    let fx = Fixture::new();
+    let host = fx.start_host("127.0.0.1:0");
+    let ckpt = fx.dir.path().join("ckpt");
+    let ckpt_arg = ckpt.to_string_lossy().into_owned();
+    let common = ["--split", "freeze", "--no-test", "--optimizer", "adam"];
+    let whole = run_ok(
+        trainer(&fx, &host.url, &fx.dir.path().join("whole.json"), &common).args(["--epochs", "2"]),
+    );
+    let first = run_ok(
+        trainer(&fx, &host.url, &fx.dir.path().join("first.json"), &common).args([
+            "--epochs",
+            "1",
+            "--checkpoint",
+            &ckpt_arg,
+        ]),
+    );
+    assert!(ckpt.join("epoch-0001/head.safetensors").is_file());
+    let resumed = run_ok(
+        trainer(&fx, &host.url, &fx.dir.path().join("resumed.json"), &common).args([
+            "--epochs",
+            "2",
+            "--checkpoint",
+            &ckpt_arg,
+            "--resume",
+        ]),
+    );
+    assert_eq!(resumed["epochs"].as_array().expect("epochs").len(), 2);
+    assert_eq!(losses(&first), losses(&whole)[..losses(&first).len()]);
+    let d = max_diff(&losses(&whole), &losses(&resumed));
+    assert!(d <= 1e-6, "resumed losses differ by {d}");
+    // A checkpoint from another job is refused.
+    let o = trainer(&fx, &host.url, &fx.dir.path().join("other.json"), &common)
+        .args([
+            "--epochs",
+            "2",
+            "--checkpoint",
+            &ckpt_arg,
+            "--resume",
+            "--train-limit",
+            "63",
+        ])
+        .output()
+        .expect("runs");
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("different job"));
+}

@@ -37,8 +37,8 @@ pub struct Limits {
 }
 
 impl Dataset {
-    /// Lists `<prefix>/train/` and `<prefix>/test/` in `store`. Classes come from the first path
-    /// segment under each split; both splits must have the same classes.
+    /// Lists `<prefix>/train/` and `<prefix>/test/` in `store`. Classes are the first path
+    /// segments under `train/`; every test class must also have training samples.
     pub async fn list(
         store: &dyn ObjectStore,
         prefix: &str,
@@ -79,18 +79,15 @@ impl Dataset {
         let test_map = per_split.pop().unwrap_or_default();
         let train_map = per_split.pop().unwrap_or_default();
         let classes: Vec<String> = train_map.keys().cloned().collect();
-        let test_classes: Vec<String> = test_map.keys().cloned().collect();
-        if classes != test_classes {
-            bail!("train classes {classes:?} differ from test classes {test_classes:?}");
+        if let Some(extra) = test_map.keys().find(|c| !train_map.contains_key(*c)) {
+            bail!("test class `{extra}` has no training samples (train classes: {classes:?})");
         }
         let flatten = |map: BTreeMap<String, Vec<String>>| -> Vec<Sample> {
             let mut out = Vec::new();
-            for (label, (_, mut keys)) in map.into_iter().enumerate() {
+            for (class, mut keys) in map {
+                let label = classes.iter().position(|c| *c == class).unwrap_or(0) as i64;
                 keys.sort();
-                out.extend(keys.into_iter().map(|key| Sample {
-                    key,
-                    label: label as i64,
-                }));
+                out.extend(keys.into_iter().map(|key| Sample { key, label }));
             }
             out
         };

@@ -62,10 +62,12 @@ async fn main() -> anyhow::Result<()> {
         } => {
             let policy = Policy::load(&path)?;
             let addr = listen.unwrap_or(policy.host.listen);
-            let host = tokio::task::spawn_blocking(move || Host::start(policy)).await??;
+            // Bind first: a host that cannot listen should fail before it starts (and a
+            // started host owns a runtime that must not be dropped on an async thread).
             let listener = tokio::net::TcpListener::bind(addr)
                 .await
                 .with_context(|| format!("binding {addr}"))?;
+            let host = tokio::task::spawn_blocking(move || Host::start(policy)).await??;
             // Tests and scripts read the bound address from this line.
             println!("listening on http://{}", listener.local_addr()?);
             let reloader = std::sync::Arc::clone(&host);

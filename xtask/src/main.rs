@@ -4,6 +4,7 @@
 //! the exporter's Python tools, Fashion-MNIST, model packages) into a cache outside the clone,
 //! so that a fresh clone on a warm machine is ready in seconds.
 
+mod jobs;
 mod setup;
 mod sh;
 
@@ -21,6 +22,13 @@ commands:
                      (table on stdout, JSON in target/bench/models.json)
   bench host         one invocation's cost: empty pushdown, Wasm vs native extraction,
                      HTTP latency breakdown (table, JSON in target/bench/host.json)
+  demo               the quick start's job: Fashion-MNIST in the local store, hapi-host, and
+                     hapi-train on EfficientNet-Lite0 with --split auto, then --split none,
+                     side by side (options: --train-limit N, --test-limit N, --epochs N)
+  eval-split [--full]
+                     split choice against every split: storage and compute tiers in two
+                     network namespaces over a tc-shaped veth pair, one core each (needs
+                     root); table, target/eval-split/summary.json and split-choice.svg
   env                print the environment (LIBTORCH, HAPI_MODELS, ...) as shell exports
 
 environment:
@@ -37,6 +45,8 @@ fn main() -> ExitCode {
         Some("env") => setup::run().map(|env| env.print_exports()),
         Some("test") => test(&args[1..]),
         Some("bench") => bench(&args[1..]),
+        Some("demo") => jobs::demo(&args[1..]),
+        Some("eval-split") => jobs::eval_split(&args[1..]),
         Some("-h" | "--help" | "help") | None => {
             print!("{USAGE}");
             Ok(())

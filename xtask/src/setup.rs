@@ -65,7 +65,7 @@ pub struct Env {
 }
 
 impl Env {
-    fn vars(&self) -> Vec<(&'static str, String)> {
+    pub fn vars(&self) -> Vec<(&'static str, String)> {
         vec![
             ("LIBTORCH", self.libtorch.display().to_string()),
             ("HAPI_MODELS", self.models.display().to_string()),

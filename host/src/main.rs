@@ -62,8 +62,7 @@ async fn main() -> anyhow::Result<()> {
         } => {
             let policy = Policy::load(&path)?;
             let addr = listen.unwrap_or(policy.host.listen);
-            // Bind first: a host that cannot listen should fail before it starts (and a
-            // started host owns a runtime that must not be dropped on an async thread).
+            // Bind first: a host that cannot listen fails before loading anything.
             let listener = tokio::net::TcpListener::bind(addr)
                 .await
                 .with_context(|| format!("binding {addr}"))?;

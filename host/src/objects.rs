@@ -293,8 +293,19 @@ fn modified_ms(meta: &cap_std::fs::Metadata) -> u64 {
 /// invocation's thread), so requests run on a small runtime of the backend's own.
 pub struct S3 {
     settings: S3Settings,
-    rt: tokio::runtime::Runtime,
+    /// Always `Some` until dropped: [`Drop`] takes it to shut it down without blocking.
+    rt: Option<tokio::runtime::Runtime>,
     clients: Mutex<HashMap<String, Arc<dyn ObjectStore>>>,
+}
+
+impl Drop for S3 {
+    /// A runtime's own drop blocks on its workers and panics on an async thread, where a host
+    /// may well be dropped (a test's end, a failed start in `main`); this one does neither.
+    fn drop(&mut self) {
+        if let Some(rt) = self.rt.take() {
+            rt.shutdown_background();
+        }
+    }
 }
 
 impl std::fmt::Debug for S3 {
@@ -321,7 +332,7 @@ impl S3 {
             .build()?;
         Ok(Self {
             settings,
-            rt,
+            rt: Some(rt),
             clients: Mutex::default(),
         })
     }
@@ -356,8 +367,12 @@ impl S3 {
         &self,
         fut: impl Future<Output = T> + Send + 'static,
     ) -> Result<T, ObjectError> {
+        let rt = self
+            .rt
+            .as_ref()
+            .ok_or_else(|| ObjectError::Io("S3 backend shut down".into()))?;
         let (tx, rx) = std::sync::mpsc::channel();
-        self.rt.spawn(async move {
+        rt.spawn(async move {
             let _ = tx.send(fut.await);
         });
         rx.recv()

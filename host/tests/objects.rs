@@ -140,6 +140,20 @@ fn local_store_conforms() {
     conformance(Store::open(&StoreLocation::Local(tmp.path().to_path_buf())).expect("local store"));
 }
 
+/// An S3 store owns a runtime; dropping the store on an async thread (a failed start, the end
+/// of a test) must neither panic nor block.
+#[tokio::test]
+async fn an_s3_store_can_be_dropped_on_an_async_thread() {
+    let store = Store::open(&StoreLocation::S3(S3Settings {
+        endpoint: "http://127.0.0.1:9".into(),
+        region: "us-east-1".into(),
+        access_key_id: Some("k".into()),
+        secret_access_key: Some("s".into()),
+    }))
+    .expect("S3 store");
+    drop(store);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s3_store_conforms_and_serves_the_whole_pushdown_path() {
     let weed = Seaweed::start();

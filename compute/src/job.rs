@@ -186,11 +186,23 @@ pub fn open_bucket(store: &str, bucket: &str) -> anyhow::Result<Arc<dyn ObjectSt
     }
 }
 
-fn log(pb: Option<&ProgressBar>, line: &str) {
-    match pb {
-        Some(pb) if !pb.is_hidden() => pb.println(line),
-        _ => eprintln!("{line}"),
+/// A line above the progress bar, or on stderr when there is no bar to print above.
+fn log(pb: &ProgressBar, line: &str) {
+    if pb.is_hidden() {
+        eprintln!("{line}");
+    } else {
+        pb.println(line);
     }
+}
+
+/// What a pass over batches received from the storage tier or the store.
+#[derive(Debug, Default)]
+struct Traffic {
+    bytes: u64,
+    requests: usize,
+    server: crate::client::ServerTiming,
+    /// Keys left out as bad (`--skip-bad`).
+    skipped: Vec<String>,
 }
 
 impl Job {
@@ -548,6 +560,61 @@ impl Job {
         pb
     }
 
+    /// Feeds `batches` to `step(head, features, labels)`, where the features are the head's
+    /// input: from the feature cache when it holds every sample, else through the pipeline at
+    /// `split` (layers [s, freeze) run here, and fill the cache with `--cache-features`).
+    /// Returns the stage times, what came over the network, and whether the cache served.
+    fn feed(
+        &mut self,
+        split: Split,
+        batches: Vec<Vec<Sample>>,
+        pb: &ProgressBar,
+        mut step: impl FnMut(&mut Head, &Tensor, &Tensor) -> anyhow::Result<()>,
+    ) -> anyhow::Result<(StageTimes, Traffic, bool)> {
+        let mut traffic = Traffic::default();
+        let cached = self.cfg.cache_features
+            && batches
+                .iter()
+                .flatten()
+                .all(|s| self.cache.contains_key(&s.key));
+        if cached {
+            let mut times = StageTimes::default();
+            for batch in &batches {
+                let started = Instant::now();
+                let (x, y) = self
+                    .cached_tensor(batch)
+                    .context("feature cache incomplete")?;
+                step(&mut self.head, &x, &y)?;
+                times.compute.push(started.elapsed().as_secs_f64());
+                pb.inc(1);
+            }
+            return Ok((times, traffic, true));
+        }
+        let source = self.source(split)?;
+        let rt = Arc::clone(&self.rt);
+        let times = pipeline::run(&rt, &source, batches, self.cfg.prefetch, |mut f| {
+            traffic.bytes += f.bytes;
+            traffic.requests += f.requests;
+            traffic.server.add(&f.server);
+            for (key, message) in std::mem::take(&mut f.skipped) {
+                log(pb, &format!("skipped bad object `{key}`: {message}"));
+                traffic.skipped.push(key);
+            }
+            if !f.labels.is_empty() {
+                let x = self.to_tensor(&f)?;
+                let feats = self.frozen_rest(split, &x)?;
+                if self.cfg.cache_features {
+                    self.cache_batch(&f.keys, &feats)?;
+                }
+                let y = Tensor::from_slice(&f.labels).to_device(self.device);
+                step(&mut self.head, &feats, &y)?;
+            }
+            pb.inc(1);
+            Ok(())
+        })?;
+        Ok((times, traffic, false))
+    }
+
     /// Trains one epoch at `split`; `iters` batches of the epoch's order.
     pub fn train_epoch(
         &mut self,
@@ -564,65 +631,19 @@ impl Job {
         let pb = self.progress(batches.len(), format!("epoch {}", epoch + 1));
         let started = Instant::now();
         let mut losses = Vec::with_capacity(batches.len());
-        let mut bytes = 0u64;
-        let mut requests = 0usize;
-        let mut server = crate::client::ServerTiming::default();
-        let mut skipped = Vec::new();
         let mut samples = 0usize;
         let retries_before = self.client.as_ref().map_or(0, |c| c.retries());
-        let cached = self.cfg.cache_features
-            && batches
-                .iter()
-                .flatten()
-                .all(|s| self.cache.contains_key(&s.key));
-        let times = if cached {
-            let mut t = StageTimes::default();
-            for batch in &batches {
-                let step = Instant::now();
-                let Some((x, y)) = self.cached_tensor(batch) else {
-                    bail!("feature cache incomplete");
-                };
-                losses.push(self.head.train_step(&x, &y));
-                samples += batch.len();
-                t.compute.push(step.elapsed().as_secs_f64());
-                pb.inc(1);
-            }
-            t
-        } else {
-            let source = self.source(split)?;
-            let cache = self.cfg.cache_features;
-            let rt = Arc::clone(&self.rt);
-            let r = pipeline::run(&rt, &source, batches, self.cfg.prefetch, |_, f| {
-                bytes += f.bytes;
-                requests += f.requests;
-                server.add(&f.server);
-                skipped.extend(f.skipped.iter().map(|(k, m)| {
-                    log(Some(&pb), &format!("skipped bad object `{k}`: {m}"));
-                    k.clone()
-                }));
-                if f.labels.is_empty() {
-                    pb.inc(1);
-                    return Ok(());
-                }
-                let x = self.to_tensor(&f)?;
-                let feats = self.frozen_rest(split, &x)?;
-                if cache {
-                    self.cache_batch(&f.keys, &feats)?;
-                }
-                let y = Tensor::from_slice(&f.labels).to_device(self.device);
-                let loss = self.head.train_step(&feats, &y);
-                samples += f.labels.len();
-                losses.push(loss);
-                let el = started.elapsed().as_secs_f64();
-                pb.set_message(format!(
-                    "{:.0} samples/s  loss {loss:.4}",
-                    samples as f64 / el.max(1e-9)
-                ));
-                pb.inc(1);
-                Ok(())
-            });
-            r?
-        };
+        let (times, traffic, cached) = self.feed(split, batches, &pb, |head, x, y| {
+            let loss = head.train_step(x, y);
+            samples += x.size()[0] as usize;
+            losses.push(loss);
+            let el = started.elapsed().as_secs_f64();
+            pb.set_message(format!(
+                "{:.0} samples/s  loss {loss:.4}",
+                samples as f64 / el.max(1e-9)
+            ));
+            Ok(())
+        })?;
         pb.finish_and_clear();
         let wall = started.elapsed().as_secs_f64();
         Ok(EpochResult {
@@ -635,10 +656,10 @@ impl Job {
             compute_stage_s: times.mean_compute(),
             starved_s: times.starved,
             predicted: None,
-            bytes_received: bytes,
-            requests,
+            bytes_received: traffic.bytes,
+            requests: traffic.requests,
             retries: self.client.as_ref().map_or(0, |c| c.retries()) - retries_before,
-            server,
+            server: traffic.server,
             train_loss: if losses.is_empty() {
                 f64::NAN
             } else {
@@ -647,13 +668,13 @@ impl Job {
             step_losses: losses,
             test_accuracy: None,
             test_s: None,
-            skipped,
+            skipped: traffic.skipped,
             from_cache: cached,
             replanned: None,
         })
     }
 
-    /// Test accuracy at `split`.
+    /// Test accuracy at `split`, and the test objects skipped as bad.
     pub fn evaluate(&mut self, split: Split) -> anyhow::Result<(f64, Vec<String>)> {
         let batches: Vec<Vec<Sample>> = self
             .data
@@ -664,44 +685,13 @@ impl Job {
         let pb = self.progress(batches.len(), "test".into());
         let mut correct = 0i64;
         let mut total = 0i64;
-        let mut skipped = Vec::new();
-        if self.cfg.cache_features
-            && self
-                .data
-                .test
-                .iter()
-                .all(|s| self.cache.contains_key(&s.key))
-        {
-            for b in &batches {
-                if let Some((x, y)) = self.cached_tensor(b) {
-                    correct += self.head.correct(&x, &y);
-                    total += b.len() as i64;
-                }
-                pb.inc(1);
-            }
-        } else {
-            let source = self.source(split)?;
-            let cache = self.cfg.cache_features;
-            let rt = Arc::clone(&self.rt);
-            let r = pipeline::run(&rt, &source, batches, self.cfg.prefetch, |_, f| {
-                skipped.extend(f.skipped.iter().map(|(k, _)| k.clone()));
-                if !f.labels.is_empty() {
-                    let x = self.to_tensor(&f)?;
-                    let feats = self.frozen_rest(split, &x)?;
-                    if cache {
-                        self.cache_batch(&f.keys, &feats)?;
-                    }
-                    let y = Tensor::from_slice(&f.labels).to_device(self.device);
-                    correct += self.head.correct(&feats, &y);
-                    total += f.labels.len() as i64;
-                }
-                pb.inc(1);
-                Ok(())
-            });
-            r?;
-        }
+        let (_, traffic, _) = self.feed(split, batches, &pb, |head, x, y| {
+            correct += head.correct(x, y);
+            total += x.size()[0];
+            Ok(())
+        })?;
         pb.finish_and_clear();
-        Ok((correct as f64 / total.max(1) as f64, skipped))
+        Ok((correct as f64 / total.max(1) as f64, traffic.skipped))
     }
 
     fn fingerprint(&self) -> String {

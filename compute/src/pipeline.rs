@@ -3,7 +3,7 @@
 
 use crate::dataset::Sample;
 use crate::source::{FetchError, Fetched, Source};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 use tokio::runtime::Runtime;
 
 /// Per-iteration stage times, measured.
@@ -44,18 +44,18 @@ pub fn run<F>(
     mut consume: F,
 ) -> anyhow::Result<StageTimes>
 where
-    F: FnMut(usize, Fetched) -> anyhow::Result<()>,
+    F: FnMut(Fetched) -> anyhow::Result<()>,
 {
     let (tx, mut rx) =
-        tokio::sync::mpsc::channel::<(usize, Result<Fetched, FetchError>, f64)>(prefetch.max(1));
+        tokio::sync::mpsc::channel::<(Result<Fetched, FetchError>, f64)>(prefetch.max(1));
     let producer_source = source.clone();
     let producer = rt.spawn(async move {
-        for (i, batch) in batches.into_iter().enumerate() {
+        for batch in batches {
             let started = Instant::now();
             let r = producer_source.fetch(&batch).await;
             let busy = started.elapsed().as_secs_f64();
             let failed = r.is_err();
-            if tx.send((i, r, busy)).await.is_err() || failed {
+            if tx.send((r, busy)).await.is_err() || failed {
                 return;
             }
         }
@@ -64,22 +64,17 @@ where
     let result = (|| {
         loop {
             let waited = Instant::now();
-            let Some((i, fetched, busy)) = rx.blocking_recv() else {
+            let Some((fetched, busy)) = rx.blocking_recv() else {
                 return Ok(());
             };
             times.starved += waited.elapsed().as_secs_f64();
             let fetched = fetched?;
             times.storage.push(busy);
             let started = Instant::now();
-            consume(i, fetched)?;
+            consume(fetched)?;
             times.compute.push(started.elapsed().as_secs_f64());
         }
     })();
     producer.abort();
     result.map(|()| times)
-}
-
-/// Seconds since `t` as f64.
-pub fn secs(d: Duration) -> f64 {
-    d.as_secs_f64()
 }

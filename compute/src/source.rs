@@ -221,11 +221,10 @@ async fn local_one(
             });
         }
     };
-    let c = 3i64;
-    let side = transform.crop as i64;
+    let side = i64::from(transform.crop);
     Ok(Fetched {
         data,
-        sample_shape: vec![c, side, side],
+        sample_shape: vec![3, side, side],
         labels: vec![sample.label],
         keys: vec![sample.key],
         skipped: Vec::new(),

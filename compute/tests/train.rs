@@ -1,10 +1,10 @@
 //! `hapi-train` end to end: the real `hapi-host` binary serving the real `feature-extract`
 //! component over a socket, real Fashion-MNIST objects in a local store, real libtorch.
 
+use hapi_tests::{HostProcess, guest, workspace};
 use serde_json::Value;
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -12,32 +12,8 @@ const TOKEN: &str = "trainer-token";
 const TRAIN: usize = 64;
 const TEST: usize = 32;
 
-fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
 fn cargo() -> String {
     std::env::var("CARGO").unwrap_or_else(|_| "cargo".into())
-}
-
-/// The guests, built from source once per test binary.
-fn feature_extract() -> &'static Path {
-    static P: OnceLock<PathBuf> = OnceLock::new();
-    P.get_or_init(|| {
-        let out = Command::new(cargo())
-            .args(["build", "--release", "--quiet"])
-            .current_dir(workspace().join("guest-fns"))
-            .env_remove("CARGO_TARGET_DIR")
-            .env_remove("RUSTFLAGS")
-            .output()
-            .expect("cargo for the guests");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        workspace().join(".hapi/target-guests/wasm32-wasip2/release/feature_extract.wasm")
-    })
 }
 
 /// The `hapi-host` binary, built by cargo (another package's binary is not in
@@ -114,7 +90,7 @@ feature-extract = "{fe}"
             models = hapi_model::models_dir().display(),
             state = dir.path().join("state").display(),
             hash = hapi_host::policy::hash_token(TOKEN),
-            fe = feature_extract().display(),
+            fe = guest("feature-extract").display(),
         );
         std::fs::write(dir.path().join("policy.toml"), policy).expect("policy");
         Self { dir }
@@ -138,25 +114,8 @@ feature-extract = "{fe}"
         (path, key)
     }
 
-    fn start_host(&self, listen: &str) -> Server {
-        let mut child = Command::new(host_binary())
-            .args(["serve", "--policy"])
-            .arg(self.dir.path().join("policy.toml"))
-            .args(["--listen", listen])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("hapi-host starts");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().expect("stdout"))
-            .read_line(&mut line)
-            .expect("first line");
-        let url = line
-            .trim()
-            .strip_prefix("listening on ")
-            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-            .to_string();
-        Server { child, url }
+    fn start_host(&self, listen: &str) -> HostProcess {
+        HostProcess::serve(host_binary(), &self.dir.path().join("policy.toml"), listen)
     }
 }
 
@@ -171,18 +130,6 @@ fn walk(dir: &Path) -> Vec<PathBuf> {
         }
     }
     out
-}
-
-struct Server {
-    child: Child,
-    url: String,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 fn trainer(fx: &Fixture, url: &str, out: &Path, args: &[&str]) -> Command {

@@ -4,22 +4,11 @@
 mod common;
 
 use common::{ALICE, BOB, guest, policy_text, raw};
+use hapi_tests::HostProcess;
 use serde_json::json;
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::Child;
 use std::time::{Duration, Instant};
-
-struct Server {
-    child: Child,
-    url: String,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 fn signal(child: &Child, sig: i32) {
     // SAFETY: kill(2) with the pid of a child this test spawned and still owns.
@@ -27,26 +16,12 @@ fn signal(child: &Child, sig: i32) {
     assert_eq!(rc, 0, "kill failed");
 }
 
-fn start(policy: &std::path::Path) -> Server {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_hapi-host"))
-        .args(["serve", "--policy"])
-        .arg(policy)
-        .args(["--listen", "127.0.0.1:0"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("hapi-host starts");
-    let stdout = child.stdout.take().expect("stdout");
-    let mut line = String::new();
-    BufReader::new(stdout)
-        .read_line(&mut line)
-        .expect("first line");
-    let url = line
-        .trim()
-        .strip_prefix("listening on ")
-        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-        .to_string();
-    Server { child, url }
+fn start(policy: &Path) -> HostProcess {
+    HostProcess::serve(
+        Path::new(env!("CARGO_BIN_EXE_hapi-host")),
+        policy,
+        "127.0.0.1:0",
+    )
 }
 
 /// The test policy with bob's section removed (bob's tenant table and functions).

@@ -1,1 +1,82 @@
-//! End-to-end tests live in tests/.
+//! Support shared by the integration tests of several crates: the guests built from source and
+//! the `hapi-host` binary as a child process. The end-to-end tests themselves live in tests/.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+
+/// The workspace root.
+pub fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// Builds the guests (`guest-fns/`) from source once per test binary; returns the directory
+/// holding `<name>.wasm`.
+pub fn guests() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = workspace().join("guest-fns");
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let out = Command::new(cargo)
+            .args(["build", "--release", "--quiet"])
+            .current_dir(&dir)
+            .env_remove("CARGO_TARGET_DIR")
+            .env_remove("RUSTFLAGS")
+            .output()
+            .expect("running cargo for the guests");
+        assert!(
+            out.status.success(),
+            "building guests failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        workspace().join(".hapi/target-guests/wasm32-wasip2/release")
+    })
+}
+
+/// The built guest `name` (e.g. `feature-extract`).
+pub fn guest(name: &str) -> PathBuf {
+    let p = guests().join(format!("{}.wasm", name.replace('-', "_")));
+    assert!(p.exists(), "{} was not built", p.display());
+    p
+}
+
+/// A running `hapi-host serve`, killed on drop.
+#[derive(Debug)]
+pub struct HostProcess {
+    pub child: Child,
+    /// `http://addr:port`, as the host printed it.
+    pub url: String,
+}
+
+impl HostProcess {
+    /// Runs `binary serve --policy <policy> --listen <listen>` and waits for its
+    /// `listening on <url>` line.
+    pub fn serve(binary: &Path, policy: &Path, listen: &str) -> Self {
+        let mut child = Command::new(binary)
+            .args(["serve", "--policy"])
+            .arg(policy)
+            .args(["--listen", listen])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("hapi-host starts");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().expect("stdout"))
+            .read_line(&mut line)
+            .expect("first line");
+        let url = line
+            .trim()
+            .strip_prefix("listening on ")
+            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+            .to_string();
+        Self { child, url }
+    }
+}
+
+impl Drop for HostProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

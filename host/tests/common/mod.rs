@@ -11,38 +11,7 @@ pub const ALICE: &str = "alice-token";
 pub const BOB: &str = "bob-token";
 pub const TIGHT: &str = "tight-token";
 
-pub fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-/// Builds the guests (`guest-fns/`) from source once per test binary; returns the directory
-/// holding `<name>.wasm`.
-pub fn guests() -> &'static Path {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let dir = workspace().join("guest-fns");
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let out = std::process::Command::new(cargo)
-            .args(["build", "--release", "--quiet"])
-            .current_dir(&dir)
-            .env_remove("CARGO_TARGET_DIR")
-            .env_remove("RUSTFLAGS")
-            .output()
-            .expect("running cargo for the guests");
-        assert!(
-            out.status.success(),
-            "building guests failed:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        workspace().join(".hapi/target-guests/wasm32-wasip2/release")
-    })
-}
-
-pub fn guest(name: &str) -> PathBuf {
-    let p = guests().join(format!("{}.wasm", name.replace('-', "_")));
-    assert!(p.exists(), "{} was not built", p.display());
-    p
-}
+pub use hapi_tests::{guest, workspace};
 
 pub struct TestHost {
     pub url: String,

@@ -17,8 +17,7 @@ fn bin_dir(env: &Env) -> PathBuf {
 }
 
 fn build(env: &Env) -> Result<PathBuf, String> {
-    sh::step("building the guests (wasm32-wasip2)");
-    env.cargo_in(&env.workspace.join("guest-fns"), &["build", "--release"])?;
+    env.build_guests()?;
     sh::step("building hapi-host, hapi-train, hapi-data");
     env.cargo(&[
         "build",
@@ -256,17 +255,13 @@ impl Link {
         let rate = format!("{mbit}mbit");
         // Burst: at least 10 ms of traffic at the rate and several MTUs.
         let burst = format!("{}", (mbit as u64 * 1_000_000 / 8 / 100).max(32 * 1514));
-        for (pre, dev) in [(vec![], VETH_C), (vec!["ip", "netns", "exec", NS], VETH_S)] {
-            let mut c = if pre.is_empty() {
-                Command::new("tc")
-            } else {
-                let mut c = Command::new(pre[0]);
-                c.args(&pre[1..]).arg("tc");
-                c
-            };
-            c.args(["qdisc", "replace", "dev", dev, "root", "tbf", "rate", &rate])
+        for (mut tc, dev) in [
+            (Command::new("tc"), VETH_C),
+            (netns_exec(NS, Path::new("tc")), VETH_S),
+        ] {
+            tc.args(["qdisc", "replace", "dev", dev, "root", "tbf", "rate", &rate])
                 .args(["burst", &burst, "latency", "100ms"]);
-            sh::run(&mut c)?;
+            sh::run(&mut tc)?;
         }
         Ok(())
     }

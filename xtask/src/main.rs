@@ -71,9 +71,8 @@ fn test(args: &[String]) -> Result<(), String> {
         return Err(format!("unknown option `{bad}` for `test`"));
     }
     let env = setup::run()?;
+    env.build_guests()?;
     let guests = env.workspace.join("guest-fns");
-    sh::step("building the guests (wasm32-wasip2)");
-    env.cargo_in(&guests, &["build", "--release"])?;
     if lint {
         sh::step("cargo fmt --check");
         env.cargo(&["fmt", "--all", "--check"])?;
@@ -119,8 +118,7 @@ fn bench(args: &[String]) -> Result<(), String> {
         }
         Some("host") => {
             let env = setup::run()?;
-            sh::step("building the guests (wasm32-wasip2)");
-            env.cargo_in(&env.workspace.join("guest-fns"), &["build", "--release"])?;
+            env.build_guests()?;
             let json = env.workspace.join("target/bench/host.json");
             let json = json.to_string_lossy().into_owned();
             env.cargo(&[

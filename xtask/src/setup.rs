@@ -89,6 +89,12 @@ impl Env {
         sh::run(&mut cmd)
     }
 
+    /// Builds the pushdown functions (`guest-fns/`, target wasm32-wasip2, release).
+    pub fn build_guests(&self) -> Result<(), String> {
+        sh::step("building the guests (wasm32-wasip2)");
+        self.cargo_in(&self.workspace.join("guest-fns"), &["build", "--release"])
+    }
+
     pub fn print_summary(&self) {
         println!("device      {}", self.device.name());
         println!("cache       {}", self.cache.display());

@@ -67,7 +67,13 @@ pub struct Env {
 impl Env {
     pub fn vars(&self) -> Vec<(&'static str, String)> {
         vec![
-            ("LIBTORCH", self.libtorch.display().to_string()),
+            // The very string `.cargo/config.toml`'s relative `[env] LIBTORCH` gives (the same
+            // directory through the clone's `.hapi` link): torch-sys rebuilds everything that
+            // uses tch whenever LIBTORCH changes, so xtask and plain cargo must agree.
+            (
+                "LIBTORCH",
+                self.workspace.join(".hapi/libtorch").display().to_string(),
+            ),
             ("HAPI_MODELS", self.models.display().to_string()),
             ("HAPI_PHOTOS", self.photos.display().to_string()),
             ("HAPI_FASHION_MNIST", FASHION_MNIST_DIR.to_string()),
@@ -98,6 +104,7 @@ impl Env {
     pub fn print_summary(&self) {
         println!("device      {}", self.device.name());
         println!("cache       {}", self.cache.display());
+        println!("libtorch    {}", self.libtorch.display());
         for (k, v) in self.vars() {
             println!("{k:<18} {v}");
         }

@@ -61,7 +61,10 @@ async fn main() {
     };
     let runtime = h.host.runtime();
     for _ in 0..100 {
-        runtime.invoke(&alice, &hostile, &empty).0.expect("warm-up");
+        runtime
+            .invoke(&alice, &hostile, &empty)
+            .result
+            .expect("warm-up");
     }
     let n_empty = 2000;
     let mut times = Vec::with_capacity(n_empty);
@@ -69,7 +72,7 @@ async fn main() {
         let t = Instant::now();
         runtime
             .invoke(&alice, &hostile, &empty)
-            .0
+            .result
             .expect("empty invocation");
         times.push(t.elapsed());
     }
@@ -108,7 +111,8 @@ async fn main() {
     let (mut wasm_t, mut native_t, mut stages) = (Vec::new(), Vec::new(), Vec::new());
     for r in 0..reps + 2 {
         let t0 = Instant::now();
-        let (out, timings, _) = runtime.invoke(&alice, &fe, &inv);
+        let done = runtime.invoke(&alice, &fe, &inv);
+        let (out, timings) = (done.result, done.timings);
         out.expect("wasm extraction");
         let w = t0.elapsed();
         let t1 = Instant::now();

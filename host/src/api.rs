@@ -175,6 +175,31 @@ fn invoke_error(e: InvokeError) -> ApiError {
     ApiError::new(status, code, e.to_string())
 }
 
+/// The host's answer when the device refused a compute call.
+fn device_error(e: crate::device::DeviceError) -> ApiError {
+    use crate::device::DeviceError as D;
+    match e {
+        D::Busy { .. } => ApiError {
+            retry_after: Some(1),
+            ..ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "device_busy",
+                e.to_string(),
+            )
+        },
+        D::TooLarge(_) => ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "does_not_fit_device",
+            e.to_string(),
+        ),
+        D::Failed(_) => ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "host_error",
+            e.to_string(),
+        ),
+    }
+}
+
 /// Runs blocking work (Wasm, libtorch, compilation) off the async threads.
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> ApiResult<T> {
     tokio::task::spawn_blocking(f).await.map_err(|e| {
@@ -230,20 +255,18 @@ async fn invoke(
             format!("tenant `{}` has no function `{function}`", tenant.name),
         )
     })?;
-    let permit = host
-        .permits(&tenant)
-        .try_acquire_owned()
-        .map_err(|_| ApiError {
-            retry_after: Some(1),
-            ..ApiError::new(
-                StatusCode::TOO_MANY_REQUESTS,
-                "busy",
-                format!(
-                    "tenant `{}` already has {} invocations running",
-                    tenant.name, tenant.limits.concurrency
-                ),
-            )
-        })?;
+    let admission = host.permits(&tenant);
+    let permit = admission.admit().await.ok_or_else(|| ApiError {
+        retry_after: Some(1),
+        ..ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "busy",
+            format!(
+                "tenant `{}` already has {} invocations running and {} waiting",
+                tenant.name, tenant.limits.concurrency, tenant.limits.queue
+            ),
+        )
+    })?;
     let invocation = Invocation {
         bucket: req.bucket,
         keys: req.keys,
@@ -253,16 +276,25 @@ async fn invoke(
     };
     let worker_host = Arc::clone(&host);
     let worker_tenant = Arc::clone(&tenant);
-    let (result, timings, read) = blocking(move || {
+    let runtime::Finished {
+        result,
+        timings,
+        read,
+        refused,
+    } = blocking(move || {
         let _permit = permit;
         worker_host
             .runtime()
             .invoke(&worker_tenant, &f, &invocation)
     })
     .await?;
+    let result = match refused {
+        Some(e) => Err(device_error(e)),
+        None => result.map_err(invoke_error),
+    };
 
     let encode_started = Instant::now();
-    let outcome = result.map_err(invoke_error).and_then(|out| {
+    let outcome = result.and_then(|out| {
         encode_safetensors(
             &out,
             &[
@@ -288,10 +320,11 @@ async fn invoke(
     let body = outcome?;
     let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
     let timing = format!(
-        "instantiate;dur={:.3}, read;dur={:.3}, decode;dur={:.3}, compute;dur={:.3}, encode;dur={:.3}, total;dur={:.3}",
+        "instantiate;dur={:.3}, read;dur={:.3}, decode;dur={:.3}, queue;dur={:.3}, compute;dur={:.3}, encode;dur={:.3}, total;dur={:.3}",
         ms(timings.instantiate),
         ms(timings.read),
         ms(timings.guest()),
+        ms(timings.queued),
         ms(timings.compute),
         ms(encode),
         ms(started.elapsed()),
@@ -460,6 +493,10 @@ struct Profile {
     device: String,
     batch: i64,
     layers: Vec<hapi_model::profile::LayerProfile>,
+    /// Per-layer memory on this device (the storage batch adaptation's model).
+    memory: crate::memory::ModelMemory,
+    /// The device's budget and what holds it now.
+    device_memory: crate::device::DeviceSnapshot,
 }
 
 async fn profile(
@@ -476,20 +513,26 @@ async fn profile(
     }
     let worker = Arc::clone(&host);
     let n = name.clone();
-    let layers = blocking(move || worker.runtime().models().profile(&n))
-        .await?
-        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "host_error", e))?;
+    let (layers, memory) = blocking(move || {
+        let models = worker.runtime().models();
+        Ok::<_, String>((models.profile(&n)?, models.memory(&n)?))
+    })
+    .await?
+    .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "host_error", e))?;
     Ok(axum::Json(Profile {
         model: name,
         device: format!("{:?}", host.runtime().models().device()),
         batch: crate::models::PROFILE_BATCH,
         layers: layers.as_ref().clone(),
+        memory: memory.as_ref().clone(),
+        device_memory: host.device().snapshot(),
     }))
 }
 
 async fn metrics(State(host): State<Arc<Host>>) -> impl IntoResponse {
-    (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        host.metrics.render(),
-    )
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], {
+        let mut text = host.metrics.render();
+        host.device().render_metrics(&mut text);
+        text
+    })
 }

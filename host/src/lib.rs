@@ -6,6 +6,8 @@
 //! segments through wasi-nn on libtorch (CUDA when present).
 
 pub mod api;
+pub mod device;
+pub mod memory;
 pub mod metrics;
 pub mod models;
 pub mod nn;
@@ -14,6 +16,7 @@ pub mod policy;
 pub mod runtime;
 pub mod units;
 
+use crate::device::{Device, DeviceConfig};
 use crate::metrics::Metrics;
 use crate::models::Models;
 use crate::policy::{Policy, Tenant};
@@ -21,6 +24,7 @@ use crate::runtime::{DeployError, Function, FunctionTable, Runtime};
 use anyhow::Context;
 use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use tokio::sync::Semaphore;
 
@@ -29,8 +33,9 @@ use tokio::sync::Semaphore;
 pub struct Host {
     policy: RwLock<Arc<Policy>>,
     runtime: Runtime,
+    device: Arc<Device>,
     functions: RwLock<FunctionTable>,
-    permits: Mutex<HashMap<String, Arc<Semaphore>>>,
+    permits: Mutex<HashMap<String, Arc<Admission>>>,
     pub metrics: Metrics,
     state: PathBuf,
 }
@@ -53,13 +58,25 @@ impl Host {
             .with_context(|| format!("reading model packages in {}", h.models.display()))?;
         let store = objects::Store::open(&h.store)
             .with_context(|| format!("opening the object store {:?}", h.store))?;
-        let runtime = Runtime::new(Arc::new(models), Arc::new(store), Arc::new(nn::Direct))?;
+        let models = Arc::new(models);
+        let device = Device::start(
+            DeviceConfig {
+                budget: h.memory_budget,
+                adapt: h.adapt_batch,
+                pool: h.pool,
+                window: h.batch_window,
+                max_batch: h.max_batch,
+            },
+            Arc::clone(&models),
+        )?;
+        let runtime = Runtime::new(models, Arc::new(store), Arc::clone(&device) as _)?;
         std::fs::create_dir_all(h.state.join("functions"))
             .with_context(|| format!("creating {}", h.state.display()))?;
         let host = Arc::new(Self {
             state: h.state.clone(),
             policy: RwLock::new(Arc::new(policy.clone())),
             runtime,
+            device,
             functions: RwLock::default(),
             permits: Mutex::default(),
             metrics: Metrics::default(),
@@ -134,12 +151,20 @@ impl Host {
     }
 
     /// Replaces the policy (SIGHUP). In-flight invocations finish under the tenant settings
-    /// they started with. Host settings (listen address, store, models) need a restart.
+    /// they started with. Host settings (listen address, store, models, device and its budget,
+    /// batching) need a restart.
     pub fn reload(&self, policy: Policy) -> anyhow::Result<()> {
         let old = self.policy();
-        if old.host.store != policy.host.store
-            || old.host.models != policy.host.models
-            || old.host.listen != policy.host.listen
+        let (a, b) = (&old.host, &policy.host);
+        if a.store != b.store
+            || a.models != b.models
+            || a.listen != b.listen
+            || a.device != b.device
+            || a.memory_budget != b.memory_budget
+            || a.adapt_batch != b.adapt_batch
+            || a.pool != b.pool
+            || a.batch_window != b.batch_window
+            || a.max_batch != b.max_batch
         {
             tracing::warn!(
                 "host settings changed in the policy; they take effect at the next restart"
@@ -210,12 +235,56 @@ impl Host {
         removed
     }
 
-    /// The tenant's concurrency semaphore.
-    pub fn permits(&self, tenant: &Tenant) -> Arc<Semaphore> {
+    /// The device that runs model segments.
+    pub fn device(&self) -> &Arc<Device> {
+        &self.device
+    }
+
+    /// The tenant's admission: its concurrency slots and how many wait for one.
+    pub fn permits(&self, tenant: &Tenant) -> Arc<Admission> {
         let mut map = self.permits.lock().unwrap_or_else(PoisonError::into_inner);
-        Arc::clone(
-            map.entry(tenant.name.clone())
-                .or_insert_with(|| Arc::new(Semaphore::new(tenant.limits.concurrency))),
-        )
+        Arc::clone(map.entry(tenant.name.clone()).or_insert_with(|| {
+            Arc::new(Admission {
+                slots: Arc::new(Semaphore::new(tenant.limits.concurrency)),
+                waiting: AtomicUsize::new(0),
+                queue: tenant.limits.queue,
+            })
+        }))
+    }
+}
+
+/// A tenant's admission control: `concurrency` invocations run, up to `queue` more wait for a
+/// slot (in arrival order), and past that the host answers 429 at once.
+#[derive(Debug)]
+pub struct Admission {
+    slots: Arc<Semaphore>,
+    waiting: AtomicUsize,
+    queue: usize,
+}
+
+impl Admission {
+    /// A running slot, after waiting for one if the queue has room; `None` when it has not.
+    pub async fn admit(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        if let Ok(p) = Arc::clone(&self.slots).try_acquire_owned() {
+            return Some(p);
+        }
+        if self.waiting.fetch_add(1, Ordering::SeqCst) >= self.queue {
+            self.waiting.fetch_sub(1, Ordering::SeqCst);
+            return None;
+        }
+        // Decremented whether the wait ends or the request is dropped.
+        struct Waiting<'a>(&'a AtomicUsize);
+        impl Drop for Waiting<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+        let _w = Waiting(&self.waiting);
+        Arc::clone(&self.slots).acquire_owned().await.ok()
+    }
+
+    /// Invocations waiting for a slot now.
+    pub fn waiting(&self) -> usize {
+        self.waiting.load(Ordering::SeqCst)
     }
 }

@@ -40,7 +40,7 @@ pub struct Observation<'a> {
     pub output_bytes: u64,
 }
 
-fn escape(v: &str) -> String {
+pub(crate) fn escape(v: &str) -> String {
     v.replace('\\', "\\\\")
         .replace('"', "\\\"")
         .replace('\n', "\\n")

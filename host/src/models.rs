@@ -1,6 +1,7 @@
 //! The model packages this host serves: manifests read at start, segments loaded on first use,
 //! per-layer profiles measured on first request and cached.
 
+use crate::memory::{self, ModelMemory};
 use hapi_model::profile::{LayerProfile, profile_layers};
 use hapi_model::{Manifest, ModelPackage, list_packages};
 use std::collections::{BTreeMap, HashMap};
@@ -21,6 +22,7 @@ pub struct Models {
     manifests: BTreeMap<String, (PathBuf, Manifest)>,
     loaded: Mutex<HashMap<String, Slot<ModelPackage>>>,
     profiles: Mutex<HashMap<String, Slot<Vec<LayerProfile>>>>,
+    memory: Mutex<HashMap<String, Slot<ModelMemory>>>,
 }
 
 impl Models {
@@ -36,6 +38,7 @@ impl Models {
             manifests,
             loaded: Mutex::default(),
             profiles: Mutex::default(),
+            memory: Mutex::default(),
         })
     }
 
@@ -81,6 +84,24 @@ impl Models {
                 profile_layers(&pkg, PROFILE_BATCH, PROFILE_REPS)
                     .map(Arc::new)
                     .map_err(|e| e.to_string())
+            })
+            .clone()
+    }
+
+    /// Per-layer memory on this host's device (measured once, on first use: see
+    /// [`memory`](crate::memory)).
+    pub fn memory(&self, name: &str) -> Result<Arc<ModelMemory>, String> {
+        let pkg = self.package(name)?;
+        Self::slot(&self.memory, name)
+            .get_or_init(|| {
+                let m = memory::measure(&pkg).map_err(|e| format!("measuring `{name}`: {e}"))?;
+                tracing::info!(
+                    "memory model of `{name}`: {} ({:.1}s), weights {} bytes",
+                    m.method,
+                    m.seconds,
+                    m.weights()
+                );
+                Ok(Arc::new(m))
             })
             .clone()
     }

@@ -9,6 +9,8 @@
 //! at its memory limit. Compute calls go through an [`Executor`], the seam where a batcher
 //! pools work across tenants.
 
+use crate::device::{Device, DeviceError, Ran};
+use crate::policy::Tenant;
 use crate::runtime::State;
 use crate::runtime::bindings::wasi::nn::errors::{self, ErrorCode};
 use crate::runtime::bindings::wasi::nn::graph::{
@@ -50,31 +52,52 @@ pub struct NnError {
     pub message: String,
 }
 
-/// Runs model segments for guests. The direct executor runs on the calling thread; a pooling
-/// executor hands the work to a batcher and blocks until its share of the result is back.
+/// Runs model segments for guests: on the calling thread ([`Direct`]) or on the shared device
+/// with its memory budget, storage batch adaptation and pooling ([`Device`]).
 pub trait Executor: Send + Sync + std::fmt::Debug {
     fn run(
         &self,
-        tenant: &str,
+        tenant: &Tenant,
         model: &Arc<ModelPackage>,
         range: Range<usize>,
         input: tch::Tensor,
-    ) -> Result<tch::Tensor, String>;
+    ) -> Result<Ran, DeviceError>;
 }
 
-/// Runs each compute call as it comes, on the caller's thread.
+/// Runs each compute call as it comes, on the caller's thread, with no budget.
 #[derive(Debug, Default)]
 pub struct Direct;
 
 impl Executor for Direct {
     fn run(
         &self,
-        _tenant: &str,
+        _tenant: &Tenant,
         model: &Arc<ModelPackage>,
         range: Range<usize>,
         input: tch::Tensor,
-    ) -> Result<tch::Tensor, String> {
-        model.run(range, &input).map_err(|e| e.to_string())
+    ) -> Result<Ran, DeviceError> {
+        let started = Instant::now();
+        let output = model
+            .run(range, &input)
+            .map_err(|e| DeviceError::Failed(e.to_string()))?;
+        Ok(Ran {
+            output,
+            queued: std::time::Duration::ZERO,
+            device: started.elapsed(),
+            batches: 1,
+        })
+    }
+}
+
+impl Executor for Device {
+    fn run(
+        &self,
+        tenant: &Tenant,
+        model: &Arc<ModelPackage>,
+        range: Range<usize>,
+        input: tch::Tensor,
+    ) -> Result<Ran, DeviceError> {
+        Device::run(self, tenant, model, range, input)
     }
 }
 
@@ -321,18 +344,34 @@ impl inference::HostGraphExecutionContext for State {
         };
         drop(input);
         let started = Instant::now();
-        let result = self
+        let ran = self
             .executor
-            .run(&self.tenant.name, &graph.model, graph.range.clone(), x)
-            .and_then(|y| {
-                let dims = y
-                    .size()
+            .run(&self.tenant, &graph.model, graph.range.clone(), x);
+        let result = match ran {
+            Ok(ran) => {
+                self.timings.queued += ran.queued;
+                self.timings.compute += started.elapsed().saturating_sub(ran.queued);
+                let y = ran.output;
+                y.size()
                     .iter()
                     .map(|&d| u32::try_from(d).map_err(|_| format!("output dimension {d}")))
-                    .collect::<Result<Vec<u32>, String>>()?;
-                Ok((dims, hapi_model::tensor::f32_to_le_bytes(&y)?))
-            });
-        self.timings.compute += started.elapsed();
+                    .collect::<Result<Vec<u32>, String>>()
+                    .and_then(|dims| Ok((dims, hapi_model::tensor::f32_to_le_bytes(&y)?)))
+            }
+            Err(e) => {
+                let message = e.to_string();
+                let code = match e {
+                    DeviceError::TooLarge(_) => ErrorCode::TooLarge,
+                    DeviceError::Busy { .. } | DeviceError::Failed(_) => ErrorCode::RuntimeError,
+                };
+                if !matches!(e, DeviceError::Failed(_)) {
+                    // The host answers for the device, whatever the guest makes of it.
+                    self.refused = Some(e);
+                }
+                self.timings.compute += started.elapsed();
+                return self.nn_err(code, message);
+            }
+        };
         match result {
             Ok((dimensions, data)) => {
                 self.hold(data.len())?;

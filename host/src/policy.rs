@@ -11,7 +11,10 @@
 //! state = "/var/lib/hapi/state"        # deployed functions and their compiled code
 //! device = "auto"                      # auto | cpu | cuda | cuda:N
 //! memory_budget = "4GiB"               # device memory shared by all in-flight work
-//! batch_window = "2ms"
+//! adapt_batch = true                   # split compute calls into sub-batches that fit
+//! pool = true                          # merge compute calls across tenants into device batches
+//! batch_window = "2ms"                 # how long a pooled batch waits for batch mates
+//! max_batch = 32                       # largest pooled device batch (samples)
 //! max_request = "32MiB"                # largest request body (component uploads)
 //!
 //! [tenants.alice]
@@ -24,6 +27,7 @@
 //! max_object = "16MiB"   # bytes of one object read
 //! max_read = "512MiB"    # bytes read by one invocation
 //! concurrency = 4        # invocations at once
+//! queue = 8              # invocations waiting for a slot; past it, 429 with Retry-After
 //! weight = 1             # fair share of the device
 //! deploy = true          # may upload its own functions
 //! capabilities = []      # extra WASI interfaces: "clocks", "random"
@@ -46,6 +50,8 @@ pub const MAX_GUEST_MEMORY: u64 = 4 << 30;
 pub const MAX_TIMEOUT: Duration = Duration::from_secs(3600);
 /// Most concurrent invocations per tenant (each holds a pooled instance slot).
 pub const MAX_CONCURRENCY: u64 = 64;
+/// Most invocations a tenant may have waiting for a slot.
+pub const MAX_QUEUE: u64 = 1024;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -65,6 +71,9 @@ struct RawHost {
     device: Option<Spanned<String>>,
     memory_budget: Option<Spanned<String>>,
     batch_window: Option<Spanned<String>>,
+    adapt_batch: Option<bool>,
+    pool: Option<bool>,
+    max_batch: Option<Spanned<i64>>,
     max_request: Option<Spanned<String>>,
     s3: Option<RawS3>,
 }
@@ -106,6 +115,7 @@ struct RawTenant {
     max_object: Option<Spanned<String>>,
     max_read: Option<Spanned<String>>,
     concurrency: Option<Spanned<i64>>,
+    queue: Option<Spanned<i64>>,
     weight: Option<Spanned<i64>>,
     deploy: Option<bool>,
     #[serde(default)]
@@ -148,7 +158,10 @@ pub struct HostSettings {
     pub state: PathBuf,
     pub device: String,
     pub memory_budget: u64,
+    pub adapt_batch: bool,
+    pub pool: bool,
     pub batch_window: Duration,
+    pub max_batch: i64,
     pub max_request: usize,
 }
 
@@ -169,6 +182,8 @@ pub struct Limits {
     pub max_object: u64,
     pub max_read: u64,
     pub concurrency: usize,
+    /// Invocations that may wait for one of the `concurrency` slots.
+    pub queue: usize,
     pub weight: u32,
 }
 
@@ -181,6 +196,7 @@ impl Default for Limits {
             max_object: 16 << 20,
             max_read: 512 << 20,
             concurrency: 4,
+            queue: 8,
             weight: 1,
         }
     }
@@ -271,6 +287,26 @@ impl Ctx<'_> {
             p.to_path_buf()
         } else {
             self.base.join(p)
+        }
+    }
+
+    /// Like [`Self::int`], but 0 is allowed.
+    fn int0(
+        &self,
+        key: &str,
+        v: &Option<Spanned<i64>>,
+        default: u64,
+        max: u64,
+    ) -> Result<u64, PolicyError> {
+        match v {
+            None => Ok(default),
+            Some(s) => match u64::try_from(*s.get_ref()) {
+                Ok(n) if n <= max => Ok(n),
+                _ => self.err(
+                    s.span(),
+                    format!("{key} = {}: must be 0..={max}", s.get_ref()),
+                ),
+            },
         }
     }
 
@@ -405,6 +441,9 @@ impl Policy {
                 &h.batch_window,
                 Duration::from_millis(2),
             )?,
+            adapt_batch: h.adapt_batch.unwrap_or(true),
+            pool: h.pool.unwrap_or(true),
+            max_batch: ctx.int("host.max_batch", &h.max_batch, 32, 4096)? as i64,
             max_request: usize::try_from(max_request).unwrap_or(usize::MAX),
         };
 
@@ -499,6 +538,7 @@ impl Policy {
                     d.concurrency as u64,
                     MAX_CONCURRENCY,
                 )? as usize,
+                queue: ctx.int0(&key("queue"), &t.queue, d.queue as u64, MAX_QUEUE)? as usize,
                 weight: ctx.int(&key("weight"), &t.weight, u64::from(d.weight), 1000)? as u32,
             };
             let mut capabilities = Capabilities::default();

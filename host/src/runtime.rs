@@ -1,6 +1,7 @@
 //! The Wasm side of the host: one engine, tenants' components compiled and pre-instantiated
 //! once, and a fresh, limited store per invocation.
 
+use crate::device::DeviceError;
 use crate::models::Models;
 use crate::nn::Executor;
 use crate::objects::{ObjectError, Objects, Store as ObjectRoot};
@@ -54,12 +55,25 @@ pub enum Trap {
     TableLimit,
 }
 
+/// What one invocation gave: its output or error, its timings, the object bytes it read, and
+/// the device's refusal of a compute call, if there was one (the host's answer then overrides
+/// whatever the guest made of it).
+#[derive(Debug)]
+pub struct Finished {
+    pub result: Result<TensorOut, InvokeError>,
+    pub timings: Timings,
+    pub read: u64,
+    pub refused: Option<DeviceError>,
+}
+
 /// Time spent in each stage of one invocation.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Timings {
     pub instantiate: Duration,
     pub read: Duration,
     pub compute: Duration,
+    /// Waiting for the device (memory or batch mates); not charged to the time limit.
+    pub queued: Duration,
     pub total: Duration,
 }
 
@@ -67,7 +81,7 @@ impl Timings {
     /// Guest time outside host calls: decoding and preprocessing, mostly.
     pub fn guest(&self) -> Duration {
         self.total
-            .saturating_sub(self.instantiate + self.read + self.compute)
+            .saturating_sub(self.instantiate + self.read + self.compute + self.queued)
     }
 }
 
@@ -114,6 +128,8 @@ pub struct State {
     /// Tensor bytes held in the host for this guest.
     pub(crate) nn_bytes: u64,
     pub(crate) timings: Timings,
+    /// Set when the device refused a compute call: the host answers for it.
+    pub(crate) refused: Option<DeviceError>,
 }
 
 impl std::fmt::Debug for State {
@@ -483,7 +499,7 @@ impl Runtime {
         tenant: &Arc<Tenant>,
         function: &Function,
         invocation: &Invocation,
-    ) -> (Result<TensorOut, InvokeError>, Timings, u64) {
+    ) -> Finished {
         let started = Instant::now();
         let limits = &tenant.limits;
         let state = State {
@@ -498,14 +514,27 @@ impl Runtime {
             objects: Objects::new(Arc::clone(tenant), Arc::clone(&self.objects)),
             nn_bytes: 0,
             timings: Timings::default(),
+            refused: None,
         };
         let mut store = Store::new(&self.engine, state);
         store.limiter(|s| &mut s.limiter);
         // The next tick may come at any moment, so one tick more than the timeout holds: the
-        // guest gets at least its whole timeout and at most one tick beyond it.
+        // guest gets at least its whole timeout and at most one tick beyond it. Time spent
+        // waiting for the device is the host's, not the guest's: at the deadline, the guest
+        // gets that time back.
         let ticks = limits.timeout.as_millis().div_ceil(EPOCH_TICK.as_millis()) as u64 + 1;
         store.set_epoch_deadline(ticks);
-        store.epoch_deadline_trap();
+        let timeout = limits.timeout;
+        store.epoch_deadline_callback(move |ctx| {
+            let used = started.elapsed().saturating_sub(ctx.data().timings.queued);
+            if used >= timeout {
+                return Ok(wasmtime::UpdateDeadline::Interrupt);
+            }
+            let left = (timeout - used)
+                .as_millis()
+                .div_ceil(EPOCH_TICK.as_millis()) as u64;
+            Ok(wasmtime::UpdateDeadline::Continue(left.max(1)))
+        });
 
         let result = function
             .pre
@@ -519,10 +548,15 @@ impl Runtime {
             })
             .and_then(|r| r.map_err(|e| InvokeError::Guest(GuestErrorMessage(e))))
             .and_then(|out| check_output(out, limits.max_output));
-        let mut timings = store.data().timings;
+        let data = store.data_mut();
+        let mut timings = data.timings;
         timings.total = started.elapsed();
-        let read = store.data().objects.bytes_read;
-        (result, timings, read)
+        Finished {
+            result,
+            timings,
+            read: data.objects.bytes_read,
+            refused: data.refused.take(),
+        }
     }
 }
 

@@ -173,11 +173,14 @@ async fn invocation_read_cap_violated() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn concurrency_limit_answers_429_with_retry_after() {
+async fn past_the_queue_bound_the_host_answers_429_with_retry_after() {
     let h = TestHost::start().await;
-    // `tight` may run 2 at once; the third of three endless loops is refused at once.
-    let calls = (0..3).map(|_| h.invoke(TIGHT, "hostile", hostile("loop", &[], &[])));
+    // `tight` may run 2 at once and have 1 waiting; the fourth of four endless loops is
+    // refused at once, the third waits for a slot and then runs into its time limit too.
+    let calls = (0..4).map(|_| h.invoke(TIGHT, "hostile", hostile("loop", &[], &[])));
     let responses = futures_join(calls).await;
+    let limited = responses.iter().filter(|r| r.status() == 422).count();
+    assert_eq!(limited, 3, "the admitted three end at their time limit");
     let refused: Vec<&reqwest::Response> = responses.iter().filter(|r| r.status() == 429).collect();
     assert_eq!(
         refused.len(),

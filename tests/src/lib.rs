@@ -6,9 +6,14 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
 
-/// The workspace root.
+/// The workspace root: the parent of the running test's package (cargo sets
+/// `CARGO_MANIFEST_DIR` when it runs a test), else of this crate as built. The run-time value
+/// comes first because clones sharing a build directory share this compiled crate, and the path
+/// compiled into it may be another clone's.
 pub fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from)
+        .join("..")
 }
 
 /// Builds the guests (`guest-fns/`) from source once per test binary; returns the directory

@@ -22,6 +22,9 @@ commands:
                      (table on stdout, JSON in target/bench/models.json)
   bench host         one invocation's cost: empty pushdown, Wasm vs native extraction,
                      HTTP latency breakdown (table, JSON in target/bench/host.json)
+  bench pooling      the device shared by 1-16 tenants: samples/s and latency with
+                     pooling on and off, fairness under a flood, a burst past the queue
+                     (tables, JSON and SVG in target/bench/pooling.{json,svg})
   demo               the quick start's job: Fashion-MNIST in the local store, hapi-host, and
                      hapi-train on EfficientNet-Lite0 with --split auto, then --split none,
                      side by side (options: --train-limit N, --test-limit N, --epochs N)
@@ -132,7 +135,27 @@ fn bench(args: &[String]) -> Result<(), String> {
                 &json,
             ])
         }
-        Some(other) => Err(format!("unknown benchmark `{other}` (known: models, host)")),
-        None => Err("usage: cargo xtask bench models|host [options]".into()),
+        Some("pooling") => {
+            let env = setup::run()?;
+            env.build_guests()?;
+            let out = env.workspace.join("target/bench");
+            let out = out.to_string_lossy().into_owned();
+            let mut cmd = vec![
+                "bench",
+                "--package",
+                "hapi-host",
+                "--bench",
+                "pooling",
+                "--",
+                "--out",
+                &out,
+            ];
+            cmd.extend(args[1..].iter().map(String::as_str));
+            env.cargo(&cmd)
+        }
+        Some(other) => Err(format!(
+            "unknown benchmark `{other}` (known: models, host, pooling)"
+        )),
+        None => Err("usage: cargo xtask bench models|host|pooling [options]".into()),
     }
 }

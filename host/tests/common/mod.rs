@@ -133,6 +133,7 @@ max_output = "64KiB"
 max_object = "2KiB"
 max_read = "3KiB"
 concurrency = 2
+queue = 1
 [tenants.tight.functions]
 hostile = "{hostile}"
 "#,
@@ -144,6 +145,50 @@ hostile = "{hostile}"
         fe = guest("feature-extract").display(),
         hostile = guest("hostile").display(),
     )
+}
+
+/// Token of tenant `t` in [`tenants_policy`].
+pub fn tenant_token(t: usize) -> String {
+    format!("tenant-{t}-token")
+}
+
+/// A policy of `tenants` tenants `t0`, `t1`, ... with the same grant on the test store, each
+/// allowed `models` and the feature-extract function, `concurrency` invocations at once and
+/// `queue` waiting; `host` is appended to `[host]`, `tenant(t)` to each tenant's table.
+pub fn tenants_policy(
+    store: &Path,
+    state: &Path,
+    host: &str,
+    tenants: usize,
+    models: &[&str],
+    tenant: impl Fn(usize) -> String,
+) -> String {
+    let mut text = format!(
+        "[host]\nlisten = \"127.0.0.1:0\"\nstore = \"{}\"\nmodels = \"{}\"\nstate = \"{}\"\ndevice = \"cpu\"\n{host}\n",
+        store.display(),
+        hapi_model::models_dir().display(),
+        state.display()
+    );
+    let models: Vec<String> = models.iter().map(|m| format!("\"{m}\"")).collect();
+    for t in 0..tenants {
+        text.push_str(&format!(
+            "\n[tenants.t{t}]\ntoken_sha256 = \"{}\"\ngrants = [{{ bucket = \"datasets\", prefix = \"fashion-mnist/\" }}]\nmodels = [{}]\nmemory = \"512MiB\"\ntimeout = \"120s\"\n{}\n[tenants.t{t}.functions]\nfeature-extract = \"{}\"\n",
+            hash_token(&tenant_token(t)),
+            models.join(", "),
+            tenant(t),
+            guest("feature-extract").display()
+        ));
+    }
+    text
+}
+
+/// The host over a local store holding [`layout`], with the given policy text.
+pub async fn start_tenants(policy: impl FnOnce(&Path, &Path) -> String) -> TestHost {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let store = tmp.path().join("store");
+    write_store(&store);
+    let text = policy(&store, &tmp.path().join("state"));
+    TestHost::start_with(tmp, store, text).await
 }
 
 impl TestHost {

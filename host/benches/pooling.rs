@@ -1,0 +1,399 @@
+//! `cargo xtask bench pooling`: the device shared by many tenants.
+//!
+//! 1. Throughput: 1, 2, 4, 8 and 16 tenants, each a closed loop of small requests (1 to 8
+//!    images, seeded), through HTTP and the real guest, with pooling off (every call runs on its
+//!    own thread) and on (calls merged into device batches); aggregate samples/s, p50 and p99
+//!    request latency, and the mean device batch.
+//! 2. Fairness: a light tenant (requests of 4 images, one at a time) alone, then next to a
+//!    tenant flooding the host (4 requests of 8 images outstanding at all times); the light
+//!    tenant's median latency against its solo median.
+//! 3. Burst: 200 requests of 8 images at once from one tenant (4 running, 8 waiting): how many
+//!    are answered 429, and how far the process's resident set grows.
+//!
+//! Storage batch adaptation is on throughout (the default). Prints tables and writes JSON and
+//! an SVG plot (`--out DIR`, default target/bench). `--seconds S` per measurement (default 5),
+//! `--models a:split,b:split` (default alexnet:17,efficientnet_lite0:7).
+
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+use common::{SAMPLES, TestHost, sample_key, start_tenants, tenant_token, tenants_policy};
+use hapi_host::memory::rss;
+use serde_json::{Value, json};
+use std::fmt::Write;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+const TENANTS: [usize; 5] = [1, 2, 4, 8, 16];
+
+struct Args {
+    seconds: f64,
+    models: Vec<(String, usize)>,
+    out: PathBuf,
+}
+
+fn args() -> Args {
+    let argv: Vec<String> = std::env::args().collect();
+    let get = |flag: &str| {
+        argv.iter()
+            .position(|a| a == flag)
+            .and_then(|i| argv.get(i + 1).cloned())
+    };
+    let models = get("--models").unwrap_or_else(|| "alexnet:17,efficientnet_lite0:7".into());
+    Args {
+        seconds: get("--seconds").map_or(5.0, |s| s.parse().expect("--seconds")),
+        models: models
+            .split(',')
+            .map(|m| {
+                let (name, split) = m.split_once(':').expect("--models name:split,...");
+                (name.to_string(), split.parse().expect("split"))
+            })
+            .collect(),
+        out: get("--out").map_or_else(
+            || PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../target/bench")),
+            PathBuf::from,
+        ),
+    }
+}
+
+/// xorshift64*: the request sizes, reproducible per tenant.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+}
+
+fn body(model: &str, split: usize, n: usize, salt: usize) -> Value {
+    let keys: Vec<String> = (0..n)
+        .map(|i| sample_key(SAMPLES[(salt + i) % SAMPLES.len()]))
+        .collect();
+    json!({"bucket": "datasets", "keys": keys, "model": model, "split": split})
+}
+
+/// One request; its latency, or the status when it failed.
+async fn request(h: &TestHost, t: usize, body: Value) -> Result<Duration, u16> {
+    let started = Instant::now();
+    let resp = h.invoke(&tenant_token(t), "feature-extract", body).await;
+    let status = resp.status().as_u16();
+    let ok = resp.status().is_success();
+    let _ = resp.bytes().await;
+    if ok {
+        Ok(started.elapsed())
+    } else {
+        Err(status)
+    }
+}
+
+/// Tenant `t` sends requests of `sizes()` images, `outstanding` at a time, until `until`.
+async fn closed_loop(
+    h: &TestHost,
+    t: usize,
+    model: &str,
+    split: usize,
+    outstanding: usize,
+    until: Instant,
+    size: impl Fn(&mut Rng) -> usize + Copy,
+) -> (Vec<Duration>, usize, usize) {
+    let lanes = (0..outstanding).map(|lane| async move {
+        let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ ((t as u64) << 8 | lane as u64));
+        let (mut lat, mut samples, mut failed) = (Vec::new(), 0usize, 0usize);
+        let mut i = 0;
+        while Instant::now() < until {
+            let n = size(&mut rng);
+            match request(h, t, body(model, split, n, t + i)).await {
+                Ok(d) => {
+                    lat.push(d);
+                    samples += n;
+                }
+                Err(_) => failed += 1,
+            }
+            i += 1;
+        }
+        (lat, samples, failed)
+    });
+    let mut all = (Vec::new(), 0, 0);
+    for (l, s, f) in futures::future::join_all(lanes).await {
+        all.0.extend(l);
+        all.1 += s;
+        all.2 += f;
+    }
+    all
+}
+
+fn quantile(v: &mut [Duration], q: f64) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort();
+    v[((v.len() - 1) as f64 * q).round() as usize].as_secs_f64() * 1e3
+}
+
+async fn start(model: &str, pool: bool, tenants: usize, tenant: fn(usize) -> String) -> TestHost {
+    let host = format!("pool = {pool}\nmax_batch = 32");
+    let models = [model];
+    start_tenants(|store, state| tenants_policy(store, state, &host, tenants, &models, tenant))
+        .await
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let args = args();
+    let window = Duration::from_secs_f64(args.seconds);
+    let mut report =
+        json!({"seconds": args.seconds, "throughput": [], "fairness": [], "burst": {}});
+    println!(
+        "pooling benchmark: {} s per point, requests of 1-8 images",
+        args.seconds
+    );
+
+    // 1. Throughput.
+    for (model, split) in &args.models {
+        println!("\n{model} [0..{split}]");
+        println!(
+            "{:>8} {:>8} {:>10} {:>9} {:>9} {:>10} {:>7}",
+            "pooling", "tenants", "samples/s", "p50 ms", "p99 ms", "mean batch", "failed"
+        );
+        for pool in [false, true] {
+            let h = start(model, pool, 16, |_| "concurrency = 2".into()).await;
+            // Warm-up: loads the model and measures its memory.
+            request(&h, 0, body(model, *split, 4, 0))
+                .await
+                .expect("warm-up");
+            for &n in &TENANTS {
+                let before = h.host.device().snapshot();
+                let started = Instant::now();
+                let until = started + window;
+                let runs = (0..n).map(|t| {
+                    closed_loop(&h, t, model, *split, 1, until, |r| {
+                        1 + (r.next() % 8) as usize
+                    })
+                });
+                let results = futures::future::join_all(runs).await;
+                let elapsed = started.elapsed().as_secs_f64();
+                let after = h.host.device().snapshot();
+                let mut lat: Vec<Duration> = results.iter().flat_map(|r| r.0.clone()).collect();
+                let samples: usize = results.iter().map(|r| r.1).sum();
+                let failed: usize = results.iter().map(|r| r.2).sum();
+                let batches = after.batches - before.batches;
+                let mean_batch =
+                    (after.batch_samples - before.batch_samples) as f64 / batches.max(1) as f64;
+                let (p50, p99) = (quantile(&mut lat, 0.5), quantile(&mut lat, 0.99));
+                let rate = samples as f64 / elapsed;
+                println!(
+                    "{:>8} {n:>8} {rate:>10.1} {p50:>9.1} {p99:>9.1} {mean_batch:>10.1} {failed:>7}",
+                    if pool { "on" } else { "off" }
+                );
+                report["throughput"]
+                    .as_array_mut()
+                    .expect("array")
+                    .push(json!({
+                        "model": model, "split": split, "pool": pool, "tenants": n,
+                        "samples_per_s": rate, "p50_ms": p50, "p99_ms": p99,
+                        "requests": lat.len(), "failed": failed, "mean_batch": mean_batch,
+                        "batches": batches,
+                    }));
+            }
+        }
+    }
+    let rows = report["throughput"].as_array().expect("array").clone();
+    println!("\nspeed-up of pooling (samples/s on / off):");
+    for (model, _) in &args.models {
+        let rate = |pool: bool, n: usize| {
+            rows.iter()
+                .find(|r| r["model"] == model.as_str() && r["pool"] == pool && r["tenants"] == n)
+                .and_then(|r| r["samples_per_s"].as_f64())
+                .unwrap_or(f64::NAN)
+        };
+        let line: Vec<String> = TENANTS
+            .iter()
+            .map(|&n| format!("{n}: {:.2}x", rate(true, n) / rate(false, n)))
+            .collect();
+        println!("  {model}: {}", line.join(", "));
+    }
+
+    // 2. Fairness, on the first model.
+    let (model, split) = &args.models[0];
+    println!("\nfairness ({model}): light tenant, 4 images per request, alone and next to a flood");
+    println!(
+        "{:>8} {:>14} {:>16} {:>7} {:>16}",
+        "pooling", "solo p50 ms", "flooded p50 ms", "ratio", "flood samples/s"
+    );
+    for pool in [false, true] {
+        let h = start(model, pool, 2, |t| {
+            if t == 1 {
+                "concurrency = 4".into()
+            } else {
+                "concurrency = 1".into()
+            }
+        })
+        .await;
+        request(&h, 0, body(model, *split, 4, 0))
+            .await
+            .expect("warm-up");
+        let until = Instant::now() + window;
+        let (mut solo, _, _) = closed_loop(&h, 0, model, *split, 1, until, |_| 4).await;
+        let started = Instant::now();
+        let until = started + window;
+        let (light, heavy) = tokio::join!(
+            closed_loop(&h, 0, model, *split, 1, until, |_| 4),
+            closed_loop(&h, 1, model, *split, 4, until, |_| 8)
+        );
+        let flood_rate = heavy.1 as f64 / started.elapsed().as_secs_f64();
+        let mut flooded = light.0;
+        let (s, f) = (quantile(&mut solo, 0.5), quantile(&mut flooded, 0.5));
+        println!(
+            "{:>8} {s:>14.1} {f:>16.1} {:>7.2} {flood_rate:>16.1}",
+            if pool { "on" } else { "off" },
+            f / s
+        );
+        report["fairness"]
+            .as_array_mut()
+            .expect("array")
+            .push(json!({
+                "model": model, "split": split, "pool": pool,
+                "solo_p50_ms": s, "flooded_p50_ms": f, "ratio": f / s,
+                "light_requests": flooded.len(), "flood_samples_per_s": flood_rate,
+            }));
+    }
+
+    // 3. Burst: 200 requests at once from a tenant allowed 4 running and 8 waiting.
+    let h = start(model, true, 1, |_| "concurrency = 4\nqueue = 8".into()).await;
+    request(&h, 0, body(model, *split, 8, 0))
+        .await
+        .expect("warm-up");
+    let base = rss::current();
+    rss::reset_peak();
+    let started = Instant::now();
+    let burst = (0..200).map(|i| request(&h, 0, body(model, *split, 8, i)));
+    let results = futures::future::join_all(burst).await;
+    let took = started.elapsed().as_secs_f64();
+    let peak = rss::peak();
+    let ok = results.iter().filter(|r| r.is_ok()).count();
+    let refused = results.iter().filter(|r| **r == Err(429)).count();
+    let other = results.len() - ok - refused;
+    let device = h.host.device().snapshot();
+    println!(
+        "\nburst ({model}): 200 requests of 8 images at once, 4 running + 8 waiting allowed\n  \
+         served {ok}, refused 429 {refused}, other {other}, in {took:.1} s; resident set {:.0} MiB \
+         before, peak {:.0} MiB (+{:.0} MiB); device peak {:.0} MiB of a {:.0} MiB budget",
+        base as f64 / 1048576.0,
+        peak as f64 / 1048576.0,
+        peak.saturating_sub(base) as f64 / 1048576.0,
+        device.peak_bytes as f64 / 1048576.0,
+        device.budget as f64 / 1048576.0,
+    );
+    report["burst"] = json!({
+        "model": model, "split": split, "requests": 200, "served": ok, "refused_429": refused,
+        "other": other, "seconds": took, "rss_before": base, "rss_peak": peak,
+        "device_peak_bytes": device.peak_bytes, "device_budget": device.budget,
+    });
+
+    std::fs::create_dir_all(&args.out).expect("output directory");
+    let json_path = args.out.join("pooling.json");
+    std::fs::write(
+        &json_path,
+        serde_json::to_string_pretty(&report).expect("JSON"),
+    )
+    .expect("write JSON");
+    let svg_path = args.out.join("pooling.svg");
+    std::fs::write(&svg_path, plot(&rows, &args.models)).expect("write SVG");
+    println!("\nwrote {} and {}", json_path.display(), svg_path.display());
+}
+
+/// Samples/s against tenants, pooling off and on, one panel per model.
+fn plot(rows: &[Value], models: &[(String, usize)]) -> String {
+    let (pw, ph, m) = (380.0, 260.0, 50.0);
+    let width = pw * models.len() as f64 + 20.0;
+    let mut svg = String::new();
+    let _ = write!(
+        svg,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{}" font-family="sans-serif" font-size="11">"#,
+        ph + 40.0
+    );
+    for (k, (model, split)) in models.iter().enumerate() {
+        let x0 = k as f64 * pw + 10.0;
+        let series = |pool: bool| -> Vec<(usize, f64)> {
+            TENANTS
+                .iter()
+                .filter_map(|&n| {
+                    rows.iter()
+                        .find(|r| {
+                            r["model"] == model.as_str() && r["pool"] == pool && r["tenants"] == n
+                        })
+                        .and_then(|r| r["samples_per_s"].as_f64())
+                        .map(|v| (n, v))
+                })
+                .collect()
+        };
+        let ymax = series(true)
+            .iter()
+            .chain(series(false).iter())
+            .map(|p| p.1)
+            .fold(1.0, f64::max)
+            * 1.15;
+        let px = |n: usize| x0 + m + (n as f64).log2() / 4.0 * (pw - m - 20.0);
+        let py = |v: f64| 20.0 + (ph - m) * (1.0 - v / ymax);
+        let _ = write!(
+            svg,
+            r#"<text x="{}" y="14" text-anchor="middle" font-weight="bold">{model} [0..{split}]: samples/s</text>"#,
+            x0 + pw / 2.0
+        );
+        let _ = write!(
+            svg,
+            r##"<line x1="{a}" y1="{b}" x2="{c}" y2="{b}" stroke="#333"/><line x1="{a}" y1="20" x2="{a}" y2="{b}" stroke="#333"/>"##,
+            a = x0 + m,
+            b = py(0.0),
+            c = px(16) + 10.0
+        );
+        for &n in &TENANTS {
+            let _ = write!(
+                svg,
+                r#"<text x="{}" y="{}" text-anchor="middle">{n}</text>"#,
+                px(n),
+                py(0.0) + 14.0
+            );
+        }
+        let _ = write!(
+            svg,
+            r#"<text x="{}" y="{}" text-anchor="middle">tenants</text>"#,
+            px(4),
+            py(0.0) + 28.0
+        );
+        for i in 0..=4 {
+            let v = ymax / 1.15 * f64::from(i) / 4.0;
+            let _ = write!(
+                svg,
+                r#"<text x="{}" y="{}" text-anchor="end">{v:.0}</text>"#,
+                x0 + m - 4.0,
+                py(v) + 4.0
+            );
+        }
+        for (pool, colour, label, dy) in [
+            (false, "#888", "pooling off", 0.0),
+            (true, "#c33", "pooling on", 14.0),
+        ] {
+            let pts: Vec<String> = series(pool)
+                .iter()
+                .map(|&(n, v)| format!("{:.1},{:.1}", px(n), py(v)))
+                .collect();
+            let _ = write!(
+                svg,
+                r#"<polyline fill="none" stroke="{colour}" stroke-width="2" points="{}"/>"#,
+                pts.join(" ")
+            );
+            let _ = write!(
+                svg,
+                r#"<text x="{}" y="{}" fill="{colour}">{label}</text>"#,
+                x0 + m + 8.0,
+                32.0 + dy
+            );
+        }
+    }
+    svg.push_str("</svg>\n");
+    svg
+}

@@ -1,0 +1,370 @@
+//! The memory model of model segments on this host's device: what running layers [a, b) on a
+//! batch of `n` samples takes, as `weights + workspace + n * per_sample` bytes.
+//!
+//! Per layer, measured once per model (on first use) and cached:
+//!
+//! - **weights**: fp32 bytes of the layer's parameters (from the manifest). They are resident as
+//!   long as the model is loaded and are charged to the budget once, when it is.
+//! - **per_sample**: how much the process's peak memory grows per sample while the layer runs,
+//!   its input already allocated: the output plus whatever the layer allocates inside (an
+//!   inverted-residual block's expanded activations, im2col buffers). On CPU it is measured
+//!   from the kernel's peak resident set (`VmHWM`, reset through `/proc/self/clear_refs`) at
+//!   two batch sizes; the slope is the per-sample cost and the intercept the workspace. A
+//!   measurement below the activation-pair bound of DESIGN.md §2 (the output must exist while
+//!   the input does) is noise from the allocator or other threads, and the bound is used.
+//!   libtorch's CUDA allocator statistics are not reachable through `tch`, so on CUDA the model
+//!   is the activation-pair bound with the layer's output counted twice (room for one
+//!   intermediate of the output's size) and no workspace measured; `method` says which.
+//!
+//! A segment [a, b) holds, per sample, its input for the whole run (the caller keeps it), the
+//! largest of its layers' working sets, and the output copied out for the guest; its workspace
+//! is the largest of its layers'.
+
+use hapi_model::ModelPackage;
+use serde::{Deserialize, Serialize};
+use std::ops::Range;
+use std::time::Instant;
+use tch::{Device, Kind, Tensor};
+
+/// Batch sizes of the two measurements.
+pub const MEASURE_BATCHES: (i64, i64) = (4, 16);
+/// Repetitions per layer and batch (the median growth is used).
+pub const MEASURE_REPS: usize = 3;
+
+/// One layer's memory on this device.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct LayerMemory {
+    pub index: usize,
+    pub name: String,
+    pub weights_bytes: u64,
+    pub input_bytes_per_sample: u64,
+    pub output_bytes_per_sample: u64,
+    /// Peak growth per sample while the layer runs (input excluded): what the model uses.
+    pub per_sample_bytes: u64,
+    /// Peak growth independent of the batch size.
+    pub workspace_bytes: u64,
+    /// The measured slope before the bound was applied (0 when not measured).
+    pub measured_per_sample_bytes: u64,
+    /// Forward time per sample at each of [`ModelMemory::time_batches`] (median of the runs).
+    pub seconds_per_sample: Vec<f64>,
+}
+
+/// A model's memory, per layer.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ModelMemory {
+    pub model: String,
+    /// `rss-peak` (measured on CPU) or `activation-bound` (CUDA).
+    pub method: String,
+    pub batches: [i64; 2],
+    /// Batch sizes of the per-sample times.
+    pub time_batches: Vec<i64>,
+    pub seconds: f64,
+    pub layers: Vec<LayerMemory>,
+}
+
+/// What running a segment takes: `weights` while loaded, `workspace + n * per_sample` per run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct SegmentCost {
+    pub weights: u64,
+    pub workspace: u64,
+    pub per_sample: u64,
+    /// The batch size that runs fastest per sample, when smaller batches beat large ones
+    /// ([`ModelMemory::efficient_batch`]).
+    pub efficient_batch: Option<i64>,
+}
+
+impl SegmentCost {
+    /// Bytes a run of `n` samples reserves.
+    pub fn run_bytes(&self, n: u64) -> u64 {
+        self.workspace
+            .saturating_add(self.per_sample.saturating_mul(n))
+    }
+}
+
+impl ModelMemory {
+    /// The batch size at which layers `range` cost the least time per sample on this device,
+    /// among those measured. Larger batches are not always cheaper: on a CPU, the early layers
+    /// of a network with large activations run slower per sample once a batch's activations
+    /// outgrow the caches. `None` when the largest measured batch is the cheapest (bigger is
+    /// presumably as good).
+    pub fn efficient_batch(&self, range: Range<usize>) -> Option<i64> {
+        let layers = &self.layers[range];
+        let cost = |k: usize| -> f64 {
+            layers
+                .iter()
+                .map(|l| l.seconds_per_sample.get(k).copied().unwrap_or(f64::NAN))
+                .sum()
+        };
+        let best = (0..self.time_batches.len())
+            .filter(|&k| cost(k).is_finite())
+            .min_by(|&a, &b| cost(a).total_cmp(&cost(b)))?;
+        (best + 1 < self.time_batches.len()).then(|| self.time_batches[best])
+    }
+
+    pub fn weights(&self) -> u64 {
+        self.layers.iter().map(|l| l.weights_bytes).sum()
+    }
+
+    /// The cost of layers `range` (which the caller has checked against the model).
+    pub fn segment(&self, range: Range<usize>) -> SegmentCost {
+        let layers = &self.layers[range.clone()];
+        let input = layers.first().map_or(0, |l| l.input_bytes_per_sample);
+        let output = layers.last().map_or(0, |l| l.output_bytes_per_sample);
+        let working = layers
+            .iter()
+            .enumerate()
+            .map(|(k, l)| {
+                // The first layer's input is the caller's, already counted.
+                let own_input = if k == 0 { 0 } else { l.input_bytes_per_sample };
+                own_input + l.per_sample_bytes
+            })
+            .max()
+            .unwrap_or(0);
+        SegmentCost {
+            weights: layers.iter().map(|l| l.weights_bytes).sum(),
+            workspace: layers.iter().map(|l| l.workspace_bytes).max().unwrap_or(0),
+            per_sample: input + working + output,
+            efficient_batch: self.efficient_batch(range),
+        }
+    }
+}
+
+fn elements(shape: &[i64]) -> u64 {
+    shape
+        .iter()
+        .map(|&d| u64::try_from(d).unwrap_or(0))
+        .product()
+}
+
+/// Measures (CPU) or bounds (CUDA) every layer of `pkg`.
+pub fn measure(pkg: &ModelPackage) -> Result<ModelMemory, String> {
+    let started = Instant::now();
+    let cpu = pkg.device() == Device::Cpu && rss::available();
+    let (small, large) = MEASURE_BATCHES;
+    let mut layers = Vec::with_capacity(pkg.num_layers());
+    // Each layer gets the previous layer's real output as input, at both batch sizes.
+    let input = |b: i64| {
+        let shape: Vec<i64> = std::iter::once(b)
+            .chain(pkg.manifest().input.shape.iter().copied())
+            .collect();
+        Tensor::randn(shape.as_slice(), (Kind::Float, pkg.device()))
+    };
+    tch::manual_seed(0);
+    let (mut x1, mut xs, mut xl) = (input(1), input(small), input(large));
+    for (i, layer) in pkg.manifest().layers.iter().enumerate() {
+        let in_bytes = 4 * elements(&layer.input_shape);
+        let out_bytes = layer.output_bytes_per_sample();
+        let weights_bytes = 4 * layer.params;
+        // Times with the allocator as it serves requests; memory with exact accounting.
+        let (t1, _) = timed(pkg, i, &x1)?;
+        let (ts, ys) = timed(pkg, i, &xs)?;
+        let (tl, yl) = timed(pkg, i, &xl)?;
+        let (measured, workspace) = if cpu {
+            let (gs, gl) =
+                rss::exact(|| Ok::<_, String>((growth(pkg, i, &xs)?, growth(pkg, i, &xl)?)))?;
+            let slope = gl.saturating_sub(gs) / (large - small) as u64;
+            (slope, gs.saturating_sub(slope * small as u64))
+        } else {
+            (0, 0)
+        };
+        let x1_next = ys.narrow(0, 0, 1);
+        let bound = if cpu { out_bytes } else { 2 * out_bytes };
+        layers.push(LayerMemory {
+            index: i,
+            name: layer.name.clone(),
+            weights_bytes,
+            input_bytes_per_sample: in_bytes,
+            output_bytes_per_sample: out_bytes,
+            per_sample_bytes: measured.max(bound),
+            workspace_bytes: workspace,
+            measured_per_sample_bytes: measured,
+            seconds_per_sample: vec![t1, ts / small as f64, tl / large as f64],
+        });
+        (x1, xs, xl) = (x1_next, ys, yl);
+    }
+    Ok(ModelMemory {
+        model: pkg.name().to_string(),
+        method: if cpu { "rss-peak" } else { "activation-bound" }.into(),
+        batches: [small, large],
+        time_batches: vec![1, small, large],
+        seconds: started.elapsed().as_secs_f64(),
+        layers,
+    })
+}
+
+/// Median forward time of layer `i` on `x` after a warm-up, and the output.
+fn timed(pkg: &ModelPackage, i: usize, x: &Tensor) -> Result<(f64, Tensor), String> {
+    let run = || {
+        let y = pkg.run(i..i + 1, x).map_err(|e| e.to_string());
+        hapi_model::device::synchronize(pkg.device());
+        y
+    };
+    drop(run()?);
+    let mut times = Vec::with_capacity(MEASURE_REPS);
+    let mut y = None;
+    for _ in 0..MEASURE_REPS {
+        drop(y.take());
+        let started = Instant::now();
+        let out = run()?;
+        times.push(started.elapsed().as_secs_f64());
+        y = Some(out);
+    }
+    times.sort_by(f64::total_cmp);
+    Ok((times[times.len() / 2], y.expect("at least one repetition")))
+}
+
+/// Median peak growth of the resident set while layer `i` runs on `x`, the input already
+/// allocated and the output kept.
+fn growth(pkg: &ModelPackage, i: usize, x: &Tensor) -> Result<u64, String> {
+    let run = || pkg.run(i..i + 1, x).map_err(|e| e.to_string());
+    drop(run()?); // warm-up: one-off allocations (weight packing) are not per call
+    let mut grown = Vec::with_capacity(MEASURE_REPS);
+    for _ in 0..MEASURE_REPS {
+        rss::reset_peak();
+        let base = rss::current();
+        let out = run()?;
+        grown.push(rss::peak().saturating_sub(base));
+        drop(out);
+    }
+    grown.sort_unstable();
+    Ok(grown[grown.len() / 2])
+}
+
+/// The process's resident set, from `/proc/self/status` (Linux).
+pub mod rss {
+    fn field(name: &str) -> Option<u64> {
+        let status = std::fs::read_to_string("/proc/self/status").ok()?;
+        let line = status.lines().find(|l| l.starts_with(name))?;
+        let kb: u64 = line[name.len()..]
+            .trim()
+            .trim_end_matches("kB")
+            .trim()
+            .parse()
+            .ok()?;
+        Some(kb * 1024)
+    }
+
+    /// Current resident set size in bytes (0 where unknown).
+    pub fn current() -> u64 {
+        field("VmRSS:").unwrap_or(0)
+    }
+
+    /// Peak resident set size since start or the last [`reset_peak`].
+    pub fn peak() -> u64 {
+        field("VmHWM:").unwrap_or(0)
+    }
+
+    /// Resets the peak to the current resident set.
+    pub fn reset_peak() {
+        let _ = std::fs::write("/proc/self/clear_refs", "5");
+    }
+
+    /// Whether peaks can be measured here: the files exist and the reset takes effect.
+    pub fn available() -> bool {
+        current() > 0 && std::fs::write("/proc/self/clear_refs", "5").is_ok()
+    }
+
+    /// Runs `f` with exact accounting: glibc serves blocks above its mmap threshold with their
+    /// own mappings, returned to the kernel when freed, but raises the threshold as such blocks
+    /// are freed, after which big tensors come from, and stay in, the heap, and the resident set
+    /// no longer follows what is allocated. A low fixed threshold makes it follow; afterwards
+    /// the threshold is set to glibc's own ceiling for it (32 MiB), where the dynamic rule
+    /// ends up anyway, since mapping and faulting in every large tensor would slow inference
+    /// several times. Measurements are serialised.
+    pub fn exact<T>(f: impl FnOnce() -> T) -> T {
+        static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        let _one = ONE
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        set_mmap_threshold(256 << 10);
+        let out = f();
+        set_mmap_threshold(32 << 20);
+        out
+    }
+
+    fn set_mmap_threshold(bytes: i32) {
+        #[cfg(all(target_os = "linux", target_env = "gnu"))]
+        // SAFETY: mallopt only changes allocator tuning; any value is valid.
+        unsafe {
+            libc::mallopt(libc::M_MMAP_THRESHOLD, bytes);
+        }
+        #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+        let _ = bytes;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn layer(i: usize, inp: u64, out: u64, per: u64, ws: u64, w: u64) -> LayerMemory {
+        LayerMemory {
+            index: i,
+            name: format!("l{i}"),
+            weights_bytes: w,
+            input_bytes_per_sample: inp,
+            output_bytes_per_sample: out,
+            per_sample_bytes: per,
+            workspace_bytes: ws,
+            measured_per_sample_bytes: per,
+            seconds_per_sample: vec![1.0, 0.5, 0.6],
+        }
+    }
+
+    #[test]
+    fn segment_cost_holds_input_largest_working_set_and_output() {
+        let m = ModelMemory {
+            model: "m".into(),
+            method: "rss-peak".into(),
+            batches: [4, 16],
+            time_batches: vec![1, 4, 16],
+            seconds: 0.0,
+            layers: vec![
+                layer(0, 100, 400, 500, 10, 1000),
+                layer(1, 400, 50, 60, 30, 2000),
+                layer(2, 50, 20, 20, 0, 4000),
+            ],
+        };
+        // [0, 3): input 100 + max(500, 400 + 60, 50 + 20) + output 20.
+        assert_eq!(
+            m.segment(0..3),
+            SegmentCost {
+                weights: 7000,
+                workspace: 30,
+                per_sample: 620,
+                efficient_batch: Some(4),
+            }
+        );
+        // [1, 3): input 400 + max(60, 50 + 20) + output 20.
+        assert_eq!(m.segment(1..3).per_sample, 490);
+        assert_eq!(m.segment(1..3).run_bytes(10), 30 + 4900);
+        assert_eq!(m.weights(), 7000);
+        // 3 layers: 3.0 s per sample at batch 1, 1.5 at 4, 1.8 at 16.
+        assert_eq!(m.efficient_batch(0..3), Some(4));
+        let mut m = m;
+        for l in &mut m.layers {
+            l.seconds_per_sample = vec![1.0, 0.5, 0.4];
+        }
+        assert_eq!(
+            m.efficient_batch(0..3),
+            None,
+            "the largest measured batch is best"
+        );
+    }
+
+    #[test]
+    fn peaks_are_measurable_here() {
+        assert!(rss::available(), "/proc/self/status and clear_refs");
+        rss::exact(|| {
+            for _ in 0..3 {
+                // Freed and allocated again: each time the resident set grows by the block.
+                rss::reset_peak();
+                let base = rss::current();
+                let v = vec![1u8; 8 << 20];
+                let grown = rss::peak().saturating_sub(base);
+                drop(v);
+                assert!(grown >= 7 << 20, "peak grew {grown} bytes for 8 MiB");
+            }
+        });
+    }
+}

@@ -1,0 +1,239 @@
+//! The device under load: the memory model, storage batch adaptation, pooling across tenants,
+//! and admission control, through real HTTP invocations of the real guest.
+//!
+//! The tests in this file run one at a time: the memory model is measured from the process's
+//! resident set, which a concurrently running host would disturb.
+
+mod common;
+
+use common::{
+    SAMPLES, TestHost, features, sample_key, start_tenants, tenant_token, tenants_policy,
+};
+use hapi_host::memory::{ModelMemory, SegmentCost};
+use serde_json::{Value, json};
+use std::sync::OnceLock;
+use tokio::sync::Mutex;
+
+fn serial() -> &'static Mutex<()> {
+    static M: OnceLock<Mutex<()>> = OnceLock::new();
+    M.get_or_init(|| Mutex::new(()))
+}
+
+const MODEL: &str = "efficientnet_lite0";
+const SPLIT: usize = 7;
+const TENANTS: usize = 8;
+/// Images per request: a "full-size" request.
+const FULL: usize = 24;
+
+fn token(t: usize) -> String {
+    tenant_token(t)
+}
+
+async fn start(host: &str) -> TestHost {
+    start_tenants(|store, state| {
+        tenants_policy(store, state, host, TENANTS, &[MODEL], |_| {
+            "concurrency = 2".into()
+        })
+    })
+    .await
+}
+
+/// Tenant `t`'s request: `n` images, a different rotation of the samples for each tenant.
+fn body(t: usize, n: usize) -> Value {
+    let keys: Vec<String> = (0..n)
+        .map(|i| sample_key(SAMPLES[(t + i) % SAMPLES.len()]))
+        .collect();
+    json!({"bucket": "datasets", "keys": keys, "model": MODEL, "split": SPLIT})
+}
+
+/// Every tenant invokes at once; the responses in tenant order.
+async fn all_at_once(h: &TestHost, n: usize) -> Vec<reqwest::Response> {
+    let calls = (0..TENANTS)
+        .map(|t| async move { h.invoke(&token(t), "feature-extract", body(t, n)).await });
+    futures::future::join_all(calls).await
+}
+
+async fn memory_model(h: &TestHost) -> ModelMemory {
+    let profile: Value = h
+        .client
+        .get(format!("{}/v1/models/{MODEL}/profile", h.url))
+        .bearer_auth(token(0))
+        .send()
+        .await
+        .expect("profile")
+        .json()
+        .await
+        .expect("profile JSON");
+    serde_json::from_value(profile["memory"].clone()).expect("memory model")
+}
+
+async fn metric(h: &TestHost, name: &str) -> f64 {
+    let text = h
+        .client
+        .get(format!("{}/metrics", h.url))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("no metric {name} in\n{text}"))
+}
+
+fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+/// Budget that fits the weights and exactly two full-size requests (plus half a request).
+fn budget_for_two(m: &ModelMemory) -> (u64, SegmentCost) {
+    let cost = m.segment(0..SPLIT);
+    let full = cost.run_bytes(FULL as u64);
+    (m.weights() + 2 * full + full / 2, cost)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_profile_reports_a_measured_memory_model() {
+    let _one = serial().lock().await;
+    let h = start("").await;
+    let m = memory_model(&h).await;
+    let manifest = h.host.runtime().models().manifest(MODEL).expect("manifest");
+    assert_eq!(m.method, "rss-peak");
+    assert_eq!(m.layers.len(), manifest.layers.len());
+    for (l, spec) in m.layers.iter().zip(&manifest.layers) {
+        assert_eq!(l.weights_bytes, 4 * spec.params, "{}", l.name);
+        assert_eq!(l.output_bytes_per_sample, spec.output_bytes_per_sample());
+        // Never below the activation-pair bound: the output exists while the layer runs.
+        assert!(l.per_sample_bytes >= l.output_bytes_per_sample, "{l:?}");
+    }
+    // The inverted-residual block after the stem expands 16 channels to 96 at 112x112: what it
+    // allocates inside is several times its 784 KB output, and the measurement sees it.
+    let b1 = &m.layers[4];
+    assert_eq!(b1.name, "blocks.1");
+    assert!(
+        b1.measured_per_sample_bytes > 3 * b1.output_bytes_per_sample,
+        "blocks.1 measured {} bytes per sample, output {}",
+        b1.measured_per_sample_bytes,
+        b1.output_bytes_per_sample
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn pooled_and_adapted_features_equal_whole_unpooled_ones_for_eight_tenants() {
+    let _one = serial().lock().await;
+    let reference = start("pool = false\nadapt_batch = false").await;
+    let mut expected = Vec::new();
+    for resp in all_at_once(&reference, 10).await {
+        expected.push(features(resp).await);
+    }
+    let m = memory_model(&reference).await;
+    drop(reference);
+    // Room for about 3 samples at a time, and batches of at most 5: every call is cut into
+    // sub-batches, and batches mix tenants.
+    let cost = m.segment(0..SPLIT);
+    let budget = m.weights() + cost.run_bytes(3) + cost.per_sample / 2;
+    let h = start(&format!(
+        "pool = true\nadapt_batch = true\nmax_batch = 5\nbatch_window = \"20ms\"\nmemory_budget = \"{budget}B\""
+    ))
+    .await;
+    for (t, resp) in all_at_once(&h, 10).await.into_iter().enumerate() {
+        let (shape, values) = features(resp).await;
+        assert_eq!(shape, expected[t].0, "tenant {t}");
+        let d = max_abs_diff(&values, &expected[t].1);
+        assert!(d <= 1e-5, "tenant {t}: max abs difference {d}");
+    }
+    let snap = h.host.device().snapshot();
+    assert!(snap.largest_batch <= 5, "{snap:?}");
+    assert!(snap.batches >= (TENANTS * 10 / 5) as u64, "{snap:?}");
+    assert!(snap.peak_bytes <= budget, "{snap:?} over budget {budget}");
+    let mixed = metric(&h, "hapi_device_batch_samples_total").await;
+    assert!(mixed >= (TENANTS * 10) as f64);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_budget_for_two_full_requests_serves_eight_tenants_only_with_adaptation() {
+    let _one = serial().lock().await;
+    let probe = start("").await;
+    let (budget, _) = budget_for_two(&memory_model(&probe).await);
+    drop(probe);
+
+    // Adaptation off: calls run whole, and those that do not fit are refused (503).
+    let off = start(&format!(
+        "pool = false\nadapt_batch = false\nmemory_budget = \"{budget}B\""
+    ))
+    .await;
+    let m_off = memory_model(&off).await;
+    let cost = m_off.segment(0..SPLIT);
+    let fit = (budget - m_off.weights()) / cost.run_bytes(FULL as u64);
+    let (mut ok_off, mut refused) = (0, 0);
+    for resp in all_at_once(&off, FULL).await {
+        match resp.status().as_u16() {
+            200 => ok_off += 1,
+            503 => {
+                assert_eq!(resp.headers().get("retry-after").expect("Retry-After"), "1");
+                let body: Value = resp.json().await.expect("JSON");
+                assert_eq!(body["code"], "device_busy", "{body}");
+                refused += 1;
+            }
+            other => panic!(
+                "adaptation off: {other}: {}",
+                resp.text().await.unwrap_or_default()
+            ),
+        }
+    }
+    let peak_off = metric(&off, "hapi_device_calls_peak").await;
+    let snap_off = off.host.device().snapshot();
+    drop(off);
+    assert!(refused >= 1, "{ok_off} served, none refused");
+    assert!(peak_off <= fit as f64, "{peak_off} at once, {fit} fit");
+    assert!(snap_off.peak_bytes <= budget);
+
+    // Adaptation on (and pooling): everyone is served, within the same budget.
+    let on = start(&format!("memory_budget = \"{budget}B\"")).await;
+    for (t, resp) in all_at_once(&on, FULL).await.into_iter().enumerate() {
+        let (shape, _) = features(resp).await;
+        assert_eq!(shape[0], FULL, "tenant {t}");
+    }
+    let peak_on = metric(&on, "hapi_device_calls_peak").await;
+    let snap_on = on.host.device().snapshot();
+    assert!(snap_on.peak_bytes <= budget, "{snap_on:?}");
+    eprintln!(
+        "budget {budget} B fits {fit} full requests of {FULL}: adaptation off served {ok_off}/{TENANTS} \
+         ({refused} refused), at most {peak_off} at once; adaptation on served {TENANTS}/{TENANTS}, \
+         {peak_on} at once; ratio {:.1}",
+        peak_on / peak_off.max(1.0)
+    );
+    assert!(
+        peak_on >= 2.0 * peak_off,
+        "on: {peak_on} at once, off: {peak_off}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_request_too_large_for_the_budget_is_refused_without_adaptation_and_served_with_it() {
+    let _one = serial().lock().await;
+    let probe = start("").await;
+    let m = memory_model(&probe).await;
+    drop(probe);
+    let cost = m.segment(0..SPLIT);
+    // Fits 4 samples at a time; the request has 12.
+    let budget = m.weights() + cost.run_bytes(4);
+    let off = start(&format!(
+        "adapt_batch = false\nmemory_budget = \"{budget}B\""
+    ))
+    .await;
+    let resp = off.invoke(&token(0), "feature-extract", body(0, 12)).await;
+    let (code, message) = common::error_code(resp, 422).await;
+    assert_eq!(code, "does_not_fit_device", "{message}");
+    assert!(message.contains("12 samples"), "{message}");
+    drop(off);
+    let on = start(&format!("memory_budget = \"{budget}B\"")).await;
+    let (shape, _) = features(on.invoke(&token(0), "feature-extract", body(0, 12)).await).await;
+    assert_eq!(shape[0], 12);
+    assert!(on.host.device().snapshot().largest_batch <= 4);
+}

@@ -123,6 +123,22 @@ pub struct HostProfile {
     pub device: String,
     pub batch: i64,
     pub layers: Vec<LayerProfile>,
+    /// The host's device model: per layer, time per sample at several batch sizes (hosts
+    /// that do not send it are planned from `layers` alone).
+    #[serde(default)]
+    pub memory: Option<HostDeviceModel>,
+}
+
+/// The part of the host's memory model the planner uses.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+pub struct HostDeviceModel {
+    pub time_batches: Vec<i64>,
+    pub layers: Vec<HostLayerTimes>,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+pub struct HostLayerTimes {
+    pub seconds_per_sample: Vec<f64>,
 }
 
 #[derive(Deserialize)]

@@ -120,7 +120,27 @@ pub struct PlanReport {
     pub probe_s: f64,
     pub costs: Costs,
     pub estimates: Vec<Estimate>,
+    /// The model's best candidates, each run for real (without training) before choosing.
+    #[serde(default)]
+    pub probes: Vec<Probe>,
 }
+
+/// A candidate split run for [`PROBE_ITERATIONS`] iterations without training.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
+pub struct Probe {
+    pub split: Split,
+    /// Measured per iteration (compute: the frozen layers run here, plus the head's step).
+    pub storage_s: f64,
+    pub compute_s: f64,
+    /// The epoch these stage times give (the planner's pipeline formula).
+    pub epoch_s: f64,
+    pub predicted: Estimate,
+}
+
+/// Candidates the planner runs for real before choosing.
+pub const PROBE_CANDIDATES: usize = 3;
+/// Iterations per probed candidate (the second overlaps the first, as in training).
+pub const PROBE_ITERATIONS: usize = 2;
 
 /// What a job writes to `--out`.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -419,6 +439,25 @@ impl Job {
                 .iter()
                 .map(|l| l.seconds_per_sample)
                 .collect(),
+            host_curve: host_profile
+                .memory
+                .as_ref()
+                .map(|m| {
+                    m.time_batches
+                        .iter()
+                        .enumerate()
+                        .map(|(k, &b)| {
+                            let t = m
+                                .layers
+                                .iter()
+                                .map(|l| l.seconds_per_sample.get(k).copied().unwrap_or(f64::NAN))
+                                .collect();
+                            (b, t)
+                        })
+                        .filter(|(_, t): &(i64, Vec<f64>)| t.iter().all(|v| v.is_finite()))
+                        .collect()
+                })
+                .unwrap_or_default(),
             latency,
             bandwidth,
             bytes_at: self.bytes_at(),
@@ -445,13 +484,65 @@ impl Job {
             storage_scale: 1.0,
             compute_scale: 1.0,
         };
-        let chosen = costs.choose();
+        let mut costs = costs;
+        let probes = self.probe(&costs)?;
+        let chosen = match probes.iter().min_by(|a, b| a.epoch_s.total_cmp(&b.epoch_s)) {
+            Some(best) => {
+                // Calibrate the model on the chosen split, so that re-planning starts from what
+                // was measured there.
+                costs.storage_scale = best.storage_s / best.predicted.storage.max(1e-9);
+                costs.compute_scale = best.compute_s / best.predicted.compute.max(1e-9);
+                best.split
+            }
+            None => costs.choose().split,
+        };
         Ok(PlanReport {
-            chosen: chosen.split,
+            chosen,
             probe_s: started.elapsed().as_secs_f64(),
             estimates: costs.estimates(),
             costs,
+            probes,
         })
+    }
+
+    /// Runs the model's best few splits for real, without training: the same first batches
+    /// through the real pipeline (requests in flight, prefetching), so that the choice among
+    /// close candidates rests on measurements rather than on the model's error, which can
+    /// exceed their differences.
+    fn probe(&mut self, costs: &Costs) -> anyhow::Result<Vec<Probe>> {
+        let mut ranked: Vec<Estimate> = costs.estimates().into_iter().filter(|e| e.fits).collect();
+        ranked.sort_by(|a, b| a.epoch.total_cmp(&b.epoch));
+        let batch: Vec<Sample> = self
+            .data
+            .train
+            .iter()
+            .take(self.cfg.batch)
+            .cloned()
+            .collect();
+        if batch.is_empty() {
+            return Ok(Vec::new());
+        }
+        let n = costs.iterations.max(1) as f64;
+        let pb = ProgressBar::hidden();
+        let mut probes = Vec::new();
+        for e in ranked.into_iter().take(PROBE_CANDIDATES) {
+            let (times, _, _) = self.feed(
+                e.split,
+                vec![batch.clone(); PROBE_ITERATIONS],
+                &pb,
+                |_, _, _| Ok(()),
+            )?;
+            let storage = times.mean_storage();
+            let compute = times.mean_compute() + costs.head_step;
+            probes.push(Probe {
+                split: e.split,
+                storage_s: storage,
+                compute_s: compute,
+                epoch_s: storage + storage.max(compute) * (n - 1.0) + compute,
+                predicted: e,
+            });
+        }
+        Ok(probes)
     }
 
     /// One training step of a throw-away copy of the head on random features.
@@ -936,6 +1027,26 @@ pub fn print_plan(p: &PlanReport) {
             mb,
             if e.fits { "yes" } else { "no" },
             if e.split == p.chosen {
+                "  <- chosen"
+            } else {
+                ""
+            },
+        );
+    }
+    print_probes(p);
+}
+
+fn print_probes(p: &PlanReport) {
+    for probe in &p.probes {
+        eprintln!(
+            "  probe {:>5}: storage {} ms/it, compute {} ms/it (predicted {} / {}), epoch {:.2} s{}",
+            probe.split.to_string(),
+            ms(probe.storage_s),
+            ms(probe.compute_s),
+            ms(probe.predicted.storage),
+            ms(probe.predicted.compute),
+            probe.epoch_s,
+            if probe.split == p.chosen {
                 "  <- chosen"
             } else {
                 ""

@@ -59,6 +59,11 @@ pub struct Costs {
     /// Storage tier, per sample: decoding in the guest, and each layer (host profile).
     pub host_decode: f64,
     pub host_layer: Vec<f64>,
+    /// The host's per-layer time per sample at other batch sizes: (batch, per layer). The host
+    /// runs a segment in sub-batches of the size that is fastest for it, up to what the
+    /// requests in flight bring, so the storage work is the cheapest of these.
+    #[serde(default)]
+    pub host_curve: Vec<(i64, Vec<f64>)>,
     /// Per request: HTTP round trip beyond transfer and server time.
     pub latency: f64,
     /// Storage -> compute bytes per second, measured from real transfers.
@@ -106,11 +111,22 @@ impl Costs {
         self.batch.div_ceil(self.request_size.max(1))
     }
 
+    /// The host's time per sample for layers [0, s).
+    fn host_work(&self, s: usize) -> f64 {
+        let most = (self.request_size * self.in_flight).max(1) as i64;
+        self.host_curve
+            .iter()
+            .filter(|(b, t)| *b <= most && t.len() >= s)
+            .map(|(_, t)| t[..s].iter().sum::<f64>())
+            .min_by(f64::total_cmp)
+            .unwrap_or_else(|| self.host_layer[..s].iter().sum())
+    }
+
     pub fn estimate(&self, split: Split) -> Estimate {
         let b = self.batch as f64;
         let (storage, compute, memory) = match split {
             Split::At(s) => {
-                let work = b * (self.host_decode + self.host_layer[..s].iter().sum::<f64>());
+                let work = b * (self.host_decode + self.host_work(s));
                 let bytes = b * self.bytes_at[s] as f64;
                 let net = bytes / self.bandwidth.max(1.0);
                 // Requests go out in waves of `in_flight`. The requests of a wave share the
@@ -231,6 +247,7 @@ mod tests {
             in_flight: 4,
             host_decode: 0.002,
             host_layer: vec![0.01, 0.01, 0.01, 0.001],
+            host_curve: Vec::new(),
             latency: 0.001,
             bandwidth,
             bytes_at: vec![600_000, 800_000, 4_000, 50_000],
@@ -278,6 +295,22 @@ mod tests {
         let (w, n) = (work / 4.0, net / 4.0);
         assert!((four - (w + 3.0 * w.max(n) + n)).abs() < 1e-9);
         assert!(four < one);
+    }
+
+    #[test]
+    fn the_host_work_is_its_fastest_batch_within_what_is_in_flight() {
+        let mut c = costs(1e9);
+        let flat = c.estimate(Split::At(3)).storage;
+        // Batch 4 is the host's fastest, batch 64 would be faster still but never happens
+        // with 8 keys x 4 requests in flight.
+        c.host_curve = vec![
+            (1, vec![0.01, 0.01, 0.01, 0.001]),
+            (4, vec![0.005, 0.005, 0.005, 0.001]),
+            (64, vec![0.001, 0.001, 0.001, 0.001]),
+        ];
+        let curved = c.estimate(Split::At(3)).storage;
+        let b = c.batch as f64;
+        assert!((flat - curved - b * 0.015).abs() < 1e-9, "{flat} {curved}");
     }
 
     #[test]

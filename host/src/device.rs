@@ -303,8 +303,10 @@ pub struct Pending {
 /// Fills one batch of at most `cap` samples by weighted round robin: each round gives every
 /// tenant with work a quantum proportional to its weight (its share of `cap`), taken from its
 /// oldest calls; rounds repeat until the batch is full or the work is gone. With `whole`, a call
-/// is only taken entirely (a quantum too small for it carries over to the next round).
-pub fn fill(pending: &[Pending], cap: i64, whole: bool) -> Vec<Slice> {
+/// is only taken entirely (a quantum too small for it carries over to the next round). With an
+/// `allowance`, a tenant takes at most `weight * allowance` samples of this batch (in `whole`
+/// mode, at least its oldest call), which keeps batches short while other tenants are active.
+pub fn fill(pending: &[Pending], cap: i64, whole: bool, allowance: Option<i64>) -> Vec<Slice> {
     let weights: i64 = pending
         .iter()
         .filter(|p| !p.calls.is_empty())
@@ -317,31 +319,45 @@ pub fn fill(pending: &[Pending], cap: i64, whole: bool) -> Vec<Slice> {
     let mut left: Vec<Vec<i64>> = pending.iter().map(|p| p.calls.clone()).collect();
     let mut next = vec![0usize; pending.len()];
     let mut deficit = vec![0i64; pending.len()];
+    let mut taken = vec![0i64; pending.len()];
+    let limit = |t: usize| allowance.map_or(i64::MAX, |a| a * i64::from(pending[t].weight.max(1)));
     let mut room = cap;
     let mut out: Vec<Slice> = Vec::new();
+    // Whether tenant t may still add its next call (or part of it) to this batch.
+    let open = |t: usize, next: &[usize], left: &[Vec<i64>], taken: &[i64], room: i64| {
+        if next[t] >= left[t].len() || room == 0 {
+            return false;
+        }
+        let want = left[t][next[t]];
+        let allowed =
+            taken[t] < limit(t) && (!whole || taken[t] == 0 || taken[t] + want <= limit(t));
+        allowed && (!whole || want <= room)
+    };
     loop {
         let mut progressed = false;
         for (t, p) in pending.iter().enumerate() {
-            if room == 0 {
-                return out;
-            }
-            if next[t] >= left[t].len() {
+            if !open(t, &next, &left, &taken, room) {
                 continue;
             }
             deficit[t] += i64::from(p.weight.max(1)) * per_weight;
-            while next[t] < left[t].len() && deficit[t] > 0 && room > 0 {
+            while open(t, &next, &left, &taken, room) && deficit[t] > 0 {
                 let c = next[t];
                 let want = left[t][c];
                 let take = if whole {
-                    if want > deficit[t] || want > room {
+                    if want > deficit[t] && taken[t] > 0 {
+                        break;
+                    }
+                    if want > deficit[t] {
+                        // Carry the quantum over, unless the allowance will never let it grow.
                         break;
                     }
                     want
                 } else {
-                    want.min(deficit[t]).min(room)
+                    want.min(deficit[t]).min(room).min(limit(t) - taken[t])
                 };
                 deficit[t] -= take;
                 room -= take;
+                taken[t] += take;
                 left[t][c] -= take;
                 progressed = true;
                 match out.last_mut() {
@@ -357,11 +373,8 @@ pub fn fill(pending: &[Pending], cap: i64, whole: bool) -> Vec<Slice> {
                 }
             }
         }
-        let blocked = pending
-            .iter()
-            .enumerate()
-            .all(|(t, _)| next[t] >= left[t].len() || (whole && left[t][next[t]] > room));
-        if blocked || (!progressed && !whole) {
+        let any_open = (0..pending.len()).any(|t| open(t, &next, &left, &taken, room));
+        if !any_open || (!progressed && !whole) {
             return out;
         }
     }
@@ -744,8 +757,14 @@ struct Dispatcher {
     queues: BTreeMap<Arc<str>, VecDeque<u64>>,
     /// Tenants in the order they get to lead the next batch.
     turn: VecDeque<Arc<str>>,
+    /// Per tenant: when it last had a call arrive or finish, and that call's size.
+    seen: HashMap<Arc<str>, (Instant, i64)>,
     next_id: u64,
 }
+
+/// A tenant with a call that arrived or finished this recently counts as active: a closed-loop
+/// client's next call is usually on its way (decoding in the guest).
+pub const ACTIVE_FOR: Duration = Duration::from_millis(100);
 
 impl Dispatcher {
     fn run(mut self, device: &std::sync::Weak<Device>) {
@@ -790,9 +809,35 @@ impl Dispatcher {
                 self.turn.push_back(Arc::clone(&call.tenant));
             }
             queue.push_back(id);
+            self.seen
+                .insert(Arc::clone(&call.tenant), (Instant::now(), call.n));
             self.calls.insert(id, call);
         }
         true
+    }
+
+    /// While several tenants are active, each may put at most this many samples (per unit of
+    /// weight) into a batch: the lower median of the active tenants' recent call sizes. A
+    /// tenant flooding the host then cannot make the batches, which nobody can interrupt, long
+    /// for a tenant with small calls; alone, a tenant fills the batch.
+    fn allowance(&mut self) -> Option<i64> {
+        let now = Instant::now();
+        self.seen
+            .retain(|_, (at, _)| now.duration_since(*at) < 10 * ACTIVE_FOR);
+        let mut sizes: Vec<i64> = self
+            .seen
+            .iter()
+            .filter(|(t, (at, _))| {
+                now.duration_since(*at) < ACTIVE_FOR
+                    || self.queues.get(*t).is_some_and(|q| !q.is_empty())
+            })
+            .map(|(_, (_, n))| (*n).max(1))
+            .collect();
+        if sizes.len() < 2 {
+            return None;
+        }
+        sizes.sort_unstable();
+        Some(sizes[(sizes.len() - 1) / 2])
     }
 
     fn refuse_all(&mut self, why: &str) {
@@ -872,7 +917,7 @@ impl Dispatcher {
             // Not even one sample fits (other work holds the memory): wait for it.
             return Some(Duration::from_millis(1));
         }
-        let slices = fill(&pending, cap, !config.adapt);
+        let slices = fill(&pending, cap, !config.adapt, self.allowance());
         self.turn.rotate_left(1);
         if !slices.iter().any(|s| s.tenant == 0) {
             // Adaptation off and the leader's oldest call is larger than this batch's room:
@@ -949,6 +994,8 @@ impl Dispatcher {
                     c.device += took.mul_f64(*n as f64 / size as f64);
                     if c.done == c.n {
                         let c = self.remove(*id);
+                        self.seen
+                            .insert(Arc::clone(&c.tenant), (Instant::now(), c.n));
                         let output = if c.parts.len() == 1 {
                             c.parts.into_iter().next().expect("one part")
                         } else {
@@ -1004,18 +1051,49 @@ mod tests {
     #[test]
     fn a_light_tenant_gets_its_share_of_a_batch_next_to_a_flood() {
         // A heavy tenant with four calls of 8 and a light one with one call of 4; batch of 16.
-        let s = fill(&[p(1, &[8, 8, 8, 8]), p(1, &[4])], 16, false);
+        let s = fill(&[p(1, &[8, 8, 8, 8]), p(1, &[4])], 16, false, None);
         let light: i64 = s.iter().filter(|s| s.tenant == 1).map(|s| s.take).sum();
         let heavy: i64 = s.iter().filter(|s| s.tenant == 0).map(|s| s.take).sum();
         assert_eq!((light, heavy), (4, 12), "{s:?}");
         // Alone, the heavy tenant fills the batch (work-conserving).
-        let s = fill(&[p(1, &[8, 8, 8, 8])], 16, false);
+        let s = fill(&[p(1, &[8, 8, 8, 8])], 16, false, None);
         assert_eq!(s.iter().map(|s| s.take).sum::<i64>(), 16);
     }
 
     #[test]
+    fn while_others_are_active_each_tenant_gets_its_allowance() {
+        // Allowance 4 per weight: the flood adds 4 samples next to the light tenant's 4.
+        let s = fill(&[p(1, &[8, 8, 8, 8]), p(1, &[4])], 32, false, Some(4));
+        let took = |t: usize| {
+            s.iter()
+                .filter(|s| s.tenant == t)
+                .map(|s| s.take)
+                .sum::<i64>()
+        };
+        assert_eq!((took(0), took(1)), (4, 4), "{s:?}");
+        // Weight 2: twice the allowance.
+        let s = fill(&[p(2, &[8, 8, 8, 8]), p(1, &[4])], 32, false, Some(4));
+        let took = |t: usize| {
+            s.iter()
+                .filter(|s| s.tenant == t)
+                .map(|s| s.take)
+                .sum::<i64>()
+        };
+        assert_eq!((took(0), took(1)), (8, 4), "{s:?}");
+        // Whole calls: a call larger than the allowance still goes in, alone for its tenant.
+        let s = fill(&[p(1, &[8, 8]), p(1, &[2])], 32, true, Some(4));
+        let took = |t: usize| {
+            s.iter()
+                .filter(|s| s.tenant == t)
+                .map(|s| s.take)
+                .sum::<i64>()
+        };
+        assert_eq!((took(0), took(1)), (8, 2), "{s:?}");
+    }
+
+    #[test]
     fn weights_divide_a_full_batch() {
-        let s = fill(&[p(3, &[100]), p(1, &[100])], 32, false);
+        let s = fill(&[p(3, &[100]), p(1, &[100])], 32, false, None);
         assert_eq!(
             s,
             vec![
@@ -1036,20 +1114,20 @@ mod tests {
     #[test]
     fn calls_are_split_only_with_adaptation() {
         // Adaptation off: whole calls only; a 20-sample call waits for a batch with room.
-        let s = fill(&[p(1, &[20]), p(1, &[6, 6])], 16, true);
+        let s = fill(&[p(1, &[20]), p(1, &[6, 6])], 16, true, None);
         assert_eq!(
             s.iter().map(|s| (s.tenant, s.take)).collect::<Vec<_>>(),
             vec![(1, 6), (1, 6)]
         );
         // Adaptation on: the same work fills the batch exactly.
-        let s = fill(&[p(1, &[20]), p(1, &[6, 6])], 16, false);
+        let s = fill(&[p(1, &[20]), p(1, &[6, 6])], 16, false, None);
         assert_eq!(s.iter().map(|s| s.take).sum::<i64>(), 16);
         assert!(s.iter().all(|s| s.take > 0));
     }
 
     #[test]
     fn empty_work_or_no_room_gives_an_empty_batch() {
-        assert!(fill(&[p(1, &[])], 8, false).is_empty());
-        assert!(fill(&[p(1, &[3])], 0, false).is_empty());
+        assert!(fill(&[p(1, &[])], 8, false, None).is_empty());
+        assert!(fill(&[p(1, &[3])], 0, false, None).is_empty());
     }
 }

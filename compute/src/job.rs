@@ -138,7 +138,44 @@ pub struct Probe {
 }
 
 /// Candidates the planner runs for real before choosing.
-pub const PROBE_CANDIDATES: usize = 3;
+pub const PROBE_CANDIDATES: usize = 4;
+/// Splits whose estimate is within this factor of the best are plausible winners: the model's
+/// stage estimates are off by up to about 25% here.
+pub const PLAUSIBLE: f64 = 1.3;
+
+/// The splits to run for real: the model's best, then others among the plausible ones spread
+/// evenly over the layers (neighbouring splits often cost the same, and probing three of them
+/// would tell nothing new), `none` included when plausible.
+pub fn probe_candidates(estimates: &[Estimate]) -> Vec<Estimate> {
+    let fits: Vec<Estimate> = estimates.iter().filter(|e| e.fits).copied().collect();
+    let Some(best) = fits
+        .iter()
+        .min_by(|a, b| a.epoch.total_cmp(&b.epoch))
+        .copied()
+    else {
+        return Vec::new();
+    };
+    let mut plausible: Vec<Estimate> = fits
+        .into_iter()
+        .filter(|e| e.epoch <= best.epoch * PLAUSIBLE && e.split != best.split)
+        .collect();
+    plausible.sort_by_key(|e| e.split);
+    let mut out = vec![best];
+    let k = (PROBE_CANDIDATES - 1).min(plausible.len());
+    for j in 0..k {
+        // Evenly spaced positions over the plausible splits, in layer order.
+        let i = if k == 1 {
+            0
+        } else {
+            j * (plausible.len() - 1) / (k - 1)
+        };
+        let e = plausible[i];
+        if !out.iter().any(|o| o.split == e.split) {
+            out.push(e);
+        }
+    }
+    out
+}
 /// Iterations per probed candidate (the second overlaps the first, as in training).
 pub const PROBE_ITERATIONS: usize = 2;
 
@@ -510,8 +547,7 @@ impl Job {
     /// close candidates rests on measurements rather than on the model's error, which can
     /// exceed their differences.
     fn probe(&mut self, costs: &Costs) -> anyhow::Result<Vec<Probe>> {
-        let mut ranked: Vec<Estimate> = costs.estimates().into_iter().filter(|e| e.fits).collect();
-        ranked.sort_by(|a, b| a.epoch.total_cmp(&b.epoch));
+        let ranked = probe_candidates(&costs.estimates());
         let batch: Vec<Sample> = self
             .data
             .train
@@ -525,7 +561,7 @@ impl Job {
         let n = costs.iterations.max(1) as f64;
         let pb = ProgressBar::hidden();
         let mut probes = Vec::new();
-        for e in ranked.into_iter().take(PROBE_CANDIDATES) {
+        for e in ranked {
             let (times, _, _) = self.feed(
                 e.split,
                 vec![batch.clone(); PROBE_ITERATIONS],
@@ -1161,5 +1197,46 @@ impl Job {
             cases,
             plan,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{PLAUSIBLE, probe_candidates};
+    use crate::plan::{Estimate, Split};
+
+    fn est(split: Split, epoch: f64) -> Estimate {
+        Estimate {
+            split,
+            storage: epoch,
+            compute: 0.0,
+            epoch,
+            memory: 0,
+            fits: true,
+        }
+    }
+
+    #[test]
+    fn probes_spread_over_the_plausible_splits_and_start_with_the_best() {
+        // Splits 9..=25: the model likes 25 best; 9..=19 and 22..=24 are plausible.
+        let mut all = vec![est(Split::None, 10.0)];
+        for s in 0..=25 {
+            let e = match s {
+                25 => 3.88,
+                22..=24 => 3.9,
+                9..=19 => 4.4,
+                _ => 9.0,
+            };
+            all.push(est(Split::At(s), e));
+        }
+        let c = probe_candidates(&all);
+        let splits: Vec<Split> = c.iter().map(|e| e.split).collect();
+        assert_eq!(splits[0], Split::At(25));
+        assert_eq!(splits.len(), 4, "{splits:?}");
+        assert!(splits.contains(&Split::At(9)), "{splits:?}");
+        assert!(c.iter().all(|e| e.epoch <= 3.88 * PLAUSIBLE));
+        // Nothing else plausible: only the best.
+        let c = probe_candidates(&[est(Split::None, 10.0), est(Split::At(3), 2.0)]);
+        assert_eq!(c.len(), 1);
     }
 }

@@ -527,8 +527,16 @@ impl Job {
             Some(best) => {
                 // Calibrate the model on the chosen split, so that re-planning starts from what
                 // was measured there.
-                costs.storage_scale = best.storage_s / best.predicted.storage.max(1e-9);
-                costs.compute_scale = best.compute_s / best.predicted.compute.max(1e-9);
+                // (Within bounds: a stage predicted at almost nothing gives no scale.)
+                let scale = |measured: f64, predicted: f64| {
+                    if predicted > 1e-3 {
+                        (measured / predicted).clamp(0.2, 5.0)
+                    } else {
+                        1.0
+                    }
+                };
+                costs.storage_scale = scale(best.storage_s, best.predicted.storage);
+                costs.compute_scale = scale(best.compute_s, best.predicted.compute);
                 best.split
             }
             None => costs.choose().split,
@@ -566,6 +574,7 @@ impl Job {
                 e.split,
                 vec![batch.clone(); PROBE_ITERATIONS],
                 &pb,
+                false,
                 |_, _, _| Ok(()),
             )?;
             let storage = times.mean_storage();
@@ -691,15 +700,18 @@ impl Job {
     /// input: from the feature cache when it holds every sample, else through the pipeline at
     /// `split` (layers [s, freeze) run here, and fill the cache with `--cache-features`).
     /// Returns the stage times, what came over the network, and whether the cache served.
+    /// With `use_cache` false (the planner's probes) the cache is neither read nor filled.
     fn feed(
         &mut self,
         split: Split,
         batches: Vec<Vec<Sample>>,
         pb: &ProgressBar,
+        use_cache: bool,
         mut step: impl FnMut(&mut Head, &Tensor, &Tensor) -> anyhow::Result<()>,
     ) -> anyhow::Result<(StageTimes, Traffic, bool)> {
         let mut traffic = Traffic::default();
-        let cached = self.cfg.cache_features
+        let use_cache = use_cache && self.cfg.cache_features;
+        let cached = use_cache
             && batches
                 .iter()
                 .flatten()
@@ -730,7 +742,7 @@ impl Job {
             if !f.labels.is_empty() {
                 let x = self.to_tensor(&f)?;
                 let feats = self.frozen_rest(split, &x)?;
-                if self.cfg.cache_features {
+                if use_cache {
                     self.cache_batch(&f.keys, &feats)?;
                 }
                 let y = Tensor::from_slice(&f.labels).to_device(self.device);
@@ -760,7 +772,7 @@ impl Job {
         let mut losses = Vec::with_capacity(batches.len());
         let mut samples = 0usize;
         let retries_before = self.client.as_ref().map_or(0, |c| c.retries());
-        let (times, traffic, cached) = self.feed(split, batches, &pb, |head, x, y| {
+        let (times, traffic, cached) = self.feed(split, batches, &pb, true, |head, x, y| {
             let loss = head.train_step(x, y);
             samples += x.size()[0] as usize;
             losses.push(loss);
@@ -812,7 +824,7 @@ impl Job {
         let pb = self.progress(batches.len(), "test".into());
         let mut correct = 0i64;
         let mut total = 0i64;
-        let (_, traffic, _) = self.feed(split, batches, &pb, |head, x, y| {
+        let (_, traffic, _) = self.feed(split, batches, &pb, true, |head, x, y| {
             correct += head.correct(x, y);
             total += x.size()[0];
             Ok(())

@@ -27,6 +27,8 @@ use std::time::{Duration, Instant};
 const TENANTS: [usize; 5] = [1, 2, 4, 8, 16];
 
 struct Args {
+    /// `--fairness-only`: skip the throughput sweep and the burst.
+    fairness_only: bool,
     seconds: f64,
     models: Vec<(String, usize)>,
     out: PathBuf,
@@ -41,6 +43,7 @@ fn args() -> Args {
     };
     let models = get("--models").unwrap_or_else(|| "alexnet:17,efficientnet_lite0:7".into());
     Args {
+        fairness_only: argv.iter().any(|a| a == "--fairness-only"),
         seconds: get("--seconds").map_or(5.0, |s| s.parse().expect("--seconds")),
         models: models
             .split(',')
@@ -75,18 +78,64 @@ fn body(model: &str, split: usize, n: usize, salt: usize) -> Value {
     json!({"bucket": "datasets", "keys": keys, "model": model, "split": split})
 }
 
+/// Server-Timing stages (decode, queue, compute, ms) of successful requests, by tenant.
+static STAGES: std::sync::Mutex<Vec<(usize, [f64; 3])>> = std::sync::Mutex::new(Vec::new());
+
+fn stages(resp: &reqwest::Response) -> Option<[f64; 3]> {
+    let header = resp.headers().get("server-timing")?.to_str().ok()?;
+    let get = |name: &str| -> Option<f64> {
+        header.split(',').find_map(|part| {
+            part.trim()
+                .strip_prefix(name)?
+                .strip_prefix(";dur=")?
+                .parse()
+                .ok()
+        })
+    };
+    Some([get("decode")?, get("queue")?, get("compute")?])
+}
+
 /// One request; its latency, or the status when it failed.
 async fn request(h: &TestHost, t: usize, body: Value) -> Result<Duration, u16> {
     let started = Instant::now();
     let resp = h.invoke(&tenant_token(t), "feature-extract", body).await;
     let status = resp.status().as_u16();
     let ok = resp.status().is_success();
+    let timing = stages(&resp);
     let _ = resp.bytes().await;
     if ok {
+        if let Some(st) = timing {
+            STAGES
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .push((t, st));
+        }
         Ok(started.elapsed())
     } else {
         Err(status)
     }
+}
+
+/// Median decode, queue and compute ms of tenant `t`'s requests since the last call.
+fn take_stages(t: usize) -> [f64; 3] {
+    let mut all = STAGES
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mine: Vec<[f64; 3]> = all
+        .iter()
+        .filter(|(x, _)| *x == t)
+        .map(|(_, s)| *s)
+        .collect();
+    all.clear();
+    let mut out = [f64::NAN; 3];
+    for (k, o) in out.iter_mut().enumerate() {
+        let mut v: Vec<f64> = mine.iter().map(|s| s[k]).collect();
+        v.sort_by(f64::total_cmp);
+        if !v.is_empty() {
+            *o = v[(v.len() - 1) / 2];
+        }
+    }
+    out
 }
 
 /// Tenant `t` sends requests of `sizes()` images, `outstanding` at a time, until `until`.
@@ -152,7 +201,12 @@ async fn main() {
     );
 
     // 1. Throughput.
-    for (model, split) in &args.models {
+    let throughput_models = if args.fairness_only {
+        &[][..]
+    } else {
+        &args.models[..]
+    };
+    for (model, split) in throughput_models {
         println!("\n{model} [0..{split}]");
         println!(
             "{:>8} {:>8} {:>10} {:>9} {:>9} {:>10} {:>7}",
@@ -235,8 +289,10 @@ async fn main() {
         request(&h, 0, body(model, *split, 4, 0))
             .await
             .expect("warm-up");
+        take_stages(0);
         let until = Instant::now() + window;
         let (mut solo, _, _) = closed_loop(&h, 0, model, *split, 1, until, |_| 4).await;
+        let solo_stages = take_stages(0);
         let started = Instant::now();
         let until = started + window;
         let (light, heavy) = tokio::join!(
@@ -244,12 +300,19 @@ async fn main() {
             closed_loop(&h, 1, model, *split, 4, until, |_| 8)
         );
         let flood_rate = heavy.1 as f64 / started.elapsed().as_secs_f64();
+        let flooded_stages = take_stages(0);
         let mut flooded = light.0;
         let (s, f) = (quantile(&mut solo, 0.5), quantile(&mut flooded, 0.5));
         println!(
-            "{:>8} {s:>14.1} {f:>16.1} {:>7.2} {flood_rate:>16.1}",
+            "{:>8} {s:>14.1} {f:>16.1} {:>7.2} {flood_rate:>16.1}   light p50 decode/queue/compute ms: solo {:.0}/{:.0}/{:.0}, flooded {:.0}/{:.0}/{:.0}",
             if pool { "on" } else { "off" },
-            f / s
+            f / s,
+            solo_stages[0],
+            solo_stages[1],
+            solo_stages[2],
+            flooded_stages[0],
+            flooded_stages[1],
+            flooded_stages[2],
         );
         report["fairness"]
             .as_array_mut()
@@ -257,10 +320,15 @@ async fn main() {
             .push(json!({
                 "model": model, "split": split, "pool": pool,
                 "solo_p50_ms": s, "flooded_p50_ms": f, "ratio": f / s,
+            "light_stages_ms_solo": {"decode": solo_stages[0], "queue": solo_stages[1], "compute": solo_stages[2]},
+            "light_stages_ms_flooded": {"decode": flooded_stages[0], "queue": flooded_stages[1], "compute": flooded_stages[2]},
                 "light_requests": flooded.len(), "flood_samples_per_s": flood_rate,
             }));
     }
 
+    if args.fairness_only {
+        return;
+    }
     // 3. Burst: 200 requests at once from a tenant allowed 4 running and 8 waiting.
     let h = start(model, true, 1, |_| "concurrency = 4\nqueue = 8".into()).await;
     request(&h, 0, body(model, *split, 8, 0))

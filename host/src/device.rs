@@ -305,7 +305,8 @@ pub struct Pending {
 /// oldest calls; rounds repeat until the batch is full or the work is gone. With `whole`, a call
 /// is only taken entirely (a quantum too small for it carries over to the next round). With an
 /// `allowance`, a tenant takes at most `weight * allowance` samples of this batch (in `whole`
-/// mode, at least its oldest call), which keeps batches short while other tenants are active.
+/// mode, at least its oldest call; a tenant with a single call waiting, that call), which keeps
+/// batches short while other tenants are active.
 pub fn fill(pending: &[Pending], cap: i64, whole: bool, allowance: Option<i64>) -> Vec<Slice> {
     let weights: i64 = pending
         .iter()
@@ -320,7 +321,16 @@ pub fn fill(pending: &[Pending], cap: i64, whole: bool, allowance: Option<i64>) 
     let mut next = vec![0usize; pending.len()];
     let mut deficit = vec![0i64; pending.len()];
     let mut taken = vec![0i64; pending.len()];
-    let limit = |t: usize| allowance.map_or(i64::MAX, |a| a * i64::from(pending[t].weight.max(1)));
+    // A tenant with a single call waiting is not flooding: that call may go in whole.
+    let limit = |t: usize| {
+        allowance.map_or(i64::MAX, |a| {
+            let own = a * i64::from(pending[t].weight.max(1));
+            match pending[t].calls.as_slice() {
+                [one] => own.max(*one),
+                _ => own,
+            }
+        })
+    };
     let mut room = cap;
     let mut out: Vec<Slice> = Vec::new();
     // Whether tenant t may still add its next call (or part of it) to this batch.
@@ -817,9 +827,10 @@ impl Dispatcher {
     }
 
     /// While several tenants are active, each may put at most this many samples (per unit of
-    /// weight) into a batch: the lower median of the active tenants' recent call sizes. A
-    /// tenant flooding the host then cannot make the batches, which nobody can interrupt, long
-    /// for a tenant with small calls; alone, a tenant fills the batch.
+    /// weight) into a batch: half the lower median of the active tenants' recent call sizes
+    /// (a tenant with one call waiting may put that call in whole). A tenant flooding the host
+    /// then cannot make the batches, which nobody can interrupt, long for a tenant with small
+    /// calls; alone, a tenant fills the batch.
     fn allowance(&mut self) -> Option<i64> {
         let now = Instant::now();
         self.seen
@@ -837,7 +848,7 @@ impl Dispatcher {
             return None;
         }
         sizes.sort_unstable();
-        Some(sizes[(sizes.len() - 1) / 2])
+        Some((sizes[(sizes.len() - 1) / 2] / 2).max(1))
     }
 
     fn refuse_all(&mut self, why: &str) {
@@ -1080,6 +1091,15 @@ mod tests {
                 .sum::<i64>()
         };
         assert_eq!((took(0), took(1)), (8, 4), "{s:?}");
+        // Allowance 2: the flood is held to 2, the light tenant's single call goes in whole.
+        let s = fill(&[p(1, &[8, 8, 8, 8]), p(1, &[4])], 32, false, Some(2));
+        let took = |t: usize| {
+            s.iter()
+                .filter(|s| s.tenant == t)
+                .map(|s| s.take)
+                .sum::<i64>()
+        };
+        assert_eq!((took(0), took(1)), (2, 4), "{s:?}");
         // Whole calls: a call larger than the allowance still goes in, alone for its tenant.
         let s = fill(&[p(1, &[8, 8]), p(1, &[2])], 32, true, Some(4));
         let took = |t: usize| {

@@ -30,6 +30,8 @@ use tch::{Device, Kind, Tensor};
 pub const MEASURE_BATCHES: (i64, i64) = (4, 16);
 /// Repetitions per layer and batch (the median growth is used).
 pub const MEASURE_REPS: usize = 3;
+/// A batch size within this fraction of the fastest per sample counts as fast.
+pub const EFFICIENT_WITHIN: f64 = 0.05;
 
 /// One layer's memory on this device.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -95,9 +97,15 @@ impl ModelMemory {
                 .map(|l| l.seconds_per_sample.get(k).copied().unwrap_or(f64::NAN))
                 .sum()
         };
-        let best = (0..self.time_batches.len())
+        let cheapest = (0..self.time_batches.len())
             .filter(|&k| cost(k).is_finite())
-            .min_by(|&a, &b| cost(a).total_cmp(&cost(b)))?;
+            .map(cost)
+            .min_by(f64::total_cmp)?;
+        // The largest batch within 5% of the cheapest: measurements of close sizes differ by
+        // about that much from run to run, and larger batches pool better.
+        let best = (0..self.time_batches.len())
+            .rev()
+            .find(|&k| cost(k) <= cheapest * (1.0 + EFFICIENT_WITHIN))?;
         (best + 1 < self.time_batches.len()).then(|| self.time_batches[best])
     }
 

@@ -501,7 +501,11 @@ impl Device {
         range: Range<usize>,
         input: Tensor,
     ) -> Result<Ran, DeviceError> {
+        // The first call for a model waits for its memory model to be measured: host time,
+        // counted as queued like waiting for memory.
+        let arrived = Instant::now();
         let cost = self.cost(model, range.clone())?;
+        let setup = arrived.elapsed();
         let n = input.size().first().copied().unwrap_or(0);
         if n < 1 {
             return Err(DeviceError::Failed("an empty batch".into()));
@@ -543,6 +547,10 @@ impl Device {
         } else {
             self.run_here(model, range, cost, input, n, &tenant.name, held)
         };
+        let result = result.map(|mut r| {
+            r.queued += setup;
+            r
+        });
         self.leave(&tenant.name, &result, n);
         result
     }

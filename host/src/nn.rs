@@ -241,9 +241,10 @@ impl graph::Host for State {
                 format!("graph `{name}`: `{model}` has {layers} layers"),
             );
         }
+        // Loading a package (on first use after start) is the host's time, not the tenant's.
         let started = Instant::now();
         let package = self.models.package(model);
-        self.timings.compute += started.elapsed();
+        self.timings.queued += started.elapsed();
         match package {
             Ok(model) => Ok(Ok(self.table.push(Graph { model, range })?)),
             Err(e) => self.nn_err(ErrorCode::RuntimeError, e),

@@ -72,7 +72,8 @@ pub struct Timings {
     pub instantiate: Duration,
     pub read: Duration,
     pub compute: Duration,
-    /// Waiting for the device (memory or batch mates); not charged to the time limit.
+    /// Waiting for the host: for the device (memory, batch mates) and for a model's first
+    /// load and memory measurement. Not charged to the time limit.
     pub queued: Duration,
     pub total: Duration,
 }

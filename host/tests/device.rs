@@ -237,3 +237,66 @@ async fn a_request_too_large_for_the_budget_is_refused_without_adaptation_and_se
     assert_eq!(shape[0], 12);
     assert!(on.host.device().snapshot().largest_batch <= 4);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn time_waiting_for_the_device_is_not_charged_to_the_time_limit() {
+    let _one = serial().lock().await;
+    let probe = start("").await;
+    let m = memory_model(&probe).await;
+    drop(probe);
+    // Every frozen layer, one sample on the device at a time, and a 1 s time limit: eight
+    // tenants' 8 images each take longer than that together; each tenant's own part (decoding
+    // 8 small images, its samples' device time) takes much less.
+    let freeze = 25;
+    let cost = m.segment(0..freeze);
+    let budget = m.weights() + cost.run_bytes(1) + cost.per_sample / 2;
+    let h = start_tenants(|store, state| {
+        tenants_policy(
+            store,
+            state,
+            &format!("memory_budget = \"{budget}B\""),
+            TENANTS,
+            &[MODEL],
+            |_| String::new(),
+        )
+        .replace("timeout = \"120s\"", "timeout = \"1s\"")
+    })
+    .await;
+    // Warm: the model is loaded and its memory measured before the load starts.
+    let mut warm = body(0, 1);
+    warm["split"] = json!(freeze);
+    features(h.invoke(&token(0), "feature-extract", warm).await).await;
+    let calls = (0..TENANTS).map(|t| {
+        let h = &h;
+        async move {
+            let mut b = body(t, 8);
+            b["split"] = json!(freeze);
+            h.invoke(&token(t), "feature-extract", b).await
+        }
+    });
+    let mut longest = 0.0f64;
+    for (t, resp) in futures::future::join_all(calls)
+        .await
+        .into_iter()
+        .enumerate()
+    {
+        let timing = resp
+            .headers()
+            .get("server-timing")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
+            .unwrap_or_default();
+        let total: f64 = timing
+            .split(',')
+            .find_map(|p| p.trim().strip_prefix("total;dur=")?.parse().ok())
+            .unwrap_or(0.0);
+        longest = longest.max(total);
+        let (shape, _) = features(resp).await;
+        assert_eq!(shape[0], 8, "tenant {t}: {timing}");
+    }
+    assert!(
+        longest > 1000.0,
+        "the longest invocation took {longest} ms: the load did not outlast the time limit"
+    );
+    assert!(h.host.device().snapshot().largest_batch <= 1);
+}

@@ -298,16 +298,7 @@ impl Ctx<'_> {
         default: u64,
         max: u64,
     ) -> Result<u64, PolicyError> {
-        match v {
-            None => Ok(default),
-            Some(s) => match u64::try_from(*s.get_ref()) {
-                Ok(n) if n <= max => Ok(n),
-                _ => self.err(
-                    s.span(),
-                    format!("{key} = {}: must be 0..={max}", s.get_ref()),
-                ),
-            },
-        }
+        self.int_in(key, v, default, 0, max)
     }
 
     fn int(
@@ -317,13 +308,24 @@ impl Ctx<'_> {
         default: u64,
         max: u64,
     ) -> Result<u64, PolicyError> {
+        self.int_in(key, v, default, 1, max)
+    }
+
+    fn int_in(
+        &self,
+        key: &str,
+        v: &Option<Spanned<i64>>,
+        default: u64,
+        min: u64,
+        max: u64,
+    ) -> Result<u64, PolicyError> {
         match v {
             None => Ok(default),
             Some(s) => match u64::try_from(*s.get_ref()) {
-                Ok(n) if (1..=max).contains(&n) => Ok(n),
+                Ok(n) if (min..=max).contains(&n) => Ok(n),
                 _ => self.err(
                     s.span(),
-                    format!("{key} = {}: must be 1..={max}", s.get_ref()),
+                    format!("{key} = {}: must be {min}..={max}", s.get_ref()),
                 ),
             },
         }

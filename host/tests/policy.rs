@@ -71,6 +71,10 @@ fn bad_values_are_named_with_key_and_line() {
             "tenants.alice.concurrency = 0: must be 1..=64",
         ),
         (
+            "queue = -1",
+            "tenants.alice.queue = -1: must be 0..=1024",
+        ),
+        (
             "capabilities = [\"sockets\"]",
             "unknown capability `sockets`",
         ),

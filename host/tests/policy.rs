@@ -70,10 +70,7 @@ fn bad_values_are_named_with_key_and_line() {
             "concurrency = 0",
             "tenants.alice.concurrency = 0: must be 1..=64",
         ),
-        (
-            "queue = -1",
-            "tenants.alice.queue = -1: must be 0..=1024",
-        ),
+        ("queue = -1", "tenants.alice.queue = -1: must be 0..=1024"),
         (
             "capabilities = [\"sockets\"]",
             "unknown capability `sockets`",

@@ -106,6 +106,11 @@ impl BudgetState {
         total.saturating_sub(self.weights + self.reserved)
     }
 
+    /// The most that can ever be free: the budget less the loaded weights.
+    fn ceiling(&self, total: u64) -> u64 {
+        total.saturating_sub(self.weights)
+    }
+
     fn take(&mut self, bytes: u64) {
         self.reserved += bytes;
         self.peak = self.peak.max(self.weights + self.reserved);
@@ -135,11 +140,13 @@ impl Budget {
     }
 
     /// Charges a model's weights once; refuses a model that cannot fit at all.
-    fn charge(&self, model: &str, weights: u64, first_run: u64) -> Result<(), DeviceError> {
+    fn charge(&self, memory: &ModelMemory) -> Result<(), DeviceError> {
+        let model = memory.model.as_str();
         let mut s = lock(&self.state);
         if s.charged.contains(model) {
             return Ok(());
         }
+        let (weights, first_run) = (memory.weights(), memory.one_sample_peak());
         let need = weights + first_run;
         if s.weights + need > self.total {
             return Err(DeviceError::TooLarge(format!(
@@ -157,12 +164,12 @@ impl Budget {
     fn try_reserve(&self, need: u64) -> Result<Reservation<'_>, DeviceError> {
         let mut s = lock(&self.state);
         let free = s.free(self.total);
-        if need > self.total.saturating_sub(s.weights) {
+        if need > s.ceiling(self.total) {
             return Err(DeviceError::TooLarge(format!(
                 "this call needs {need} bytes of device memory at once and at most {} can ever \
                  be free (budget {}, weights {}); send fewer samples per call or turn storage \
                  batch adaptation on",
-                self.total.saturating_sub(s.weights),
+                s.ceiling(self.total),
                 self.total,
                 s.weights
             )));
@@ -248,7 +255,6 @@ struct Call {
     done: i64,
     parts: Vec<Tensor>,
     enqueued: Instant,
-    started: Option<Instant>,
     device: Duration,
     batches: u32,
     reply: SyncSender<Result<Ran, DeviceError>>,
@@ -446,16 +452,8 @@ impl Device {
             .models
             .memory(model.name())
             .map_err(DeviceError::Failed)?;
-        let cost = memory.segment(range);
-        let first_run = memory
-            .layers
-            .iter()
-            .map(|l| l.workspace_bytes + l.input_bytes_per_sample + l.per_sample_bytes)
-            .max()
-            .unwrap_or(0);
-        self.budget
-            .charge(model.name(), memory.weights(), first_run)?;
-        Ok(cost)
+        self.budget.charge(&memory)?;
+        Ok(memory.segment(range))
     }
 
     fn enter(&self, tenant: &str) {
@@ -491,68 +489,6 @@ impl Device {
             t.batch_samples += size as u64;
             t.slices += 1;
         }
-    }
-
-    /// Runs layers `range` of `model` on `input` for `tenant`, within the budget.
-    pub fn run(
-        &self,
-        tenant: &Tenant,
-        model: &Arc<ModelPackage>,
-        range: Range<usize>,
-        input: Tensor,
-    ) -> Result<Ran, DeviceError> {
-        // The first call for a model waits for its memory model to be measured: host time,
-        // counted as queued like waiting for memory.
-        let arrived = Instant::now();
-        let cost = self.cost(model, range.clone())?;
-        let setup = arrived.elapsed();
-        let n = input.size().first().copied().unwrap_or(0);
-        if n < 1 {
-            return Err(DeviceError::Failed("an empty batch".into()));
-        }
-        let refuse = |e: DeviceError| {
-            let mut s = lock(&self.stats);
-            s.tenants.entry(tenant.name.clone()).or_default().refused += 1;
-            Err(e)
-        };
-        // Without adaptation a call runs whole: one that can never fit is refused before it
-        // queues, and without pooling one that does not fit now is refused at once.
-        let mut held = None;
-        if !self.config.adapt {
-            let need = cost.run_bytes(n as u64);
-            let ceiling = self
-                .budget
-                .total
-                .saturating_sub(lock(&self.budget.state).weights);
-            if need > ceiling {
-                return refuse(DeviceError::TooLarge(format!(
-                    "{n} samples of `{}[{}..{}]` need {need} bytes of device memory at once and \
-                     at most {ceiling} can ever be free; send fewer samples per call or turn \
-                     storage batch adaptation on",
-                    model.name(),
-                    range.start,
-                    range.end
-                )));
-            }
-            if !self.config.pool {
-                match self.budget.try_reserve(need) {
-                    Ok(r) => held = Some(r),
-                    Err(e) => return refuse(e),
-                }
-            }
-        }
-        self.enter(&tenant.name);
-        let result = if self.config.pool {
-            self.submit(tenant, model, range, cost, input, n)
-        } else {
-            self.run_here(model, range, cost, input, n, &tenant.name, held)
-        };
-        let result = result.map(|mut r| {
-            r.queued += setup;
-            r
-        });
-        self.leave(&tenant.name, &result, n);
-        result
     }
 
     /// Pooling off: runs on the calling thread, whole (in `held`) or in adapted sub-batches.
@@ -648,7 +584,6 @@ impl Device {
                 done: 0,
                 parts: Vec::new(),
                 enqueued: Instant::now(),
-                started: None,
                 device: Duration::ZERO,
                 batches: 0,
                 reply,
@@ -768,6 +703,67 @@ impl Device {
     }
 }
 
+impl crate::nn::Executor for Device {
+    /// Runs layers `range` of `model` on `input` for `tenant`, within the budget.
+    fn run(
+        &self,
+        tenant: &Tenant,
+        model: &Arc<ModelPackage>,
+        range: Range<usize>,
+        input: Tensor,
+    ) -> Result<Ran, DeviceError> {
+        // The first call for a model waits for its memory model to be measured: host time,
+        // counted as queued like waiting for memory.
+        let arrived = Instant::now();
+        let cost = self.cost(model, range.clone())?;
+        let setup = arrived.elapsed();
+        let n = input.size().first().copied().unwrap_or(0);
+        if n < 1 {
+            return Err(DeviceError::Failed("an empty batch".into()));
+        }
+        let refuse = |e: DeviceError| {
+            let mut s = lock(&self.stats);
+            s.tenants.entry(tenant.name.clone()).or_default().refused += 1;
+            Err(e)
+        };
+        // Without adaptation a call runs whole: one that can never fit is refused before it
+        // queues, and without pooling one that does not fit now is refused at once.
+        let mut held = None;
+        if !self.config.adapt {
+            let need = cost.run_bytes(n as u64);
+            let ceiling = lock(&self.budget.state).ceiling(self.budget.total);
+            if need > ceiling {
+                return refuse(DeviceError::TooLarge(format!(
+                    "{n} samples of `{}[{}..{}]` need {need} bytes of device memory at once and \
+                     at most {ceiling} can ever be free; send fewer samples per call or turn \
+                     storage batch adaptation on",
+                    model.name(),
+                    range.start,
+                    range.end
+                )));
+            }
+            if !self.config.pool {
+                match self.budget.try_reserve(need) {
+                    Ok(r) => held = Some(r),
+                    Err(e) => return refuse(e),
+                }
+            }
+        }
+        self.enter(&tenant.name);
+        let result = if self.config.pool {
+            self.submit(tenant, model, range, cost, input, n)
+        } else {
+            self.run_here(model, range, cost, input, n, &tenant.name, held)
+        };
+        let result = result.map(|mut r| {
+            r.queued += setup;
+            r
+        });
+        self.leave(&tenant.name, &result, n);
+        result
+    }
+}
+
 /// The dispatcher's own state: calls by id, and per tenant the ids in arrival order.
 #[derive(Default)]
 struct Dispatcher {
@@ -876,15 +872,9 @@ impl Dispatcher {
             self.turn.pop_front();
         };
         let head = self.queues[&leader][0];
-        let (key, cost) = {
-            let c = &self.calls[&head];
-            let (m, a, b) = c.key();
-            ((m.to_string(), a, b), c.cost)
-        };
-        let same = |c: &Call| {
-            let (m, a, b) = c.key();
-            m == key.0 && a == key.1 && b == key.2
-        };
+        let (model, a, b) = self.calls[&head].key();
+        let (model, cost) = (model.to_string(), self.calls[&head].cost);
+        let same = |c: &Call| c.key() == (model.as_str(), a, b);
         // Tenants with work for this segment, leader first, in turn order.
         let order: Vec<Arc<str>> = self.turn.iter().cloned().collect();
         let mut pending = Vec::new();
@@ -971,7 +961,6 @@ impl Dispatcher {
                 return None;
             }
         };
-        let now = Instant::now();
         let mut inputs = Vec::with_capacity(picked.len());
         let (model, range) = {
             let c = &self.calls[&picked[0].0];
@@ -981,7 +970,6 @@ impl Dispatcher {
             let c = self.calls.get_mut(id).expect("picked call");
             inputs.push(c.input.narrow(0, c.taken, *take));
             c.taken += take;
-            c.started.get_or_insert(now);
         }
         let x = if inputs.len() == 1 {
             inputs.pop().expect("one input")

@@ -109,6 +109,15 @@ impl ModelMemory {
         (best + 1 < self.time_batches.len()).then(|| self.time_batches[best])
     }
 
+    /// The most any one layer needs to run a single sample (input, growth and workspace).
+    pub fn one_sample_peak(&self) -> u64 {
+        self.layers
+            .iter()
+            .map(|l| l.workspace_bytes + l.input_bytes_per_sample + l.per_sample_bytes)
+            .max()
+            .unwrap_or(0)
+    }
+
     pub fn weights(&self) -> u64 {
         self.layers.iter().map(|l| l.weights_bytes).sum()
     }

@@ -9,7 +9,7 @@
 //! at its memory limit. Compute calls go through an [`Executor`], the seam where a batcher
 //! pools work across tenants.
 
-use crate::device::{Device, DeviceError, Ran};
+use crate::device::{DeviceError, Ran};
 use crate::policy::Tenant;
 use crate::runtime::State;
 use crate::runtime::bindings::wasi::nn::errors::{self, ErrorCode};
@@ -53,7 +53,8 @@ pub struct NnError {
 }
 
 /// Runs model segments for guests: on the calling thread ([`Direct`]) or on the shared device
-/// with its memory budget, storage batch adaptation and pooling ([`Device`]).
+/// with its memory budget, storage batch adaptation and pooling
+/// ([`Device`](crate::device::Device)).
 pub trait Executor: Send + Sync + std::fmt::Debug {
     fn run(
         &self,
@@ -86,18 +87,6 @@ impl Executor for Direct {
             device: started.elapsed(),
             batches: 1,
         })
-    }
-}
-
-impl Executor for Device {
-    fn run(
-        &self,
-        tenant: &Tenant,
-        model: &Arc<ModelPackage>,
-        range: Range<usize>,
-        input: tch::Tensor,
-    ) -> Result<Ran, DeviceError> {
-        Device::run(self, tenant, model, range, input)
     }
 }
 

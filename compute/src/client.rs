@@ -4,8 +4,7 @@
 //! with exponential backoff, on the next host when there are several, until the retry budget
 //! is spent. Client errors (4xx) are not retried: they name what is wrong.
 
-use hapi_model::profile::LayerProfile;
-use serde::{Deserialize, Serialize};
+use hapi_wire::{ErrorBody, ErrorCode, InvokeRequest};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
@@ -62,44 +61,8 @@ pub struct Unreachable {
     pub message: String,
 }
 
-/// The host's `Server-Timing` stages, in seconds.
-#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize)]
-pub struct ServerTiming {
-    pub read: f64,
-    pub decode: f64,
-    pub compute: f64,
-    pub total: f64,
-}
-
-impl ServerTiming {
-    fn parse(header: &str) -> Self {
-        let mut t = Self::default();
-        for part in header.split(',') {
-            let mut it = part.trim().split(';');
-            let name = it.next().unwrap_or_default();
-            let dur = it
-                .find_map(|kv| kv.trim().strip_prefix("dur="))
-                .and_then(|v| v.parse::<f64>().ok())
-                .unwrap_or(0.0)
-                / 1e3;
-            match name {
-                "read" => t.read = dur,
-                "decode" => t.decode = dur,
-                "compute" => t.compute = dur,
-                "total" => t.total = dur,
-                _ => {}
-            }
-        }
-        t
-    }
-
-    pub fn add(&mut self, o: &Self) {
-        self.read += o.read;
-        self.decode += o.decode;
-        self.compute += o.compute;
-        self.total += o.total;
-    }
-}
+/// The host's `Server-Timing` stages, in seconds (the wire contract's type).
+pub use hapi_wire::ServerTiming;
 
 /// One invocation's output.
 #[derive(Debug)]
@@ -116,36 +79,8 @@ pub struct Features {
     pub deserialize: Duration,
 }
 
-/// The profile endpoint's answer.
-#[derive(Clone, Debug, Deserialize, Serialize)]
-pub struct HostProfile {
-    pub model: String,
-    pub device: String,
-    pub batch: i64,
-    pub layers: Vec<LayerProfile>,
-    /// The host's device model: per layer, time per sample at several batch sizes (hosts
-    /// that do not send it are planned from `layers` alone).
-    #[serde(default)]
-    pub memory: Option<HostDeviceModel>,
-}
-
-/// The part of the host's memory model the planner uses.
-#[derive(Clone, Debug, Deserialize, Serialize)]
-pub struct HostDeviceModel {
-    pub time_batches: Vec<i64>,
-    pub layers: Vec<HostLayerTimes>,
-}
-
-#[derive(Clone, Debug, Deserialize, Serialize)]
-pub struct HostLayerTimes {
-    pub seconds_per_sample: Vec<f64>,
-}
-
-#[derive(Deserialize)]
-struct ErrorBody {
-    code: String,
-    message: String,
-}
+/// The profile endpoint's answer (the wire contract's type).
+pub use hapi_wire::profile::ModelProfile as HostProfile;
 
 /// A client for one or more storage hosts serving the same data.
 #[derive(Debug)]
@@ -262,9 +197,13 @@ impl StorageClient {
         model: &str,
         split: usize,
     ) -> Result<Features, InvokeError> {
-        let body = serde_json::json!({
-            "bucket": bucket, "keys": keys, "model": model, "split": split,
-        });
+        let body = InvokeRequest {
+            bucket: bucket.to_string(),
+            keys: keys.to_vec(),
+            model: model.to_string(),
+            split: u32::try_from(split).unwrap_or(u32::MAX),
+            options: Default::default(),
+        };
         let started = Instant::now();
         let mut backoff = self.retry.initial;
         let mut attempts = 0u32;
@@ -292,7 +231,7 @@ impl StorageClient {
         }
     }
 
-    async fn attempt(&self, host: &str, body: &serde_json::Value, keys: &[String]) -> Attempt {
+    async fn attempt(&self, host: &str, body: &InvokeRequest, keys: &[String]) -> Attempt {
         let sent = Instant::now();
         let resp = match self
             .http
@@ -352,37 +291,32 @@ impl StorageClient {
                 }),
             };
         }
-        let (code, message) = serde_json::from_slice::<ErrorBody>(&bytes).map_or_else(
-            |_| (String::new(), String::from_utf8_lossy(&bytes).into_owned()),
-            |e| (e.code, e.message),
-        );
-        if status.as_u16() == 429 || status.is_server_error() {
+        let error = serde_json::from_slice::<ErrorBody>(&bytes).unwrap_or_else(|_| ErrorBody {
+            code: ErrorCode::Unknown,
+            message: String::from_utf8_lossy(&bytes).into_owned(),
+            key: None,
+            request_id: None,
+        });
+        let ErrorBody {
+            code, message, key, ..
+        } = error;
+        if status.as_u16() == 429 || status.is_server_error() || code.retryable() {
             return Attempt::Retry {
                 why: format!("{host}: {status} {code}: {message}"),
                 after: retry_after,
             };
         }
-        if matches!(
-            code.as_str(),
-            "bad_object" | "object_not_found" | "object_too_large"
-        ) {
-            // The host names the key in its message; find which of ours it is (the longest
-            // match, so `a/1.png` is not mistaken for `a/1.png.bak`).
-            if let Some(key) = keys
-                .iter()
-                .filter(|k| message.contains(k.as_str()))
-                .max_by_key(|k| k.len())
-            {
-                return Attempt::Fatal(InvokeError::BadObject {
-                    key: key.clone(),
-                    message: format!("{code}: {message}"),
-                });
-            }
+        // The host names the object an error is about; it must be one of ours.
+        if let Some(key) = key.filter(|k| code.is_about_an_object() && keys.contains(k)) {
+            return Attempt::Fatal(InvokeError::BadObject {
+                key,
+                message: format!("{code}: {message}"),
+            });
         }
         Attempt::Fatal(InvokeError::Rejected {
             host: host.to_string(),
             status: status.as_u16(),
-            code,
+            code: code.to_string(),
             message,
         })
     }
@@ -425,17 +359,6 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn server_timing_is_parsed_in_seconds() {
-        let t = ServerTiming::parse(
-            "instantiate;dur=0.100, read;dur=1.5, decode;dur=20.000, compute;dur=57.25, encode;dur=0.4, total;dur=80.000",
-        );
-        assert!((t.read - 0.0015).abs() < 1e-12);
-        assert!((t.decode - 0.02).abs() < 1e-12);
-        assert!((t.compute - 0.05725).abs() < 1e-12);
-        assert!((t.total - 0.08).abs() < 1e-12);
-    }
 
     #[test]
     fn features_that_are_not_safetensors_are_an_error() {

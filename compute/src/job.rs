@@ -476,25 +476,22 @@ impl Job {
                 .iter()
                 .map(|l| l.seconds_per_sample)
                 .collect(),
-            host_curve: host_profile
-                .memory
-                .as_ref()
-                .map(|m| {
-                    m.time_batches
-                        .iter()
-                        .enumerate()
-                        .map(|(k, &b)| {
-                            let t = m
-                                .layers
-                                .iter()
-                                .map(|l| l.seconds_per_sample.get(k).copied().unwrap_or(f64::NAN))
-                                .collect();
-                            (b, t)
-                        })
-                        .filter(|(_, t): &(i64, Vec<f64>)| t.iter().all(|v| v.is_finite()))
-                        .collect()
-                })
-                .unwrap_or_default(),
+            host_curve: {
+                let m = &host_profile.memory;
+                m.time_batches
+                    .iter()
+                    .enumerate()
+                    .map(|(k, &b)| {
+                        let t = m
+                            .layers
+                            .iter()
+                            .map(|l| l.seconds_per_sample.get(k).copied().unwrap_or(f64::NAN))
+                            .collect();
+                        (b, t)
+                    })
+                    .filter(|(_, t): &(i64, Vec<f64>)| t.iter().all(|v| v.is_finite()))
+                    .collect()
+            },
             latency,
             bandwidth,
             bytes_at: self.bytes_at(),

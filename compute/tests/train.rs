@@ -9,6 +9,8 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 const TOKEN: &str = "trainer-token";
+/// The operator's token: the test reads /metrics with it.
+const OPERATOR: &str = "operator-token";
 const TRAIN: usize = 64;
 const TEST: usize = 32;
 
@@ -75,6 +77,7 @@ store = "{store}"
 models = "{models}"
 state = "{state}"
 device = "cpu"
+operator_token_sha256 = "{operator}"
 
 [tenants.trainer]
 token_sha256 = "{hash}"
@@ -90,6 +93,7 @@ feature-extract = "{fe}"
             models = hapi_model::models_dir().display(),
             state = dir.path().join("state").display(),
             hash = hapi_host::policy::hash_token(TOKEN),
+            operator = hapi_host::policy::hash_token(OPERATOR),
             fe = guest("feature-extract").display(),
         );
         std::fs::write(dir.path().join("policy.toml"), policy).expect("policy");
@@ -347,7 +351,7 @@ fn http_get(url: &str, path: &str) -> std::io::Result<String> {
     s.set_read_timeout(Some(Duration::from_secs(5)))?;
     write!(
         s,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {OPERATOR}\r\nConnection: close\r\n\r\n"
     )?;
     let mut body = String::new();
     s.read_to_string(&mut body)?;

@@ -11,10 +11,11 @@
 mod common;
 
 use common::{ALICE, SAMPLES, TestHost, sample_key};
-use hapi_host::runtime::Invocation;
 use hapi_model::{ModelPackage, models_dir};
 use hapi_preprocess::preprocess;
+use hapi_wire::InvokeRequest;
 use serde_json::json;
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 fn quantile(sorted: &[Duration], q: f64) -> Duration {
@@ -49,20 +50,20 @@ async fn main() {
 
     // 1. Empty pushdown: one call that returns a 1-byte tensor.
     let hostile = h.host.function("alice", "hostile").expect("hostile");
-    let empty = Invocation {
+    let empty = InvokeRequest {
         bucket: "datasets".into(),
         keys: vec![],
         model: "resnet18".into(),
         split: 0,
-        options: vec![
+        options: BTreeMap::from([
             ("mode".into(), "output".into()),
             ("bytes".into(), "1".into()),
-        ],
+        ]),
     };
-    let runtime = h.host.runtime();
+    let host = &h.host;
     for _ in 0..100 {
-        runtime
-            .invoke(&alice, &hostile, &empty)
+        host.invoke(&alice, &hostile, empty.clone())
+            .await
             .result
             .expect("warm-up");
     }
@@ -70,8 +71,8 @@ async fn main() {
     let mut times = Vec::with_capacity(n_empty);
     for _ in 0..n_empty {
         let t = Instant::now();
-        runtime
-            .invoke(&alice, &hostile, &empty)
+        host.invoke(&alice, &hostile, empty.clone())
+            .await
             .result
             .expect("empty invocation");
         times.push(t.elapsed());
@@ -85,12 +86,12 @@ async fn main() {
         .host
         .function("alice", "feature-extract")
         .expect("feature-extract");
-    let inv = Invocation {
+    let inv = InvokeRequest {
         bucket: "datasets".into(),
         keys: keys.clone(),
         model: model.into(),
         split: split as u32,
-        options: vec![],
+        options: BTreeMap::new(),
     };
     let pkg = ModelPackage::load(&models_dir().join(model), tch::Device::Cpu).expect("package");
     let i = &pkg.manifest().input;
@@ -111,7 +112,7 @@ async fn main() {
     let (mut wasm_t, mut native_t, mut stages) = (Vec::new(), Vec::new(), Vec::new());
     for r in 0..reps + 2 {
         let t0 = Instant::now();
-        let done = runtime.invoke(&alice, &fe, &inv);
+        let done = host.invoke(&alice, &fe, inv.clone()).await;
         let (out, timings) = (done.result, done.timings);
         out.expect("wasm extraction");
         let w = t0.elapsed();
@@ -126,7 +127,7 @@ async fn main() {
     }
     let (wasm_p50, _) = stats(wasm_t);
     let (native_p50, _) = stats(native_t);
-    let med = |f: &dyn Fn(&hapi_host::runtime::Timings) -> Duration| {
+    let med = |f: &dyn Fn(&hapi_host::wasm::invoke::Timings) -> Duration| {
         stats(stages.iter().map(f).collect()).0
     };
     let (s_inst, s_read, s_guest, s_compute) = (

@@ -219,7 +219,7 @@ async fn main() {
                 .await
                 .expect("warm-up");
             for &n in &TENANTS {
-                let before = h.host.device().snapshot();
+                let before = h.host.device().memory();
                 let started = Instant::now();
                 let until = started + window;
                 let runs = (0..n).map(|t| {
@@ -229,7 +229,7 @@ async fn main() {
                 });
                 let results = futures::future::join_all(runs).await;
                 let elapsed = started.elapsed().as_secs_f64();
-                let after = h.host.device().snapshot();
+                let after = h.host.device().memory();
                 let mut lat: Vec<Duration> = results.iter().flat_map(|r| r.0.clone()).collect();
                 let samples: usize = results.iter().map(|r| r.1).sum();
                 let failed: usize = results.iter().map(|r| r.2).sum();
@@ -344,7 +344,7 @@ async fn main() {
     let ok = results.iter().filter(|r| r.is_ok()).count();
     let refused = results.iter().filter(|r| **r == Err(429)).count();
     let other = results.len() - ok - refused;
-    let device = h.host.device().snapshot();
+    let device = h.host.device().memory();
     println!(
         "\nburst ({model}): 200 requests of 8 images at once, 4 running + 8 waiting allowed\n  \
          served {ok}, refused 429 {refused}, other {other}, in {took:.1} s; resident set {:.0} MiB \

@@ -2,9 +2,11 @@
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
+use hapi_host::http::server::Connections;
 use hapi_host::policy::{Policy, hash_token};
-use hapi_host::{Host, api};
+use hapi_host::{Host, http};
 use std::path::PathBuf;
+use std::sync::Arc;
 
 #[derive(Parser, Debug)]
 #[command(version, about)]
@@ -24,13 +26,51 @@ enum Command {
         #[arg(long)]
         listen: Option<std::net::SocketAddr>,
     },
-    /// Print the sha256 of a token, for a tenant's `token_sha256`.
+    /// Print the sha256 of a token, for a tenant's `token_sha256` or the operator's.
     HashToken { token: String },
-    /// Check a policy file and print its tenants.
+    /// Check a policy file (every key, range and model name) and print its tenants.
     Check {
         #[arg(long)]
         policy: PathBuf,
     },
+}
+
+/// Raises the soft limit on open files to the hard limit: every connection takes one.
+fn raise_fd_limit() -> u64 {
+    // SAFETY: getrlimit/setrlimit with a valid, initialised struct.
+    unsafe {
+        let mut l = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut l) != 0 {
+            return 0;
+        }
+        if l.rlim_cur < l.rlim_max {
+            let raised = libc::rlimit {
+                rlim_cur: l.rlim_max,
+                rlim_max: l.rlim_max,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+                return raised.rlim_cur;
+            }
+        }
+        l.rlim_cur
+    }
+}
+
+async fn shutdown_signal() {
+    let term = async {
+        if let Ok(mut s) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        {
+            s.recv().await;
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {},
+        () = term => {},
+    }
+    tracing::info!("shutting down: finishing in-flight invocations");
 }
 
 #[tokio::main]
@@ -61,15 +101,50 @@ async fn main() -> anyhow::Result<()> {
             listen,
         } => {
             let policy = Policy::load(&path)?;
+            let mut http_settings = policy.host.http.clone();
+            let files = raise_fd_limit();
+            // Leave descriptors for the host itself (models, objects, compiled code).
+            let usable = usize::try_from(files.saturating_sub(128)).unwrap_or(usize::MAX);
+            if files > 0 && usable < http_settings.max_connections {
+                tracing::warn!(
+                    "the open-file limit is {files}: at most {usable} connections instead of {}",
+                    http_settings.max_connections
+                );
+                http_settings.max_connections = usable.max(1);
+                http_settings.max_connections_per_client =
+                    http_settings.max_connections_per_client.min(usable.max(1));
+            }
             let addr = listen.unwrap_or(policy.host.listen);
             // Bind first: a host that cannot listen fails before loading anything.
             let listener = tokio::net::TcpListener::bind(addr)
                 .await
                 .with_context(|| format!("binding {addr}"))?;
+            let metrics_listener = match policy.host.metrics_listen {
+                Some(a) => Some(
+                    tokio::net::TcpListener::bind(a)
+                        .await
+                        .with_context(|| format!("binding {a} (host.metrics_listen)"))?,
+                ),
+                None => None,
+            };
             let host = tokio::task::spawn_blocking(move || Host::start(policy)).await??;
             // Tests and scripts read the bound address from this line.
             println!("listening on http://{}", listener.local_addr()?);
-            let reloader = std::sync::Arc::clone(&host);
+            if let Some(l) = metrics_listener {
+                println!("metrics on http://{}", l.local_addr()?);
+                let (router, settings) = (
+                    http::metrics_router(Arc::clone(&host)),
+                    http_settings.clone(),
+                );
+                tokio::spawn(http::serve(
+                    l,
+                    router,
+                    settings,
+                    Arc::new(Connections::default()),
+                    std::future::pending(),
+                ));
+            }
+            let reloader = Arc::clone(&host);
             tokio::spawn(async move {
                 let Ok(mut hup) =
                     tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
@@ -77,7 +152,7 @@ async fn main() -> anyhow::Result<()> {
                     return;
                 };
                 while hup.recv().await.is_some() {
-                    let host = std::sync::Arc::clone(&reloader);
+                    let host = Arc::clone(&reloader);
                     let path = path.clone();
                     let result = tokio::task::spawn_blocking(move || {
                         Policy::load(&path)
@@ -86,7 +161,11 @@ async fn main() -> anyhow::Result<()> {
                     })
                     .await;
                     match result {
-                        Ok(Ok(())) => tracing::info!("policy reloaded"),
+                        Ok(Ok(restart)) if restart.is_empty() => tracing::info!("policy reloaded"),
+                        Ok(Ok(restart)) => tracing::warn!(
+                            "policy reloaded; these host settings changed and take effect at the next restart: {}",
+                            restart.join(", ")
+                        ),
                         Ok(Err(e)) => {
                             tracing::error!("policy not reloaded, keeping the old one: {e:#}")
                         }
@@ -94,25 +173,17 @@ async fn main() -> anyhow::Result<()> {
                     }
                 }
             });
-            axum::serve(listener, api::router(host))
-                .with_graceful_shutdown(shutdown())
-                .await?;
+            http::serve(
+                listener,
+                http::router(Arc::clone(&host)),
+                http_settings,
+                Arc::new(Connections::default()),
+                shutdown_signal(),
+            )
+            .await;
+            host.device().shutdown();
             tracing::info!("stopped");
         }
     }
     Ok(())
-}
-
-async fn shutdown() {
-    let term = async {
-        if let Ok(mut s) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        {
-            s.recv().await;
-        }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {},
-        () = term => {},
-    }
-    tracing::info!("shutting down: finishing in-flight invocations");
 }

@@ -21,8 +21,7 @@
 //! is the largest of its layers'.
 
 use hapi_model::ModelPackage;
-use serde::{Deserialize, Serialize};
-use std::ops::Range;
+use hapi_wire::profile::{LayerMemory, ModelMemory};
 use std::time::Instant;
 use tch::{Device, Kind, Tensor};
 
@@ -30,121 +29,6 @@ use tch::{Device, Kind, Tensor};
 pub const MEASURE_BATCHES: (i64, i64) = (4, 16);
 /// Repetitions per layer and batch (the median growth is used).
 pub const MEASURE_REPS: usize = 3;
-/// A batch size within this fraction of the fastest per sample counts as fast.
-pub const EFFICIENT_WITHIN: f64 = 0.05;
-
-/// One layer's memory on this device.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct LayerMemory {
-    pub index: usize,
-    pub name: String,
-    pub weights_bytes: u64,
-    pub input_bytes_per_sample: u64,
-    pub output_bytes_per_sample: u64,
-    /// Peak growth per sample while the layer runs (input excluded): what the model uses.
-    pub per_sample_bytes: u64,
-    /// Peak growth independent of the batch size.
-    pub workspace_bytes: u64,
-    /// The measured slope before the bound was applied (0 when not measured).
-    pub measured_per_sample_bytes: u64,
-    /// Forward time per sample at each of [`ModelMemory::time_batches`] (median of the runs).
-    pub seconds_per_sample: Vec<f64>,
-}
-
-/// A model's memory, per layer.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct ModelMemory {
-    pub model: String,
-    /// `rss-peak` (measured on CPU) or `activation-bound` (CUDA).
-    pub method: String,
-    pub batches: [i64; 2],
-    /// Batch sizes of the per-sample times.
-    pub time_batches: Vec<i64>,
-    pub seconds: f64,
-    pub layers: Vec<LayerMemory>,
-}
-
-/// What running a segment takes: `weights` while loaded, `workspace + n * per_sample` per run.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-pub struct SegmentCost {
-    pub weights: u64,
-    pub workspace: u64,
-    pub per_sample: u64,
-    /// The batch size that runs fastest per sample, when smaller batches beat large ones
-    /// ([`ModelMemory::efficient_batch`]).
-    pub efficient_batch: Option<i64>,
-}
-
-impl SegmentCost {
-    /// Bytes a run of `n` samples reserves.
-    pub fn run_bytes(&self, n: u64) -> u64 {
-        self.workspace
-            .saturating_add(self.per_sample.saturating_mul(n))
-    }
-}
-
-impl ModelMemory {
-    /// The batch size at which layers `range` cost the least time per sample on this device,
-    /// among those measured. Larger batches are not always cheaper: on a CPU, the early layers
-    /// of a network with large activations run slower per sample once a batch's activations
-    /// outgrow the caches. `None` when the largest measured batch is the cheapest (bigger is
-    /// presumably as good).
-    pub fn efficient_batch(&self, range: Range<usize>) -> Option<i64> {
-        let layers = &self.layers[range];
-        let cost = |k: usize| -> f64 {
-            layers
-                .iter()
-                .map(|l| l.seconds_per_sample.get(k).copied().unwrap_or(f64::NAN))
-                .sum()
-        };
-        let cheapest = (0..self.time_batches.len())
-            .filter(|&k| cost(k).is_finite())
-            .map(cost)
-            .min_by(f64::total_cmp)?;
-        // The largest batch within 5% of the cheapest: measurements of close sizes differ by
-        // about that much from run to run, and larger batches pool better.
-        let best = (0..self.time_batches.len())
-            .rev()
-            .find(|&k| cost(k) <= cheapest * (1.0 + EFFICIENT_WITHIN))?;
-        (best + 1 < self.time_batches.len()).then(|| self.time_batches[best])
-    }
-
-    /// The most any one layer needs to run a single sample (input, growth and workspace).
-    pub fn one_sample_peak(&self) -> u64 {
-        self.layers
-            .iter()
-            .map(|l| l.workspace_bytes + l.input_bytes_per_sample + l.per_sample_bytes)
-            .max()
-            .unwrap_or(0)
-    }
-
-    pub fn weights(&self) -> u64 {
-        self.layers.iter().map(|l| l.weights_bytes).sum()
-    }
-
-    /// The cost of layers `range` (which the caller has checked against the model).
-    pub fn segment(&self, range: Range<usize>) -> SegmentCost {
-        let layers = &self.layers[range.clone()];
-        let input = layers.first().map_or(0, |l| l.input_bytes_per_sample);
-        let output = layers.last().map_or(0, |l| l.output_bytes_per_sample);
-        let working = layers
-            .iter()
-            .enumerate()
-            .map(|(k, l)| {
-                // The first layer's input is the caller's, already counted.
-                let own_input = if k == 0 { 0 } else { l.input_bytes_per_sample };
-                own_input + l.per_sample_bytes
-            })
-            .max()
-            .unwrap_or(0);
-        SegmentCost {
-            weights: layers.iter().map(|l| l.weights_bytes).sum(),
-            workspace: layers.iter().map(|l| l.workspace_bytes).max().unwrap_or(0),
-            per_sample: input + working + output,
-            efficient_batch: self.efficient_batch(range),
-        }
-    }
-}
 
 fn elements(shape: &[i64]) -> u64 {
     shape
@@ -227,7 +111,8 @@ fn timed(pkg: &ModelPackage, i: usize, x: &Tensor) -> Result<(f64, Tensor), Stri
         y = Some(out);
     }
     times.sort_by(f64::total_cmp);
-    Ok((times[times.len() / 2], y.expect("at least one repetition")))
+    let y = y.ok_or("no repetition ran")?;
+    Ok((times[times.len() / 2], y))
 }
 
 /// Median peak growth of the resident set while layer `i` runs on `x`, the input already
@@ -313,61 +198,6 @@ pub mod rss {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn layer(i: usize, inp: u64, out: u64, per: u64, ws: u64, w: u64) -> LayerMemory {
-        LayerMemory {
-            index: i,
-            name: format!("l{i}"),
-            weights_bytes: w,
-            input_bytes_per_sample: inp,
-            output_bytes_per_sample: out,
-            per_sample_bytes: per,
-            workspace_bytes: ws,
-            measured_per_sample_bytes: per,
-            seconds_per_sample: vec![1.0, 0.5, 0.6],
-        }
-    }
-
-    #[test]
-    fn segment_cost_holds_input_largest_working_set_and_output() {
-        let m = ModelMemory {
-            model: "m".into(),
-            method: "rss-peak".into(),
-            batches: [4, 16],
-            time_batches: vec![1, 4, 16],
-            seconds: 0.0,
-            layers: vec![
-                layer(0, 100, 400, 500, 10, 1000),
-                layer(1, 400, 50, 60, 30, 2000),
-                layer(2, 50, 20, 20, 0, 4000),
-            ],
-        };
-        // [0, 3): input 100 + max(500, 400 + 60, 50 + 20) + output 20.
-        assert_eq!(
-            m.segment(0..3),
-            SegmentCost {
-                weights: 7000,
-                workspace: 30,
-                per_sample: 620,
-                efficient_batch: Some(4),
-            }
-        );
-        // [1, 3): input 400 + max(60, 50 + 20) + output 20.
-        assert_eq!(m.segment(1..3).per_sample, 490);
-        assert_eq!(m.segment(1..3).run_bytes(10), 30 + 4900);
-        assert_eq!(m.weights(), 7000);
-        // 3 layers: 3.0 s per sample at batch 1, 1.5 at 4, 1.8 at 16.
-        assert_eq!(m.efficient_batch(0..3), Some(4));
-        let mut m = m;
-        for l in &mut m.layers {
-            l.seconds_per_sample = vec![1.0, 0.5, 0.4];
-        }
-        assert_eq!(
-            m.efficient_batch(0..3),
-            None,
-            "the largest measured batch is best"
-        );
-    }
 
     #[test]
     fn peaks_are_measurable_here() {

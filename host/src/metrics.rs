@@ -98,6 +98,11 @@ impl Metrics {
                 |s| s.output_bytes.to_string(),
             ),
         ];
+        let _ = writeln!(
+            out,
+            "# HELP hapi_process_resident_bytes Resident memory of the host process.\n# TYPE hapi_process_resident_bytes gauge\nhapi_process_resident_bytes {}",
+            crate::memory::rss::current()
+        );
         for (name, kind, help, value) in families {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
             for ((tenant, function, code), s) in map.iter() {

@@ -1,12 +1,14 @@
-//! The model packages this host serves: manifests read at start, segments loaded on first use,
-//! per-layer profiles measured on first request and cached.
+//! The model packages this host serves: manifests read at start, packages loaded when the
+//! device asks (it decides what stays loaded), and per-model measurements made once and kept:
+//! the memory model ([`crate::memory`]) and the per-layer profile.
 
-use crate::memory::{self, ModelMemory};
-use hapi_model::profile::{LayerProfile, profile_layers};
+use crate::memory;
+use hapi_model::profile::profile_layers;
 use hapi_model::{Manifest, ModelPackage, list_packages};
+use hapi_wire::profile::{LayerProfile, ModelMemory};
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use tch::Device;
 
 /// Batch size of the profile endpoint's measurements.
@@ -20,7 +22,6 @@ type Slot<T> = Arc<OnceLock<Result<Arc<T>, String>>>;
 pub struct Models {
     device: Device,
     manifests: BTreeMap<String, (PathBuf, Manifest)>,
-    loaded: Mutex<HashMap<String, Slot<ModelPackage>>>,
     profiles: Mutex<HashMap<String, Slot<Vec<LayerProfile>>>>,
     memory: Mutex<HashMap<String, Slot<ModelMemory>>>,
 }
@@ -36,7 +37,6 @@ impl Models {
         Ok(Self {
             device,
             manifests,
-            loaded: Mutex::default(),
             profiles: Mutex::default(),
             memory: Mutex::default(),
         })
@@ -54,47 +54,31 @@ impl Models {
         self.manifests.get(name).map(|(_, m)| m)
     }
 
-    fn slot<T>(map: &Mutex<HashMap<String, Slot<T>>>, name: &str) -> Slot<T> {
-        let mut map = map
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        Arc::clone(map.entry(name.to_string()).or_default())
+    /// Bytes of `name`'s weights (f32 parameters), from its manifest.
+    pub fn weights(&self, name: &str) -> Option<u64> {
+        let m = self.manifest(name)?;
+        Some(m.layers.iter().map(|l| 4 * l.params).sum())
     }
 
-    /// The loaded package (loaded once, on first use; concurrent callers wait for it).
-    pub fn package(&self, name: &str) -> Result<Arc<ModelPackage>, String> {
+    /// Loads `name` from disk onto this host's device (blocking; the device calls it).
+    pub fn load(&self, name: &str) -> Result<ModelPackage, String> {
         let (dir, _) = self
             .manifests
             .get(name)
             .ok_or_else(|| format!("no model `{name}` on this host"))?;
-        Self::slot(&self.loaded, name)
-            .get_or_init(|| {
-                ModelPackage::load(dir, self.device)
-                    .map(Arc::new)
-                    .map_err(|e| e.to_string())
-            })
-            .clone()
+        ModelPackage::load(dir, self.device).map_err(|e| e.to_string())
     }
 
-    /// Per-layer time per sample and output bytes on this host's device (measured once).
-    pub fn profile(&self, name: &str) -> Result<Arc<Vec<LayerProfile>>, String> {
-        let pkg = self.package(name)?;
-        Self::slot(&self.profiles, name)
-            .get_or_init(|| {
-                profile_layers(&pkg, PROFILE_BATCH, PROFILE_REPS)
-                    .map(Arc::new)
-                    .map_err(|e| e.to_string())
-            })
-            .clone()
+    fn slot<T>(map: &Mutex<HashMap<String, Slot<T>>>, name: &str) -> Slot<T> {
+        let mut map = map.lock().unwrap_or_else(PoisonError::into_inner);
+        Arc::clone(map.entry(name.to_string()).or_default())
     }
 
-    /// Per-layer memory on this host's device (measured once, on first use: see
-    /// [`memory`](crate::memory)).
-    pub fn memory(&self, name: &str) -> Result<Arc<ModelMemory>, String> {
-        let pkg = self.package(name)?;
+    /// The memory model of `name`, measured on `pkg` the first time (concurrent callers wait).
+    pub fn memory(&self, name: &str, pkg: &ModelPackage) -> Result<Arc<ModelMemory>, String> {
         Self::slot(&self.memory, name)
             .get_or_init(|| {
-                let m = memory::measure(&pkg).map_err(|e| format!("measuring `{name}`: {e}"))?;
+                let m = memory::measure(pkg).map_err(|e| format!("measuring `{name}`: {e}"))?;
                 tracing::info!(
                     "memory model of `{name}`: {} ({:.1}s), weights {} bytes",
                     m.method,
@@ -102,6 +86,22 @@ impl Models {
                     m.weights()
                 );
                 Ok(Arc::new(m))
+            })
+            .clone()
+    }
+
+    /// Per-layer time per sample and output bytes on this host's device, measured on `pkg`
+    /// the first time.
+    pub fn profile(
+        &self,
+        name: &str,
+        pkg: &ModelPackage,
+    ) -> Result<Arc<Vec<LayerProfile>>, String> {
+        Self::slot(&self.profiles, name)
+            .get_or_init(|| {
+                profile_layers(pkg, PROFILE_BATCH, PROFILE_REPS)
+                    .map(Arc::new)
+                    .map_err(|e| e.to_string())
             })
             .clone()
     }

@@ -54,9 +54,38 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         .ok_or_else(|| format!("`{text}` is too long"))
 }
 
+/// A byte size as an operator would write it (`256MiB`, `1536KiB`, `100B`).
+pub fn format_size(n: u64) -> String {
+    for (unit, size) in [
+        ("TiB", 1u64 << 40),
+        ("GiB", 1 << 30),
+        ("MiB", 1 << 20),
+        ("KiB", 1 << 10),
+    ] {
+        if n >= size && n.is_multiple_of(size) {
+            return format!("{}{unit}", n / size);
+        }
+    }
+    format!("{n}B")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn sizes_and_durations_parse_or_fail_cleanly(text in ".{0,40}") {
+            let _ = parse_size(&text);
+            let _ = parse_duration(&text);
+        }
+
+        #[test]
+        fn formatted_sizes_parse_back(n in any::<u64>()) {
+            prop_assert_eq!(parse_size(&format_size(n)), Ok(n));
+        }
+    }
 
     #[test]
     fn sizes() {

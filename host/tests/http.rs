@@ -144,16 +144,14 @@ async fn health_and_metrics() {
     assert_eq!(health.status(), 200);
     let body =
         json!({"bucket": "datasets", "keys": [sample_key(0)], "model": "resnet18", "split": 1});
-    assert_eq!(h.invoke(ALICE, "feature-extract", body).await.status(), 200);
-    let text = h
-        .client
-        .get(format!("{}/metrics", h.url))
-        .send()
-        .await
-        .expect("get")
-        .text()
-        .await
-        .expect("text");
+    let resp = h.invoke(ALICE, "feature-extract", body).await;
+    assert_eq!(
+        resp.status(),
+        200,
+        "{}",
+        resp.text().await.unwrap_or_default()
+    );
+    let text = h.metrics().await;
     assert!(
         text.contains(
             r#"hapi_invocations_total{tenant="alice",function="feature-extract",code="ok"} 1"#

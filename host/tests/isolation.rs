@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::{ALICE, BOB, TIGHT, TestHost, error_code, guest, raw, sample_key};
+use common::{ALICE, BOB, TestHost, error_code, raw, sample_key};
 use serde_json::json;
 
 fn read(bucket: &str, keys: &[&str]) -> serde_json::Value {
@@ -179,106 +179,4 @@ async fn unknown_models_and_layer_ranges_are_rejected() {
         .await,
         1u32.to_le_bytes()
     ); // usize is 32-bit in the guest
-}
-
-async fn put(h: &TestHost, token: &str, name: &str, body: Vec<u8>) -> reqwest::Response {
-    h.client
-        .put(format!("{}/v1/functions/{name}", h.url))
-        .bearer_auth(token)
-        .body(body)
-        .send()
-        .await
-        .expect("request")
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn uploads_that_are_not_granted_components_are_rejected() {
-    let h = TestHost::start().await;
-    for (body, needle) in [
-        (b"hello".to_vec(), "not WebAssembly"),
-        (b"\0asm\x01\0\0\0".to_vec(), "core Wasm module"),
-        (b"\0asm\x0d\0\x01\0garbage".to_vec(), "does not compile"),
-        (
-            std::fs::read(guest("fs-reader")).expect("fs-reader"),
-            "wasi:filesystem/preopens@0.2.6",
-        ),
-    ] {
-        let (code, message) = error_code(put(&h, ALICE, "mine", body).await, 422).await;
-        assert_eq!(code, "bad_component", "{message}");
-        assert!(message.contains(needle), "{needle}: {message}");
-    }
-    // A tenant without the deploy right cannot upload at all.
-    let (code, _) = error_code(
-        put(
-            &h,
-            BOB,
-            "mine",
-            std::fs::read(guest("hostile")).expect("wasm"),
-        )
-        .await,
-        403,
-    )
-    .await;
-    assert_eq!(code, "deploy_not_allowed");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_deployed_function_can_be_invoked_listed_and_removed() {
-    let h = TestHost::start().await;
-    let resp = put(
-        &h,
-        ALICE,
-        "mine",
-        std::fs::read(guest("hostile")).expect("wasm"),
-    )
-    .await;
-    assert_eq!(resp.status(), 201);
-    let info: serde_json::Value = resp.json().await.expect("json");
-    // Compiled once; the machine code is kept for restarts.
-    let compiled = h.policy_path.with_file_name("state").join("compiled");
-    let sha = info["sha256"].as_str().expect("sha256");
-    let cached = std::fs::read_dir(&compiled)
-        .expect("compiled dir")
-        .filter_map(Result::ok);
-    assert!(
-        cached
-            .into_iter()
-            .any(|e| e.file_name().to_string_lossy().starts_with(sha)),
-        "no cached code for {sha}"
-    );
-    let body = json!({"bucket": "datasets", "keys": [], "model": "resnet18", "split": 0, "options": {"mode": "output", "bytes": "3"}});
-    assert_eq!(
-        raw(h.invoke(ALICE, "mine", body.clone()).await).await,
-        [7, 7, 7]
-    );
-    let list: serde_json::Value = h
-        .client
-        .get(format!("{}/v1/functions", h.url))
-        .bearer_auth(ALICE)
-        .send()
-        .await
-        .expect("list")
-        .json()
-        .await
-        .expect("json");
-    let names: Vec<&str> = list
-        .as_array()
-        .expect("array")
-        .iter()
-        .filter_map(|f| f["name"].as_str())
-        .collect();
-    assert_eq!(names, ["feature-extract", "hostile", "mine"]);
-    // Other tenants do not see it.
-    let (code, _) = error_code(h.invoke(TIGHT, "mine", body.clone()).await, 404).await;
-    assert_eq!(code, "function_not_found");
-    let resp = h
-        .client
-        .delete(format!("{}/v1/functions/mine", h.url))
-        .bearer_auth(ALICE)
-        .send()
-        .await
-        .expect("delete");
-    assert_eq!(resp.status(), 204);
-    let (code, _) = error_code(h.invoke(ALICE, "mine", body).await, 404).await;
-    assert_eq!(code, "function_not_found");
 }

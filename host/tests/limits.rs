@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{BOB, TIGHT, TestHost, error_code, raw};
+use common::{BOB, CLOCKY, TIGHT, TestHost, error_code, raw};
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};
 
@@ -104,30 +104,169 @@ async fn time_limit_violated_stops_the_guest_within_its_deadline() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn output_limit_obeyed() {
     let h = TestHost::start().await;
-    let out = raw(h
+    let resp = h
         .invoke(
             TIGHT,
             "hostile",
-            hostile("output", &[("bytes", "65536")], &[]),
+            hostile("output", &[("bytes", "65000")], &[]),
         )
-        .await)
-    .await;
-    assert_eq!(out.len(), 65536);
+        .await;
+    let declared: u64 = resp
+        .headers()
+        .get("content-length")
+        .and_then(|v| v.to_str().ok()?.parse().ok())
+        .expect("content-length");
+    assert!(declared <= 65536, "the whole body counts: {declared}");
+    assert_eq!(raw(resp).await.len(), 65000);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn output_limit_violated() {
     let h = TestHost::start().await;
+    // 64 KiB of data: the safetensors header takes the body over the 64 KiB limit.
     let resp = h
         .invoke(
             TIGHT,
             "hostile",
-            hostile("output", &[("bytes", "65537")], &[]),
+            hostile("output", &[("bytes", "65536")], &[]),
         )
         .await;
     let (code, message) = error_code(resp, 422).await;
     assert_eq!(code, "output_too_large", "{message}");
-    assert!(message.contains("65537"), "{message}");
+    assert!(message.contains("output limit of 65536"), "{message}");
+    others_still_served(&h).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn output_rank_obeyed_and_violated() {
+    let h = TestHost::start().await;
+    let rank = hapi_wire::tensor::MAX_RANK.to_string();
+    assert_eq!(
+        raw(h
+            .invoke(
+                TIGHT,
+                "hostile",
+                hostile("wide-output", &[("rank", &rank)], &[])
+            )
+            .await)
+        .await,
+        [1]
+    );
+    // 8 million dimensions and one byte of data: refused, not a 16 MB body.
+    let resp = h
+        .invoke(
+            TIGHT,
+            "hostile",
+            hostile("wide-output", &[("rank", "8000000")], &[]),
+        )
+        .await;
+    let (code, message) = error_code(resp, 422).await;
+    assert!(
+        code == "bad_output" || code == "memory_limit_exceeded",
+        "{code}: {message}"
+    );
+    assert!(message.len() < 1024, "{}", message.len());
+    let resp = h
+        .invoke(
+            BOB,
+            "hostile",
+            hostile(
+                "wide-output",
+                &[("rank", &(hapi_wire::tensor::MAX_RANK + 1).to_string())],
+                &[],
+            ),
+        )
+        .await;
+    let (code, message) = error_code(resp, 422).await;
+    assert_eq!(code, "bad_output", "{message}");
+    others_still_served(&h).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn error_message_bound_obeyed_and_violated() {
+    let h = TestHost::start().await;
+    let bound = hapi_host::account::text::MAX_MESSAGE;
+    let resp = h
+        .invoke(
+            BOB,
+            "hostile",
+            hostile("long-error", &[("bytes", "3000")], &[]),
+        )
+        .await;
+    let (code, message) = error_code(resp, 400).await;
+    assert_eq!(code, "bad_request");
+    assert!(message.ends_with(&"e".repeat(3000)), "kept whole");
+    // 24 MiB of message: what comes back is bounded.
+    let resp = h
+        .invoke(
+            BOB,
+            "hostile",
+            hostile("long-error", &[("bytes", &(24 << 20).to_string())], &[]),
+        )
+        .await;
+    let (code, message) = error_code(resp, 400).await;
+    assert_eq!(code, "bad_request");
+    assert!(message.len() <= bound, "{} bytes", message.len());
+    assert!(
+        message.ends_with(&format!("({} bytes in all)", (24 << 20) + 13)),
+        "{}",
+        &message[message.len() - 60..]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn handle_limit_obeyed_and_violated() {
+    let h = TestHost::start().await;
+    let max = hapi_host::wasm::limits::MAX_HANDLES;
+    let kept = raw(h
+        .invoke(
+            BOB,
+            "hostile",
+            hostile(
+                "dims",
+                &[("count", &(max - 100).to_string()), ("rank", "1")],
+                &[],
+            ),
+        )
+        .await)
+    .await;
+    assert_eq!(
+        u64::from_le_bytes(kept.try_into().expect("8 bytes")),
+        (max - 100) as u64
+    );
+    let resp = h
+        .invoke(
+            BOB,
+            "hostile",
+            hostile(
+                "dims",
+                &[("count", &(max + 1).to_string()), ("rank", "1")],
+                &[],
+            ),
+        )
+        .await;
+    let (code, message) = error_code(resp, 422).await;
+    assert_eq!(code, "table_limit_exceeded", "{message}");
+    others_still_served(&h).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn time_limit_holds_inside_a_blocking_host_call() {
+    let h = TestHost::start().await;
+    let sleep = |ms: &str| json!({"bucket": "b", "keys": [], "model": "resnet18", "split": 0, "options": {"ms": ms}});
+    // `clocky` has a 1 s limit: a 300 ms sleep is within it.
+    let slept = raw(h.invoke(CLOCKY, "sleeper", sleep("300")).await).await;
+    assert!(u64::from_le_bytes(slept.try_into().expect("8 bytes")) >= 300);
+    // An 8 s sleep is a single host call; the host ends it at the deadline.
+    let started = Instant::now();
+    let resp = h.invoke(CLOCKY, "sleeper", sleep("8000")).await;
+    let took = started.elapsed();
+    let (code, message) = error_code(resp, 422).await;
+    assert_eq!(code, "time_limit_exceeded", "{message}");
+    assert!(
+        took >= Duration::from_secs(1) && took < Duration::from_millis(1500),
+        "{took:?}"
+    );
     others_still_served(&h).await;
 }
 

@@ -5,8 +5,9 @@ mod common;
 
 use common::seaweed::Seaweed;
 use common::{ALICE, SAMPLES, TestHost, features, layout, sample_key};
-use hapi_host::objects::{ObjectError, Objects, Store};
 use hapi_host::policy::{Grant, Limits, S3Settings, StoreLocation, Tenant};
+use hapi_host::store::scoped::Scoped;
+use hapi_host::store::{ObjectError, ObjectMeta, Store};
 use serde_json::json;
 use std::sync::Arc;
 
@@ -30,47 +31,83 @@ fn tenant() -> Arc<Tenant> {
     })
 }
 
+async fn get(o: &mut Scoped, bucket: &str, key: &str) -> Result<Vec<u8>, ObjectError> {
+    let planned = o.plan(bucket, key, None).await?;
+    o.read(&planned).await
+}
+
+async fn get_range(
+    o: &mut Scoped,
+    bucket: &str,
+    key: &str,
+    offset: u64,
+    length: u64,
+) -> Result<Vec<u8>, ObjectError> {
+    let planned = o.plan(bucket, key, Some((offset, length))).await?;
+    o.read(&planned).await
+}
+
 /// The suite: every backend must behave the same.
-fn conformance(store: Store) {
+async fn conformance(store: Store) {
     let store = Arc::new(store);
-    let fresh = || Objects::new(tenant(), Arc::clone(&store));
+    let fresh = || Scoped::new(tenant(), Arc::clone(&store));
     let mut o = fresh();
+    let small = "fashion-mnist/small.bin";
+    assert_eq!(get(&mut o, "datasets", small).await, Ok(vec![1u8; 1024]));
     assert_eq!(
-        o.get("datasets", "fashion-mnist/small.bin"),
-        Ok(vec![1u8; 1024])
-    );
-    assert_eq!(
-        o.get_range("datasets", "fashion-mnist/small.bin", 100, 50),
+        get_range(&mut o, "datasets", small, 100, 50).await,
         Ok(vec![1u8; 50])
     );
     assert_eq!(
-        o.get_range("datasets", "fashion-mnist/small.bin", 1000, 100),
+        get_range(&mut o, "datasets", small, 1000, 100).await,
         Ok(vec![1u8; 24])
     );
+    // Past the end, however far: empty, not an error.
+    let mut o = fresh();
+    for offset in [5000, u64::MAX - 5, u64::MAX] {
+        assert_eq!(
+            get_range(&mut o, "datasets", small, offset, 10).await,
+            Ok(vec![]),
+            "offset {offset}"
+        );
+    }
     assert_eq!(
-        o.get_range("datasets", "fashion-mnist/small.bin", 5000, 10),
-        Ok(vec![])
+        get_range(&mut o, "datasets", small, 10, u64::MAX).await,
+        Ok(vec![1u8; 1014])
     );
-    let head = o.head("datasets", "fashion-mnist/small.bin").expect("head");
+    let head = o.head("datasets", small).await.expect("head");
     assert_eq!(head.size, 1024);
     assert!(head.last_modified_ms > 1_600_000_000_000, "{head:?}");
-    assert_eq!(
-        o.get("datasets", "fashion-mnist/nope.bin"),
-        Err(ObjectError::NotFound("fashion-mnist/nope.bin".into()))
-    );
+    assert!(matches!(
+        get(&mut o, "datasets", "fashion-mnist/nope.bin").await,
+        Err(ObjectError::NotFound(k)) if k.contains("fashion-mnist/nope.bin")
+    ));
+    // Keys that cannot exist are the caller's mistake, not the store's failure.
+    let long_segment = format!("fashion-mnist/{}.png", "a".repeat(300));
+    for key in [
+        long_segment.as_str(),
+        "fashion-mnist/small.bin/x",
+        "fashion-mnist/small.bin/x/y",
+    ] {
+        let r = get(&mut o, "datasets", key).await;
+        assert!(matches!(r, Err(ObjectError::NotFound(_))), "{key}: {r:?}");
+        let r = o.head("datasets", key).await;
+        assert!(matches!(r, Err(ObjectError::NotFound(_))), "{key}: {r:?}");
+    }
 
     // Byte caps: one object over 2 KiB; an invocation over 3 KiB.
     let mut o = fresh();
     assert_eq!(
-        o.get("datasets", "fashion-mnist/big.bin"),
+        get(&mut o, "datasets", "fashion-mnist/big.bin").await,
         Err(ObjectError::TooLarge(2048))
     );
     for _ in 0..3 {
-        o.get("datasets", "fashion-mnist/small.bin")
+        get(&mut o, "datasets", small)
+            .await
             .expect("within the read cap");
     }
     assert_eq!(
-        o.get("datasets", "fashion-mnist/small.bin"),
+        get(&mut o, "datasets", small).await,
         Err(ObjectError::TooLarge(3072))
     );
     assert_eq!(o.bytes_read, 3072);
@@ -86,11 +123,11 @@ fn conformance(store: Store) {
         ("datasets", "fashion-mnist//small.bin"),
     ] {
         assert!(
-            matches!(o.get(bucket, key), Err(ObjectError::Denied(_))),
+            matches!(get(&mut o, bucket, key).await, Err(ObjectError::Denied(_))),
             "{bucket}/{key}"
         );
         assert!(
-            matches!(o.head(bucket, key), Err(ObjectError::Denied(_))),
+            matches!(o.head(bucket, key).await, Err(ObjectError::Denied(_))),
             "{bucket}/{key}"
         );
     }
@@ -102,46 +139,67 @@ fn conformance(store: Store) {
         .map(|(_, k, _)| k)
         .collect();
     granted.sort();
-    let keys =
-        |v: Vec<hapi_host::objects::ObjectMeta>| v.into_iter().map(|m| m.key).collect::<Vec<_>>();
+    let keys = |v: Vec<ObjectMeta>| v.into_iter().map(|m| m.key).collect::<Vec<_>>();
     assert_eq!(
-        keys(o.list("datasets", "fashion-mnist/", 1000).expect("list")),
+        keys(
+            o.list("datasets", "fashion-mnist/", 1000)
+                .await
+                .expect("list")
+        ),
         granted
     );
     assert_eq!(
         keys(
             o.list("datasets", "", 1000)
+                .await
                 .expect("list everything granted")
         ),
         granted
     );
     assert_eq!(
-        keys(o.list("datasets", "fashion-mnist/s", 1000).expect("list")),
+        keys(
+            o.list("datasets", "fashion-mnist/s", 1000)
+                .await
+                .expect("list")
+        ),
         ["fashion-mnist/small.bin"]
     );
     assert_eq!(
-        keys(o.list("datasets", "fashion-mnist/", 2).expect("list")),
+        keys(o.list("datasets", "fashion-mnist/", 2).await.expect("list")),
         granted[..2]
     );
+    // A prefix no object can have: nothing, not an error.
+    let deep = format!("fashion-mnist/{}/", "d".repeat(300));
+    assert_eq!(o.list("datasets", &deep, 10).await, Ok(vec![]));
+    assert_eq!(
+        o.list("datasets", "fashion-mnist/small.bin/", 10).await,
+        Ok(vec![])
+    );
+    let too_long = format!("fashion-mnist/{}", "d".repeat(2000));
     assert!(matches!(
-        o.list("datasets", "private/", 10),
+        o.list("datasets", &too_long, 10).await,
         Err(ObjectError::Denied(_))
     ));
     assert!(matches!(
-        o.list("secret", "", 10),
+        o.list("datasets", "private/", 10).await,
+        Err(ObjectError::Denied(_))
+    ));
+    assert!(matches!(
+        o.list("secret", "", 10).await,
         Err(ObjectError::Denied(_))
     ));
 }
 
-#[test]
-fn local_store_conforms() {
+#[tokio::test]
+async fn local_store_conforms() {
     let tmp = tempfile::tempdir().expect("tmp");
     common::write_store(tmp.path());
-    conformance(Store::open(&StoreLocation::Local(tmp.path().to_path_buf())).expect("local store"));
+    conformance(Store::open(&StoreLocation::Local(tmp.path().to_path_buf())).expect("local store"))
+        .await;
 }
 
-/// An S3 store owns a runtime; dropping the store on an async thread (a failed start, the end
-/// of a test) must neither panic nor block.
+/// Dropping an S3 store on an async thread (a failed start, the end of a test) must neither
+/// panic nor block.
 #[tokio::test]
 async fn an_s3_store_can_be_dropped_on_an_async_thread() {
     let store = Store::open(&StoreLocation::S3(S3Settings {
@@ -167,9 +225,7 @@ async fn s3_store_conforms_and_serves_the_whole_pushdown_path() {
         secret_access_key: Some(common::seaweed::SECRET_KEY.into()),
     };
     let store = Store::open(&StoreLocation::S3(settings)).expect("S3 store");
-    tokio::task::spawn_blocking(move || conformance(store))
-        .await
-        .expect("suite");
+    conformance(store).await;
 
     // Wrong credentials are an I/O error, not a crash.
     let bad = Store::open(&StoreLocation::S3(S3Settings {
@@ -179,11 +235,8 @@ async fn s3_store_conforms_and_serves_the_whole_pushdown_path() {
         secret_access_key: Some("wrong".into()),
     }))
     .expect("store");
-    let err = tokio::task::spawn_blocking(move || {
-        Objects::new(tenant(), Arc::new(bad)).get("datasets", "fashion-mnist/small.bin")
-    })
-    .await
-    .expect("join");
+    let mut o = Scoped::new(tenant(), Arc::new(bad));
+    let err = get(&mut o, "datasets", "fashion-mnist/small.bin").await;
     assert!(matches!(err, Err(ObjectError::Io(_))), "{err:?}");
 
     // The host over S3: features equal those over the local store.

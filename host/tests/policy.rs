@@ -119,3 +119,109 @@ fn the_example_policy_parses_and_its_token_matches() {
     assert_eq!(demo.limits.memory, 512 << 20);
     assert!(demo.functions.contains_key("feature-extract"));
 }
+
+#[test]
+fn values_outside_their_ranges_are_named_with_key_and_line() {
+    let host =
+        |extra: &str| format!("[host]\nstore = \"s\"\nmodels = \"m\"\nstate = \"x\"\n{extra}\n");
+    for (extra, needle) in [
+        (
+            "batch_window = \"1h\"",
+            "host.batch_window: must be 0ns..=100ms",
+        ),
+        ("batch_window = \"100ms\"", ""),
+        (
+            "memory_budget = \"0\"",
+            "host.memory_budget: must be 16MiB..",
+        ),
+        ("memory_budget = \"16MiB\"", ""),
+        (
+            "max_request = \"0\"",
+            "host.max_request: must be 64KiB..=1GiB",
+        ),
+        ("max_batch = 0", "host.max_batch = 0: must be 1..=4096"),
+        ("slice = \"1ms\"", "host.slice: must be 5ms..=2s"),
+        (
+            "max_connections = 0",
+            "host.max_connections = 0: must be 1..=65536",
+        ),
+        (
+            "max_connections_per_client = 11\nmax_connections = 10",
+            "host.max_connections_per_client = 11: must be 1..=10",
+        ),
+        (
+            "header_timeout = \"0ms\"",
+            "host.header_timeout: must be 100ms..=3600s",
+        ),
+        ("workers = 0", "host.workers = 0: must be 1..=256"),
+        (
+            "operator_token_sha256 = \"xyz\"",
+            "host.operator_token_sha256: expected 64 hex digits",
+        ),
+        ("metrics_listen = \"nowhere\"", "host.metrics_listen"),
+    ] {
+        let r = parse(&host(extra));
+        if needle.is_empty() {
+            assert!(r.is_ok(), "{extra}: {r:?}");
+        } else {
+            let e = r.expect_err(extra);
+            assert!(e.contains("policy.toml line 5"), "{extra}: {e}");
+            assert!(e.contains(needle), "{extra}: {e}");
+        }
+    }
+    for (extra, needle) in [
+        (
+            "max_output = \"0\"",
+            "tenants.alice.max_output: must be 1KiB..=4GiB",
+        ),
+        (
+            "max_object = \"0\"",
+            "tenants.alice.max_object: must be 1B..",
+        ),
+        ("max_read = \"0\"", "tenants.alice.max_read: must be 1B.."),
+        (
+            "timeout = \"0ms\"",
+            "tenants.alice.timeout: must be 1ms..=3600s",
+        ),
+        (
+            "max_functions = -1",
+            "tenants.alice.max_functions = -1: must be 0..=1024",
+        ),
+        (
+            "max_function_bytes = \"5GiB\"",
+            "tenants.alice.max_function_bytes: must be 0B..=4GiB",
+        ),
+        ("weight = 0", "tenants.alice.weight = 0: must be 1..=1000"),
+    ] {
+        let e = parse(&with_tenant(extra)).expect_err(extra);
+        assert!(e.contains("policy.toml line 8"), "{extra}: {e}");
+        assert!(e.contains(needle), "{extra}: {e}");
+    }
+}
+
+#[test]
+fn a_model_that_no_package_has_is_named_with_its_line() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let models = hapi_model::models_dir();
+    let text = format!(
+        "[host]\nstore = \"s\"\nmodels = \"{}\"\nstate = \"x\"\n\n[tenants.alice]\ntoken_sha256 = \"{}\"\nmodels = [\"resnet18\",\n  \"resnet19\"]\n",
+        models.display(),
+        hash_token("t")
+    );
+    let path = dir.path().join("p.toml");
+    std::fs::write(&path, &text).expect("write");
+    let e = Policy::load(&path).expect_err("unknown model").to_string();
+    assert!(e.contains("line 9"), "{e}");
+    assert!(e.contains("no model package `resnet19`"), "{e}");
+    assert!(e.contains("resnet18"), "lists what there is: {e}");
+    std::fs::write(&path, text.replace("resnet19", "vgg11")).expect("write");
+    assert!(Policy::load(&path).is_ok());
+    // A models directory that cannot be read is named.
+    std::fs::write(
+        &path,
+        text.replace(&models.display().to_string(), "/nonexistent"),
+    )
+    .expect("write");
+    let e = Policy::load(&path).expect_err("no models").to_string();
+    assert!(e.contains("host.models = /nonexistent"), "{e}");
+}

@@ -2,20 +2,10 @@
 //! choice is made from.
 
 use crate::{ModelPackage, Result, device};
-use serde::{Deserialize, Serialize};
 use std::time::Instant;
 use tch::Tensor;
 
-/// One layer's cost at one batch size.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct LayerProfile {
-    pub index: usize,
-    pub name: String,
-    pub batch: i64,
-    /// Median over the repetitions of the batch's forward time, divided by the batch size.
-    pub seconds_per_sample: f64,
-    pub output_bytes_per_sample: u64,
-}
+pub use hapi_wire::profile::LayerProfile;
 
 /// Times every layer of `pkg` on a random batch of `batch` samples: one warm-up run, then the
 /// median of `reps` runs. Each layer gets the previous layer's real output as input.

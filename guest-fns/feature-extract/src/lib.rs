@@ -23,7 +23,7 @@ mod bindings {
 
 use bindings::hapi::pushdown::models::{self, ModelInfo};
 use bindings::hapi::pushdown::objects;
-use bindings::hapi::pushdown::types::ElementType;
+use bindings::hapi::pushdown::types::{ElementType, ObjectFailure};
 use bindings::wasi::nn::{self, graph, tensor};
 use bindings::{Error, Guest, Invocation, TensorOut};
 use hapi_preprocess::{Transform, decode, transform_into};
@@ -58,9 +58,14 @@ impl Guest for FeatureExtract {
         let mut batch = Vec::with_capacity(invocation.keys.len() * transform.sample_len());
         for key in &invocation.keys {
             let bytes = objects::get(&invocation.bucket, key).map_err(Error::Object)?;
-            let image = decode(&bytes).map_err(|e| Error::BadObject(format!("{key}: {e}")))?;
-            transform_into(&image, &transform, &mut batch)
-                .map_err(|e| Error::BadObject(format!("{key}: {e}")))?;
+            let bad = |reason: String| {
+                Error::BadObject(ObjectFailure {
+                    key: key.clone(),
+                    reason,
+                })
+            };
+            let image = decode(&bytes).map_err(|e| bad(e.to_string()))?;
+            transform_into(&image, &transform, &mut batch).map_err(|e| bad(e.to_string()))?;
         }
         let crop = transform.crop;
         let dims = vec![invocation.keys.len() as u32, 3, crop, crop];

@@ -3,9 +3,15 @@
 //! Modes (option `mode`): `alloc` (allocate and touch `bytes` bytes), `loop` (never return),
 //! `spin` (count to `iterations`, then return the count),
 //! `output` (return a `bytes`-byte tensor), `read` (read every key; return the bytes),
-//! `graph` (load the graph named by option `graph` and run it on a tensor of `dims` with
-//! `bytes` bytes of data), `tensors` (create `count` tensors of `bytes` bytes and keep them),
-//! `list` (list option `prefix`), `panic`, `bad-output` (dimensions that do not match the data).
+//! `range` (read `length` bytes at `offset` of the first key), `graph` (load the graph named by
+//! option `graph` and run it `count` times (default 1) on a tensor of `dims` with `bytes` bytes
+//! of data, keeping the outputs), `tensors` (create `count` tensors of `bytes` bytes and keep
+//! them), `dims` (create `count` tensors of `rank` dimensions of 1 and 4 bytes, keep them),
+//! `names` (load `count` graphs named by `bytes` bytes, keeping the error values), `graphs`
+//! (load every graph of option `graphs`, comma-separated, and keep them), `list` (list option
+//! `prefix`), `panic`, `bad-output` (dimensions that do not match the data), `long-error`
+//! (fail with a `bytes`-byte message), `wide-output` (a tensor of `rank` dimensions of 1 and
+//! one byte), `claim-io` (claim a store failure that did not happen).
 
 #[allow(clippy::too_many_arguments)] // generated bindings
 mod bindings {
@@ -92,17 +98,67 @@ impl Guest for Hostile {
                     .map(|d| d.parse().unwrap_or(0))
                     .collect();
                 let n = number(&inv, "bytes")? as usize;
+                let count = number(&inv, "count").unwrap_or(1);
                 let g = graph::load_by_name(name)
                     .map_err(|e| Error::Inference(format!("{:?}: {}", e.code(), e.data())))?;
                 let ctx = g
                     .init_execution_context()
                     .map_err(|e| Error::Inference(e.data()))?;
-                let t = tensor::Tensor::new(&dims, tensor::TensorType::Fp32, &vec![0u8; n]);
-                let out = ctx
-                    .compute(vec![("input".to_string(), t)])
-                    .map_err(|e| Error::Inference(format!("{:?}: {}", e.code(), e.data())))?;
-                Ok(bytes_out(out.len().to_le_bytes().to_vec()))
+                let data = vec![0u8; n];
+                let mut kept = Vec::new();
+                for _ in 0..count {
+                    let t = tensor::Tensor::new(&dims, tensor::TensorType::Fp32, &data);
+                    let out = ctx
+                        .compute(vec![("input".to_string(), t)])
+                        .map_err(|e| Error::Inference(format!("{:?}: {}", e.code(), e.data())))?;
+                    kept.extend(out);
+                }
+                Ok(bytes_out(kept.len().to_le_bytes().to_vec()))
             }
+            "range" => {
+                let key = inv.keys.first().map(String::as_str).unwrap_or("");
+                let (offset, length) = (number(&inv, "offset")?, number(&inv, "length")?);
+                let data =
+                    objects::get_range(&inv.bucket, key, offset, length).map_err(Error::Object)?;
+                Ok(bytes_out(data))
+            }
+            "dims" => {
+                let (count, rank) = (number(&inv, "count")?, number(&inv, "rank")? as usize);
+                let dims = vec![1u32; rank];
+                let kept: Vec<tensor::Tensor> = (0..count)
+                    .map(|_| tensor::Tensor::new(&dims, tensor::TensorType::Fp32, &[0; 4]))
+                    .collect();
+                Ok(bytes_out((kept.len() as u64).to_le_bytes().to_vec()))
+            }
+            "names" => {
+                let (count, n) = (number(&inv, "count")?, number(&inv, "bytes")? as usize);
+                let name = format!("{}[0..1]", "a".repeat(n));
+                let kept: Vec<_> = (0..count)
+                    .filter_map(|_| graph::load_by_name(&name).err())
+                    .collect();
+                Ok(bytes_out((kept.len() as u64).to_le_bytes().to_vec()))
+            }
+            "graphs" => {
+                let mut kept = Vec::new();
+                for name in option(&inv, "graphs").unwrap_or("").split(',') {
+                    let g = graph::load_by_name(name).map_err(|e| {
+                        Error::Inference(format!("{name}: {:?}: {}", e.code(), e.data()))
+                    })?;
+                    kept.push(g);
+                }
+                Ok(bytes_out((kept.len() as u64).to_le_bytes().to_vec()))
+            }
+            "long-error" => Err(Error::BadRequest(
+                "e".repeat(number(&inv, "bytes")? as usize),
+            )),
+            "wide-output" => Ok(TensorOut {
+                dimensions: vec![1; number(&inv, "rank")? as usize],
+                ty: ElementType::U8,
+                data: vec![1],
+            }),
+            "claim-io" => Err(Error::Object(objects::ObjectError::Io(
+                "the disk is on fire".into(),
+            ))),
             "tensors" => {
                 let (count, n) = (number(&inv, "count")?, number(&inv, "bytes")? as usize);
                 let data = vec![0u8; n];

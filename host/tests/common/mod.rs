@@ -2,14 +2,18 @@
 //! and the host serving on a real socket.
 #![allow(dead_code)] // each test binary uses a different part
 
+use hapi_host::http::server::Connections;
 use hapi_host::policy::{Policy, hash_token};
-use hapi_host::{Host, api};
+use hapi_host::{Host, http};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
 pub const ALICE: &str = "alice-token";
 pub const BOB: &str = "bob-token";
 pub const TIGHT: &str = "tight-token";
+pub const CLOCKY: &str = "clocky-token";
+/// The operator's token (reads /metrics).
+pub const OPERATOR: &str = "operator-token";
 
 pub use hapi_tests::{guest, workspace};
 
@@ -102,6 +106,7 @@ listen = "127.0.0.1:0"
 models = "{models}"
 state = "{state}"
 device = "cpu"
+operator_token_sha256 = "{operator}"
 {host_extra}
 
 [tenants.alice]
@@ -136,12 +141,23 @@ concurrency = 2
 queue = 1
 [tenants.tight.functions]
 hostile = "{hostile}"
+
+[tenants.clocky]
+token_sha256 = "{clocky}"
+models = ["resnet18"]
+timeout = "1s"
+capabilities = ["clocks"]
+[tenants.clocky.functions]
+sleeper = "{sleeper}"
 "#,
         models = models.display(),
         state = state.display(),
+        operator = hash_token(OPERATOR),
         alice = hash_token(ALICE),
         bob = hash_token(BOB),
         tight = hash_token(TIGHT),
+        clocky = hash_token(CLOCKY),
+        sleeper = guest("sleeper").display(),
         fe = guest("feature-extract").display(),
         hostile = guest("hostile").display(),
     )
@@ -164,10 +180,11 @@ pub fn tenants_policy(
     tenant: impl Fn(usize) -> String,
 ) -> String {
     let mut text = format!(
-        "[host]\nlisten = \"127.0.0.1:0\"\nstore = \"{}\"\nmodels = \"{}\"\nstate = \"{}\"\ndevice = \"cpu\"\n{host}\n",
+        "[host]\nlisten = \"127.0.0.1:0\"\nstore = \"{}\"\nmodels = \"{}\"\nstate = \"{}\"\ndevice = \"cpu\"\noperator_token_sha256 = \"{}\"\n{host}\n",
         store.display(),
         hapi_model::models_dir().display(),
-        state.display()
+        state.display(),
+        hash_token(OPERATOR)
     );
     let models: Vec<String> = models.iter().map(|m| format!("\"{m}\"")).collect();
     for t in 0..tenants {
@@ -214,8 +231,15 @@ impl TestHost {
             .await
             .expect("bind");
         let url = format!("http://{}", listener.local_addr().expect("addr"));
-        let router = api::router(Arc::clone(&host));
-        tokio::spawn(async move { axum::serve(listener, router).await });
+        let router = http::router(Arc::clone(&host));
+        let settings = host.policy().host.http.clone();
+        tokio::spawn(http::serve(
+            listener,
+            router,
+            settings,
+            Arc::new(Connections::default()),
+            std::future::pending(),
+        ));
         Self {
             url,
             host,
@@ -224,6 +248,19 @@ impl TestHost {
             _tmp: tmp,
             client: reqwest::Client::new(),
         }
+    }
+
+    /// The metrics text, read with the operator's token.
+    pub async fn metrics(&self) -> String {
+        self.client
+            .get(format!("{}/metrics", self.url))
+            .bearer_auth(OPERATOR)
+            .send()
+            .await
+            .expect("metrics")
+            .text()
+            .await
+            .expect("text")
     }
 
     pub async fn invoke(

@@ -1,0 +1,13 @@
+//! What an invocation is charged for: memory ([`Account`]), time ([`Deadline`]), and the text
+//! it makes the host keep ([`text`]).
+//!
+//! Every byte the host holds on an invocation's behalf is charged to its account before it is
+//! allocated and released when it is dropped; every wait in a host call ends at its deadline.
+//! These are the leaves every other module builds on: they depend on nothing in the crate.
+
+pub mod memory;
+pub mod text;
+pub mod time;
+
+pub use memory::{Account, Charge, OverLimit};
+pub use time::{Deadline, Expired};

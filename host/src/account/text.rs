@@ -1,0 +1,60 @@
+//! Text that a guest or client supplied and the host quotes or keeps: bounded, so that an
+//! 8 MiB graph name or a 24 MiB error message costs the host a few hundred bytes.
+
+/// Bytes of a guest- or client-supplied string quoted inside a host message.
+pub const MAX_QUOTE: usize = 160;
+/// Longest message the host keeps or sends (a guest's error text included).
+pub const MAX_MESSAGE: usize = 4096;
+
+/// The longest prefix of `s` of at most `max` bytes that ends on a character boundary.
+fn prefix(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+/// `s` for quoting in a message: at most [`MAX_QUOTE`] bytes, control characters escaped, and
+/// how much was cut.
+pub fn quote(s: &str) -> String {
+    let head = prefix(s, MAX_QUOTE);
+    let mut out: String = head.escape_debug().collect();
+    if head.len() < s.len() {
+        out.push_str(&format!("... ({} bytes in all)", s.len()));
+    }
+    out
+}
+
+/// `s` cut to at most [`MAX_MESSAGE`] bytes, saying how much was cut.
+pub fn bounded(mut s: String) -> String {
+    if s.len() > MAX_MESSAGE {
+        let all = s.len();
+        let keep = prefix(&s, MAX_MESSAGE - 40).len();
+        s.truncate(keep);
+        s.shrink_to_fit();
+        s.push_str(&format!("... ({all} bytes in all)"));
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_text_is_cut_on_a_character_boundary() {
+        assert_eq!(quote("resnet18[0..1]"), "resnet18[0..1]");
+        let q = quote(&"é".repeat(10_000));
+        assert!(q.len() < MAX_QUOTE + 40, "{}", q.len());
+        assert!(q.ends_with("(20000 bytes in all)"), "{q}");
+        assert_eq!(quote("a\nb"), "a\\nb");
+        let b = bounded("x".repeat(24 << 20));
+        assert!(b.len() <= MAX_MESSAGE, "{}", b.len());
+        assert!(b.ends_with(&format!("({} bytes in all)", 24 << 20)));
+        assert_eq!(bounded("short".into()), "short");
+    }
+}

@@ -1,0 +1,41 @@
+//! Who a host call is made for: the tenant, its invocation's memory account and deadline.
+
+use crate::account::{Account, Deadline};
+use crate::policy::Tenant;
+use std::sync::Arc;
+
+#[derive(Debug, Clone)]
+pub struct Caller {
+    pub tenant: Arc<Tenant>,
+    pub account: Arc<Account>,
+    pub deadline: Arc<Deadline>,
+}
+
+/// Why a host call stops the guest (a trap): the host's limits, not the guest's errors.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Stop {
+    /// Guest memory plus what the host holds went over the memory limit.
+    #[error("{0}")]
+    Memory(String),
+    /// The guest's handle table went over its limit.
+    #[error("{0}")]
+    Table(String),
+    /// The deadline passed inside a host call.
+    #[error("time limit of {limit:?} exceeded {during}")]
+    Time {
+        limit: std::time::Duration,
+        during: &'static str,
+    },
+}
+
+impl From<crate::account::OverLimit> for Stop {
+    fn from(e: crate::account::OverLimit) -> Self {
+        Stop::Memory(e.to_string())
+    }
+}
+
+impl Stop {
+    pub fn trap(self) -> wasmtime::Error {
+        wasmtime::Error::new(self)
+    }
+}

@@ -1,0 +1,74 @@
+//! The `models` capability: what a model the tenant may use wants as input
+//! (`hapi:pushdown/models`).
+
+use crate::account::text::quote;
+use crate::bindings::hapi::pushdown::models as wit;
+use crate::caps::caller::{Caller, Stop};
+use crate::models::Models;
+use std::sync::Arc;
+use wasmtime::component::{HasData, Linker};
+
+#[derive(Debug)]
+pub struct ModelsCtx {
+    caller: Caller,
+    models: Arc<Models>,
+}
+
+#[derive(Debug)]
+pub struct ModelsCap;
+
+impl HasData for ModelsCap {
+    type Data<'a> = &'a mut ModelsCtx;
+}
+
+/// Adds `hapi:pushdown/models` to `linker`.
+pub fn add_to_linker<T: Send + 'static>(
+    linker: &mut Linker<T>,
+    get: fn(&mut T) -> &mut ModelsCtx,
+) -> wasmtime::Result<()> {
+    wit::add_to_linker::<T, ModelsCap>(linker, get)
+}
+
+impl ModelsCtx {
+    pub fn new(caller: Caller, models: Arc<Models>) -> Self {
+        Self { caller, models }
+    }
+}
+
+impl wit::Host for ModelsCtx {
+    async fn describe(&mut self, name: String) -> wasmtime::Result<Result<wit::ModelInfo, String>> {
+        let tenant = &self.caller.tenant;
+        if !tenant.models.contains(&name) {
+            return Ok(Err(format!(
+                "model `{}` is not one tenant `{}` may use",
+                quote(&name),
+                tenant.name
+            )));
+        }
+        let Some(m) = self.models.manifest(&name) else {
+            return Ok(Err(format!("no model `{}` on this host", quote(&name))));
+        };
+        let dim = |i: usize| m.input.shape.get(i).map_or(0, |&d| d as u32);
+        let info = wit::ModelInfo {
+            name: m.name.clone(),
+            layers: m.layers.len() as u32,
+            freeze_index: m.freeze_index as u32,
+            input: wit::InputSpec {
+                channels: dim(0),
+                height: dim(1),
+                width: dim(2),
+                resize: m.input.resize,
+                crop: m.input.crop,
+                mean: m.input.mean.to_vec(),
+                std: m.input.std.to_vec(),
+            },
+        };
+        let bytes =
+            (info.name.len() + 4 * (info.input.mean.len() + info.input.std.len()) + 64) as u64;
+        self.caller
+            .account
+            .check_incoming(bytes, "model description")
+            .map_err(|e| Stop::from(e).trap())?;
+        Ok(Ok(info))
+    }
+}

@@ -1,0 +1,414 @@
+//! The wasi-nn interfaces (graph, tensor, inference, errors) over the host's device.
+
+use crate::account::memory::HANDLE_BYTES;
+use crate::account::text::{bounded, quote};
+use crate::bindings::wasi::nn::errors::{self, ErrorCode};
+use crate::bindings::wasi::nn::graph::{self, ExecutionTarget, GraphBuilder, GraphEncoding};
+use crate::bindings::wasi::nn::inference::{self, NamedTensor};
+use crate::bindings::wasi::nn::tensor::{self, TensorDimensions, TensorType};
+use crate::caps::caller::{Caller, Stop};
+use crate::caps::nn::resources::{
+    Code, Context, ElemType, Graph, GraphInfo, NnError, Tensor, check_input, parse_graph_name,
+};
+use crate::device::{Device, DeviceError, Input, Job};
+use crate::models::Models;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use wasmtime::component::{HasData, Linker, Resource, ResourceTable};
+
+/// The capability's state in one invocation's store.
+#[derive(Debug)]
+pub struct NnCtx {
+    caller: Caller,
+    device: Arc<Device>,
+    models: Arc<Models>,
+    /// Time on the device.
+    pub compute_time: Duration,
+    /// Time waiting for the device (memory, batch mates, other tenants' turns, a model's
+    /// first load).
+    pub queue_time: Duration,
+    /// The device's refusal or fault, if one happened: the host answers for it.
+    pub refusal: Option<DeviceError>,
+}
+
+impl NnCtx {
+    pub fn new(caller: Caller, device: Arc<Device>, models: Arc<Models>) -> Self {
+        Self {
+            caller,
+            device,
+            models,
+            compute_time: Duration::ZERO,
+            queue_time: Duration::ZERO,
+            refusal: None,
+        }
+    }
+}
+
+/// What wasi-nn's host functions borrow from the store: the context and the handle table.
+#[derive(Debug)]
+pub struct NnView<'a> {
+    pub ctx: &'a mut NnCtx,
+    pub table: &'a mut ResourceTable,
+}
+
+#[derive(Debug)]
+pub struct Nn;
+
+impl HasData for Nn {
+    type Data<'a> = NnView<'a>;
+}
+
+/// Adds the wasi-nn interfaces to `linker`.
+pub fn add_to_linker<T: Send + 'static>(
+    linker: &mut Linker<T>,
+    get: fn(&mut T) -> NnView<'_>,
+) -> wasmtime::Result<()> {
+    graph::add_to_linker::<T, Nn>(linker, get)?;
+    tensor::add_to_linker::<T, Nn>(linker, get)?;
+    inference::add_to_linker::<T, Nn>(linker, get)?;
+    errors::add_to_linker::<T, Nn>(linker, get)?;
+    Ok(())
+}
+
+fn elem(t: TensorType) -> ElemType {
+    match t {
+        TensorType::Fp16 => ElemType::Fp16,
+        TensorType::Fp32 => ElemType::Fp32,
+        TensorType::Fp64 => ElemType::Fp64,
+        TensorType::Bf16 => ElemType::Bf16,
+        TensorType::U8 => ElemType::U8,
+        TensorType::I32 => ElemType::I32,
+        TensorType::I64 => ElemType::I64,
+    }
+}
+
+fn wit_type(t: ElemType) -> TensorType {
+    match t {
+        ElemType::Fp16 => TensorType::Fp16,
+        ElemType::Fp32 => TensorType::Fp32,
+        ElemType::Fp64 => TensorType::Fp64,
+        ElemType::Bf16 => TensorType::Bf16,
+        ElemType::U8 => TensorType::U8,
+        ElemType::I32 => TensorType::I32,
+        ElemType::I64 => TensorType::I64,
+    }
+}
+
+fn wit_code(c: Code) -> ErrorCode {
+    match c {
+        Code::InvalidArgument => ErrorCode::InvalidArgument,
+        Code::RuntimeError | Code::Busy => ErrorCode::RuntimeError,
+        Code::TooLarge => ErrorCode::TooLarge,
+        Code::NotFound => ErrorCode::NotFound,
+        Code::Security => ErrorCode::Security,
+        Code::Timeout => ErrorCode::Timeout,
+    }
+}
+
+type Answer<T> = wasmtime::Result<Result<T, Resource<NnError>>>;
+
+fn trap(e: impl Into<Stop>) -> wasmtime::Error {
+    e.into().trap()
+}
+
+impl NnView<'_> {
+    /// A wasi-nn error for the guest, its message bounded and charged.
+    fn error<T>(&mut self, code: Code, message: String) -> Answer<T> {
+        let message = bounded(message);
+        let charge = self
+            .ctx
+            .caller
+            .account
+            .charge(HANDLE_BYTES + message.len() as u64, "wasi-nn error")
+            .map_err(trap)?;
+        let r = self.table.push(NnError {
+            code,
+            message,
+            charge,
+        })?;
+        Ok(Err(r))
+    }
+
+    /// The device refused or failed: the host answers for it, whatever the guest does next.
+    fn refused<T>(&mut self, e: DeviceError) -> Answer<T> {
+        let code = match &e {
+            DeviceError::TooLarge(_) => Code::TooLarge,
+            DeviceError::Busy(_) | DeviceError::ShuttingDown => Code::Busy,
+            _ => Code::RuntimeError,
+        };
+        let message = match &e {
+            DeviceError::Failed(_) => "the device failed (a host fault, logged)".to_string(),
+            other => other.to_string(),
+        };
+        self.ctx.refusal.get_or_insert(e);
+        self.error(code, message)
+    }
+
+    /// Waits on the device's answer: a deadline or a memory limit stops the guest.
+    fn device_error<T>(&mut self, e: DeviceError) -> Answer<T> {
+        match e {
+            DeviceError::Expired(limit) => Err(trap(Stop::Time {
+                limit,
+                during: "while waiting for or running on the device",
+            })),
+            DeviceError::Memory(over) => Err(trap(over)),
+            other => self.refused(other),
+        }
+    }
+}
+
+impl graph::Host for NnView<'_> {
+    async fn load(
+        &mut self,
+        _builder: Vec<GraphBuilder>,
+        _encoding: GraphEncoding,
+        _target: ExecutionTarget,
+    ) -> Answer<Resource<Graph>> {
+        self.error(
+            Code::Security,
+            "graphs are loaded by name (`<model>[a..b]`); this host does not run tenant-supplied graph bytes".into(),
+        )
+    }
+
+    async fn load_by_name(&mut self, name: String) -> Answer<Resource<Graph>> {
+        let (model, range) = match parse_graph_name(&name) {
+            Ok(p) => p,
+            Err(e) => return self.error(Code::InvalidArgument, e),
+        };
+        let tenant = Arc::clone(&self.ctx.caller.tenant);
+        if !tenant.models.contains(model) {
+            return self.error(
+                Code::NotFound,
+                format!(
+                    "model `{model}` is not one tenant `{}` may use",
+                    tenant.name
+                ),
+            );
+        }
+        let Some(manifest) = self.ctx.models.manifest(model) else {
+            return self.error(Code::NotFound, format!("no model `{model}` on this host"));
+        };
+        let layers = manifest.layers.len();
+        if range.end > layers {
+            return self.error(
+                Code::InvalidArgument,
+                format!("graph `{}`: `{model}` has {layers} layers", quote(&name)),
+            );
+        }
+        let input_shape = manifest.layers[range.start].input_shape.clone();
+        // Loading the package charges its weights to the device now, not at the first compute.
+        let started = Instant::now();
+        let pin = self
+            .ctx
+            .device
+            .acquire(model, &self.ctx.caller.deadline)
+            .await;
+        self.ctx.queue_time += started.elapsed();
+        if let Err(e) = pin {
+            return self.device_error(e);
+        }
+        let info = GraphInfo {
+            model: model.to_string(),
+            range,
+            input_shape,
+        };
+        let charge = self
+            .ctx
+            .caller
+            .account
+            .charge(HANDLE_BYTES + info.model.len() as u64, "wasi-nn graph")
+            .map_err(trap)?;
+        Ok(Ok(self.table.push(Graph {
+            info: Arc::new(info),
+            charge,
+        })?))
+    }
+}
+
+impl graph::HostGraph for NnView<'_> {
+    async fn init_execution_context(
+        &mut self,
+        graph: Resource<Graph>,
+    ) -> Answer<Resource<inference::GraphExecutionContext>> {
+        let info = Arc::clone(&self.table.get(&graph)?.info);
+        let charge = self
+            .ctx
+            .caller
+            .account
+            .charge(HANDLE_BYTES, "wasi-nn execution context")
+            .map_err(trap)?;
+        Ok(Ok(self.table.push(Context { info, charge })?))
+    }
+
+    async fn drop(&mut self, graph: Resource<Graph>) -> wasmtime::Result<()> {
+        self.table.delete(graph)?;
+        Ok(())
+    }
+}
+
+impl tensor::Host for NnView<'_> {}
+
+impl tensor::HostTensor for NnView<'_> {
+    async fn new(
+        &mut self,
+        dimensions: TensorDimensions,
+        ty: TensorType,
+        data: Vec<u8>,
+    ) -> wasmtime::Result<Resource<Tensor>> {
+        let bytes = HANDLE_BYTES + 4 * dimensions.len() as u64 + data.len() as u64;
+        let charge = self
+            .ctx
+            .caller
+            .account
+            .charge(bytes, "wasi-nn tensor")
+            .map_err(trap)?;
+        Ok(self.table.push(Tensor {
+            dimensions,
+            ty: elem(ty),
+            data,
+            charge,
+        })?)
+    }
+
+    async fn dimensions(&mut self, t: Resource<Tensor>) -> wasmtime::Result<TensorDimensions> {
+        let dims = &self.table.get(&t)?.dimensions;
+        self.ctx
+            .caller
+            .account
+            .check_incoming(4 * dims.len() as u64, "tensor dimensions")
+            .map_err(trap)?;
+        Ok(dims.clone())
+    }
+
+    async fn ty(&mut self, t: Resource<Tensor>) -> wasmtime::Result<TensorType> {
+        Ok(wit_type(self.table.get(&t)?.ty))
+    }
+
+    async fn data(&mut self, t: Resource<Tensor>) -> wasmtime::Result<Vec<u8>> {
+        let data = &self.table.get(&t)?.data;
+        self.ctx
+            .caller
+            .account
+            .check_incoming(data.len() as u64, "tensor data")
+            .map_err(trap)?;
+        Ok(data.clone())
+    }
+
+    async fn drop(&mut self, t: Resource<Tensor>) -> wasmtime::Result<()> {
+        self.table.delete(t)?;
+        Ok(())
+    }
+}
+
+impl inference::Host for NnView<'_> {}
+
+impl inference::HostGraphExecutionContext for NnView<'_> {
+    async fn compute(
+        &mut self,
+        context: Resource<Context>,
+        inputs: Vec<NamedTensor>,
+    ) -> Answer<Vec<NamedTensor>> {
+        let info = Arc::clone(&self.table.get(&context)?.info);
+        let mut inputs = inputs;
+        if inputs.len() != 1 {
+            return self.error(
+                Code::InvalidArgument,
+                format!(
+                    "compute takes exactly one input tensor, got {}",
+                    inputs.len()
+                ),
+            );
+        }
+        let (name, resource) = inputs.remove(0);
+        let tensor = self.table.delete(resource)?;
+        let n = match check_input(&info, &tensor.dimensions, tensor.ty, tensor.data.len()) {
+            Ok(n) => n,
+            Err(e) => {
+                return self.error(
+                    Code::InvalidArgument,
+                    format!("input `{}`: {e}", quote(&name)),
+                );
+            }
+        };
+        let caller = self.ctx.caller.clone();
+        let started = Instant::now();
+        let pin = match self.ctx.device.acquire(&info.model, &caller.deadline).await {
+            Ok(p) => p,
+            Err(e) => {
+                self.ctx.queue_time += started.elapsed();
+                return self.device_error(e);
+            }
+        };
+        let Tensor { data, charge, .. } = tensor;
+        let job = Job {
+            tenant: Arc::from(caller.tenant.name.as_str()),
+            weight: caller.tenant.limits.weight,
+            pin,
+            range: info.range.clone(),
+            input: Input {
+                bytes: data,
+                charge,
+                shape: info.input_shape.clone(),
+                n,
+            },
+            account: Arc::clone(&caller.account),
+            deadline: Arc::clone(&caller.deadline),
+        };
+        let ran = self.ctx.device.run(job).await;
+        let elapsed = started.elapsed();
+        let ran = match ran {
+            Ok(r) => r,
+            Err(e) => {
+                self.ctx.queue_time += elapsed;
+                return self.device_error(e);
+            }
+        };
+        self.ctx.queue_time += elapsed.saturating_sub(ran.device);
+        self.ctx.compute_time += ran.device;
+        let dimensions: Vec<u32> = ran
+            .dims
+            .iter()
+            .map(|&d| u32::try_from(d).unwrap_or(u32::MAX))
+            .collect();
+        // The output's bytes were charged before the call was admitted; add its handle.
+        let handle = caller
+            .account
+            .charge(HANDLE_BYTES + 4 * dimensions.len() as u64, "wasi-nn tensor")
+            .map_err(trap)?;
+        let out = self.table.push(Tensor {
+            dimensions,
+            ty: ElemType::Fp32,
+            data: ran.output,
+            charge: ran.charge.absorb(handle),
+        })?;
+        Ok(Ok(vec![("output".to_string(), out)]))
+    }
+
+    async fn drop(&mut self, context: Resource<Context>) -> wasmtime::Result<()> {
+        self.table.delete(context)?;
+        Ok(())
+    }
+}
+
+impl errors::Host for NnView<'_> {}
+
+impl errors::HostError for NnView<'_> {
+    async fn code(&mut self, e: Resource<NnError>) -> wasmtime::Result<ErrorCode> {
+        Ok(wit_code(self.table.get(&e)?.code))
+    }
+
+    async fn data(&mut self, e: Resource<NnError>) -> wasmtime::Result<String> {
+        let m = &self.table.get(&e)?.message;
+        self.ctx
+            .caller
+            .account
+            .check_incoming(m.len() as u64, "wasi-nn error message")
+            .map_err(trap)?;
+        Ok(m.clone())
+    }
+
+    async fn drop(&mut self, e: Resource<NnError>) -> wasmtime::Result<()> {
+        self.table.delete(e)?;
+        Ok(())
+    }
+}

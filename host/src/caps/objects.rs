@@ -1,0 +1,195 @@
+//! The `objects` capability: a tenant's read access to its granted buckets and prefixes
+//! (`hapi:pushdown/objects`), through [`Scoped`], which checks keys, grants and byte caps.
+//!
+//! What a call returns is on its way into the guest's memory; it must fit beside what the
+//! invocation already holds, and is refused (a memory-limit trap) before the host reads it
+//! otherwise. The context remembers what failed (for the host's answer: the key an error is
+//! about, and whether the store itself failed).
+
+use crate::account::text::quote;
+use crate::bindings::hapi::pushdown::objects as wit;
+use crate::caps::caller::{Caller, Stop};
+use crate::store::scoped::Scoped;
+use crate::store::{ObjectError, ObjectMeta, Store};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use wasmtime::component::{HasData, Linker};
+
+/// How an object call failed, for the host's answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failure {
+    NotFound,
+    Denied,
+    TooLarge,
+    Io,
+}
+
+/// The capability's state in one invocation's store.
+#[derive(Debug)]
+pub struct ObjectsCtx {
+    caller: Caller,
+    scoped: Scoped,
+    /// Time spent in object calls.
+    pub read_time: Duration,
+    /// The store's own failure, if one happened (the host answers for it).
+    pub store_fault: Option<String>,
+    /// The last failed call: how, and on which key.
+    pub last_failure: Option<(Failure, String)>,
+}
+
+/// `add_to_linker`'s marker: the capability's data is the context itself.
+#[derive(Debug)]
+pub struct Objects;
+
+impl HasData for Objects {
+    type Data<'a> = &'a mut ObjectsCtx;
+}
+
+/// Adds `hapi:pushdown/objects` to `linker`.
+pub fn add_to_linker<T: Send + 'static>(
+    linker: &mut Linker<T>,
+    get: fn(&mut T) -> &mut ObjectsCtx,
+) -> wasmtime::Result<()> {
+    wit::add_to_linker::<T, Objects>(linker, get)
+}
+
+fn to_wit(e: ObjectError) -> wit::ObjectError {
+    match e {
+        ObjectError::NotFound(m) => wit::ObjectError::NotFound(m),
+        ObjectError::Denied(m) => wit::ObjectError::Denied(m),
+        ObjectError::TooLarge(n) => wit::ObjectError::TooLarge(n),
+        ObjectError::Io(m) => wit::ObjectError::Io(m),
+    }
+}
+
+fn meta(m: ObjectMeta) -> wit::ObjectMeta {
+    wit::ObjectMeta {
+        key: m.key,
+        size: m.size,
+        last_modified_ms: m.last_modified_ms,
+        etag: m.etag,
+    }
+}
+
+type Answer<T> = wasmtime::Result<Result<T, wit::ObjectError>>;
+
+impl ObjectsCtx {
+    pub fn new(caller: Caller, store: Arc<Store>) -> Self {
+        Self {
+            scoped: Scoped::new(Arc::clone(&caller.tenant), store),
+            caller,
+            read_time: Duration::ZERO,
+            store_fault: None,
+            last_failure: None,
+        }
+    }
+
+    /// Object bytes charged to the read cap so far.
+    pub fn bytes_read(&self) -> u64 {
+        self.scoped.bytes_read
+    }
+
+    /// Records a failure on `key` and turns it into the guest's error.
+    fn failed<T>(&mut self, key: &str, e: ObjectError) -> Answer<T> {
+        let kind = match &e {
+            ObjectError::NotFound(_) => Failure::NotFound,
+            ObjectError::Denied(_) => Failure::Denied,
+            ObjectError::TooLarge(_) => Failure::TooLarge,
+            ObjectError::Io(m) => {
+                tracing::warn!(
+                    "tenant `{}`: object store error on `{}`: {m}",
+                    self.caller.tenant.name,
+                    quote(key)
+                );
+                self.store_fault.get_or_insert_with(|| m.clone());
+                Failure::Io
+            }
+        };
+        self.last_failure = Some((kind, quote(key)));
+        Ok(Err(to_wit(e)))
+    }
+
+    /// Reads a whole object (`range` None) or a byte range.
+    async fn read(
+        &mut self,
+        bucket: &str,
+        key: &str,
+        range: Option<(u64, u64)>,
+    ) -> Answer<Vec<u8>> {
+        let started = Instant::now();
+        let planned = match self.scoped.plan(bucket, key, range).await {
+            Ok(p) => p,
+            Err(e) => {
+                self.read_time += started.elapsed();
+                return self.failed(key, e);
+            }
+        };
+        self.caller
+            .account
+            .check_incoming(planned.length, "object read")
+            .map_err(|e| Stop::from(e).trap())?;
+        let bytes = self.scoped.read(&planned).await;
+        self.read_time += started.elapsed();
+        match bytes {
+            Ok(b) => Ok(Ok(b)),
+            Err(e) => self.failed(key, e),
+        }
+    }
+}
+
+/// `hapi:pushdown/types` has types only; its (empty) interface is linked with the objects.
+impl crate::bindings::hapi::pushdown::types::Host for ObjectsCtx {}
+
+impl wit::Host for ObjectsCtx {
+    async fn get(&mut self, bucket: String, key: String) -> Answer<Vec<u8>> {
+        self.read(&bucket, &key, None).await
+    }
+
+    async fn get_range(
+        &mut self,
+        bucket: String,
+        key: String,
+        offset: u64,
+        length: u64,
+    ) -> Answer<Vec<u8>> {
+        self.read(&bucket, &key, Some((offset, length))).await
+    }
+
+    async fn head(&mut self, bucket: String, key: String) -> Answer<wit::ObjectMeta> {
+        let started = Instant::now();
+        let r = self.scoped.head(&bucket, &key).await;
+        self.read_time += started.elapsed();
+        match r {
+            Ok(m) => {
+                self.caller
+                    .account
+                    .check_incoming(m.guest_bytes(), "object metadata")
+                    .map_err(|e| Stop::from(e).trap())?;
+                Ok(Ok(meta(m)))
+            }
+            Err(e) => self.failed(&key, e),
+        }
+    }
+
+    async fn list(
+        &mut self,
+        bucket: String,
+        prefix: String,
+        limit: u32,
+    ) -> Answer<Vec<wit::ObjectMeta>> {
+        let started = Instant::now();
+        let r = self.scoped.list(&bucket, &prefix, limit).await;
+        self.read_time += started.elapsed();
+        match r {
+            Ok(list) => {
+                let bytes = list.iter().map(ObjectMeta::guest_bytes).sum();
+                self.caller
+                    .account
+                    .check_incoming(bytes, "object listing")
+                    .map_err(|e| Stop::from(e).trap())?;
+                Ok(Ok(list.into_iter().map(meta).collect()))
+            }
+            Err(e) => self.failed(&prefix, e),
+        }
+    }
+}

@@ -1,0 +1,118 @@
+//! One device batch: slices of calls' inputs in, the segment run, each slice's output copied
+//! into its call's buffer. Every libtorch call here is the fallible `f_` form, and the whole of
+//! it runs under `catch_unwind`, so a libtorch error or a panic fails this batch's calls and
+//! nothing else.
+
+use hapi_model::ModelPackage;
+use std::ops::Range;
+use tch::{Device, Kind, Tensor};
+
+/// Bytes of one f32 element: inputs and outputs are f32, in the machine's (little-endian) order.
+const F32: usize = 4;
+#[cfg(not(target_endian = "little"))]
+compile_error!(
+    "tensor bytes are exchanged as little-endian f32: a big-endian host needs byte swaps"
+);
+
+/// Where a slice's output goes.
+#[derive(Debug)]
+pub struct Dest<'a> {
+    pub out: &'a mut Vec<u8>,
+    pub take: i64,
+}
+
+/// Runs layers `range` of `model` on the concatenation of `inputs` (each a whole number of
+/// samples of `shape`) and appends each input's output to its `dests` entry. The output of
+/// each sample must have `out_shape`.
+pub fn run(
+    model: &ModelPackage,
+    range: Range<usize>,
+    shape: &[i64],
+    out_shape: &[i64],
+    inputs: &[&[u8]],
+    dests: &mut [Dest<'_>],
+) -> Result<(), String> {
+    let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        run_inner(model, range, shape, out_shape, inputs, dests)
+    }));
+    caught.unwrap_or_else(|panic| {
+        let what = panic
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| panic.downcast_ref::<&str>().copied())
+            .unwrap_or("(no message)");
+        Err(format!("panic while running a batch: {what}"))
+    })
+}
+
+fn run_inner(
+    model: &ModelPackage,
+    range: Range<usize>,
+    shape: &[i64],
+    out_shape: &[i64],
+    inputs: &[&[u8]],
+    dests: &mut [Dest<'_>],
+) -> Result<(), String> {
+    let size: i64 = dests.iter().map(|d| d.take).sum();
+    let dims: Vec<i64> = std::iter::once(size).chain(shape.iter().copied()).collect();
+    let need: usize = dims
+        .iter()
+        .try_fold(F32, |acc, &d| acc.checked_mul(usize::try_from(d).ok()?))
+        .ok_or("batch dimensions overflow")?;
+    let x = {
+        let joined;
+        let bytes: &[u8] = match inputs {
+            [one] => one,
+            many => {
+                joined = many.concat();
+                &joined
+            }
+        };
+        if bytes.len() != need {
+            return Err(format!(
+                "batch input is {} bytes; {dims:?} of f32 need {need}",
+                bytes.len()
+            ));
+        }
+        Tensor::f_from_data_size(bytes, &dims, Kind::Float).map_err(|e| e.to_string())?
+    };
+    let x = if model.device() == Device::Cpu {
+        x
+    } else {
+        x.f_to_device(model.device()).map_err(|e| e.to_string())?
+    };
+    let y = model.run(range, &x).map_err(|e| e.to_string())?;
+    drop(x);
+    hapi_model::device::synchronize(model.device());
+    let y = y
+        .f_to_device(Device::Cpu)
+        .and_then(|y| y.f_contiguous())
+        .map_err(|e| e.to_string())?;
+    if y.kind() != Kind::Float {
+        return Err(format!("the segment returned {:?}, not f32", y.kind()));
+    }
+    let want: Vec<i64> = std::iter::once(size)
+        .chain(out_shape.iter().copied())
+        .collect();
+    if y.size() != want {
+        return Err(format!(
+            "the segment returned {:?}, expected {want:?}",
+            y.size()
+        ));
+    }
+    let per_sample: usize = out_shape
+        .iter()
+        .try_fold(1usize, |acc, &d| acc.checked_mul(usize::try_from(d).ok()?))
+        .ok_or("output dimensions overflow")?;
+    let mut offset = 0i64;
+    for d in dests.iter_mut() {
+        let part = y.f_narrow(0, offset, d.take).map_err(|e| e.to_string())?;
+        let numel = per_sample * usize::try_from(d.take).map_err(|_| "negative slice")?;
+        let start = d.out.len();
+        d.out.resize(start + numel * F32, 0);
+        part.f_copy_data_u8(&mut d.out[start..], numel)
+            .map_err(|e| e.to_string())?;
+        offset += d.take;
+    }
+    Ok(())
+}

@@ -1,0 +1,567 @@
+//! The dispatcher: one thread per device that runs pooled batches.
+//!
+//! Calls for the same segment from any tenant are merged into one device batch. The tenant
+//! with the least device time (per unit of weight) leads each batch ([`schedule`]); the batch
+//! is as large as memory, `max_batch`, the fastest batch size and a time slice allow, waiting
+//! at most the batch window for batch mates. While several tenants are active, the slice
+//! shrinks to the lower median of their calls' device times, so that a tenant with small calls
+//! waits for at most about one of its own calls' worth of someone else's batch.
+//!
+//! Calls whose caller gave up (deadline passed, request dropped) are dropped before they run
+//! and after any batch they were part of; their memory goes with them. A panic or a libtorch
+//! error fails the calls of the batch it happened in and the dispatcher serves on.
+
+use crate::account::{Charge, Deadline};
+use crate::device::batch::{self, Dest};
+use crate::device::budget::{Budget, Pin, Reservation};
+use crate::device::job::{Input, Ran};
+use crate::device::schedule::{Fair, Pending, fill};
+use crate::device::stats::Stats;
+use crate::device::types::{DeviceConfig, DeviceError};
+use hapi_wire::profile::SegmentCost;
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::ops::Range;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+use tokio::sync::oneshot;
+
+/// A tenant with a call that arrived or finished this recently counts as active: a closed-loop
+/// client's next call is usually on its way (decoding in the guest).
+pub const ACTIVE_FOR: Duration = Duration::from_millis(100);
+/// Shortest device slice while several tenants are active: below this, per-batch overhead
+/// dominates.
+pub const MIN_SLICE: Duration = Duration::from_millis(2);
+/// How long the dispatcher sleeps when not even one sample fits the free memory.
+const MEMORY_POLL: Duration = Duration::from_millis(2);
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// What the dispatcher thread and the device share.
+#[derive(Debug)]
+pub struct Shared {
+    pub config: DeviceConfig,
+    pub budget: Arc<Budget>,
+    pub stats: Mutex<Stats>,
+    incoming: Mutex<Incoming>,
+    arrived: Condvar,
+}
+
+#[derive(Debug, Default)]
+struct Incoming {
+    calls: Vec<Call>,
+    shutdown: bool,
+}
+
+/// One call waiting for, or part way through, the device.
+#[derive(Debug)]
+pub struct Call {
+    pub tenant: Arc<str>,
+    pub weight: u32,
+    pub pin: Pin,
+    pub range: Range<usize>,
+    pub cost: SegmentCost,
+    pub input: Input,
+    /// Per-sample output shape.
+    pub out_shape: Vec<i64>,
+    /// Filled slice by slice; its capacity was charged when the call was made.
+    pub output: Vec<u8>,
+    pub out_charge: Charge,
+    /// The whole call's memory, held from submission (adaptation off).
+    pub held: Option<Reservation>,
+    pub deadline: Arc<Deadline>,
+    pub reply: oneshot::Sender<Result<Ran, DeviceError>>,
+    pub enqueued: Instant,
+    taken: i64,
+    device: Duration,
+    batches: u32,
+}
+
+impl Call {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        tenant: Arc<str>,
+        weight: u32,
+        pin: Pin,
+        range: Range<usize>,
+        cost: SegmentCost,
+        input: Input,
+        out_shape: Vec<i64>,
+        output: Vec<u8>,
+        out_charge: Charge,
+        held: Option<Reservation>,
+        deadline: Arc<Deadline>,
+        reply: oneshot::Sender<Result<Ran, DeviceError>>,
+    ) -> Self {
+        Self {
+            tenant,
+            weight,
+            pin,
+            range,
+            cost,
+            input,
+            out_shape,
+            output,
+            out_charge,
+            held,
+            deadline,
+            reply,
+            enqueued: Instant::now(),
+            taken: 0,
+            device: Duration::ZERO,
+            batches: 0,
+        }
+    }
+
+    fn key(&self) -> (&str, usize, usize) {
+        (self.pin.model.name(), self.range.start, self.range.end)
+    }
+
+    fn left(&self) -> i64 {
+        self.input.n - self.taken
+    }
+
+    /// The caller gave up on it.
+    fn gone(&self) -> bool {
+        self.reply.is_closed() || self.deadline.expired()
+    }
+
+    /// The finished call's result, and where to send it.
+    fn into_ran(self) -> (Ran, oneshot::Sender<Result<Ran, DeviceError>>) {
+        let dims = std::iter::once(self.input.n)
+            .chain(self.out_shape.iter().copied())
+            .collect();
+        let ran = Ran {
+            output: self.output,
+            charge: self.out_charge,
+            dims,
+            queued: self.enqueued.elapsed().saturating_sub(self.device),
+            device: self.device,
+            batches: self.batches,
+        };
+        (ran, self.reply)
+    }
+}
+
+impl Shared {
+    pub fn new(config: DeviceConfig, budget: Arc<Budget>) -> Arc<Self> {
+        Arc::new(Self {
+            config,
+            budget,
+            stats: Mutex::default(),
+            incoming: Mutex::default(),
+            arrived: Condvar::new(),
+        })
+    }
+
+    /// Starts the dispatcher thread.
+    pub fn spawn(self: &Arc<Self>) -> std::io::Result<()> {
+        let shared = Arc::clone(self);
+        std::thread::Builder::new()
+            .name("device-dispatcher".into())
+            .spawn(move || Dispatcher::new(shared).run())?;
+        Ok(())
+    }
+
+    /// Hands a call to the dispatcher; gives it back if the host is shutting down.
+    pub fn submit(&self, call: Call) -> Result<(), Box<Call>> {
+        let mut incoming = lock(&self.incoming);
+        if incoming.shutdown {
+            return Err(Box::new(call));
+        }
+        incoming.calls.push(call);
+        drop(incoming);
+        self.arrived.notify_all();
+        Ok(())
+    }
+
+    /// Stops the dispatcher; calls still queued are refused.
+    pub fn shutdown(&self) {
+        lock(&self.incoming).shutdown = true;
+        self.arrived.notify_all();
+    }
+
+    pub fn is_shut_down(&self) -> bool {
+        lock(&self.incoming).shutdown
+    }
+}
+
+/// The dispatcher's own state.
+struct Dispatcher {
+    shared: Arc<Shared>,
+    calls: HashMap<u64, Call>,
+    /// Per tenant, its calls' ids in arrival order.
+    queues: BTreeMap<Arc<str>, VecDeque<u64>>,
+    fair: Fair<Arc<str>>,
+    /// Per tenant: when it last had a call arrive or finish, and that call's estimated device
+    /// seconds.
+    recent: HashMap<Arc<str>, (Instant, f64)>,
+    next_id: u64,
+}
+
+impl Dispatcher {
+    fn new(shared: Arc<Shared>) -> Self {
+        Self {
+            shared,
+            calls: HashMap::new(),
+            queues: BTreeMap::new(),
+            fair: Fair::default(),
+            recent: HashMap::new(),
+            next_id: 0,
+        }
+    }
+
+    fn run(mut self) {
+        loop {
+            match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.step())) {
+                Ok(true) => {}
+                Ok(false) => return,
+                Err(_) => {
+                    // A bug outside a batch: the calls it concerned cannot be trusted to be in
+                    // a consistent state. Fail them all; the dispatcher itself serves on.
+                    tracing::error!(
+                        "device dispatcher: panic outside a batch; failing queued calls"
+                    );
+                    lock(&self.shared.stats).faults += 1;
+                    self.fail_all(&DeviceError::Failed(
+                        "the device dispatcher hit an internal error".into(),
+                    ));
+                }
+            }
+        }
+    }
+
+    /// One round: take new calls, drop abandoned ones, run a batch or wait. False on shutdown.
+    fn step(&mut self) -> bool {
+        if !self.admit() {
+            self.fail_all(&DeviceError::ShuttingDown);
+            return false;
+        }
+        self.drop_gone();
+        if let Some(wait) = self.dispatch() {
+            let incoming = lock(&self.shared.incoming);
+            if incoming.calls.is_empty() && !incoming.shutdown {
+                let _ = self.shared.arrived.wait_timeout(incoming, wait);
+            }
+        }
+        true
+    }
+
+    /// Takes newly arrived calls, waiting when there is nothing to do. False on shutdown.
+    fn admit(&mut self) -> bool {
+        let mut incoming = lock(&self.shared.incoming);
+        while incoming.calls.is_empty() && self.calls.is_empty() && !incoming.shutdown {
+            let (guard, _) = self
+                .shared
+                .arrived
+                .wait_timeout(incoming, Duration::from_secs(1))
+                .unwrap_or_else(PoisonError::into_inner);
+            incoming = guard;
+        }
+        if incoming.shutdown {
+            for call in incoming.calls.drain(..) {
+                let _ = call.reply.send(Err(DeviceError::ShuttingDown));
+            }
+            return false;
+        }
+        let arrived: Vec<Call> = incoming.calls.drain(..).collect();
+        drop(incoming);
+        let now = Instant::now();
+        for call in arrived {
+            let id = self.next_id;
+            self.next_id += 1;
+            let tenant = Arc::clone(&call.tenant);
+            let idle = self.queues.get(&tenant).is_none_or(VecDeque::is_empty);
+            if idle {
+                let backlogged: Vec<Arc<str>> = self
+                    .queues
+                    .iter()
+                    .filter(|(_, q)| !q.is_empty())
+                    .map(|(t, _)| Arc::clone(t))
+                    .collect();
+                self.fair.arrive(&tenant, backlogged.iter());
+            }
+            self.recent
+                .insert(Arc::clone(&tenant), (now, call.cost.seconds(call.input.n)));
+            self.queues.entry(tenant).or_default().push_back(id);
+            self.calls.insert(id, call);
+        }
+        true
+    }
+
+    fn remove(&mut self, id: u64) -> Option<Call> {
+        let c = self.calls.remove(&id)?;
+        if let Some(q) = self.queues.get_mut(&c.tenant) {
+            q.retain(|&x| x != id);
+        }
+        Some(c)
+    }
+
+    /// Drops calls whose callers gave up; their memory (input, output, reservation, model pin)
+    /// goes with them.
+    fn drop_gone(&mut self) {
+        let gone: Vec<u64> = self
+            .calls
+            .iter()
+            .filter(|(_, c)| c.gone())
+            .map(|(&id, _)| id)
+            .collect();
+        for id in gone {
+            if let Some(c) = self.remove(id) {
+                lock(&self.shared.stats).tenant(&c.tenant).expired += 1;
+                let limit = c.deadline.limit();
+                let _ = c.reply.send(Err(DeviceError::Expired(limit)));
+            }
+        }
+        // Forget tenants that have been idle for a while.
+        let now = Instant::now();
+        self.recent
+            .retain(|_, (at, _)| now.duration_since(*at) < 10 * ACTIVE_FOR);
+        let (queues, recent) = (&self.queues, &self.recent);
+        self.fair
+            .retain(|t| recent.contains_key(t) || queues.get(t).is_some_and(|q| !q.is_empty()));
+    }
+
+    fn fail_all(&mut self, e: &DeviceError) {
+        for (_, c) in self.calls.drain() {
+            let _ = c.reply.send(Err(e.clone()));
+        }
+        self.queues.clear();
+    }
+
+    /// How long the next batch may run: the configured slice, or while several tenants are
+    /// active, the lower median of their calls' device times (at least [`MIN_SLICE`]).
+    fn slice(&self) -> Duration {
+        let now = Instant::now();
+        let mut times: Vec<f64> = self
+            .recent
+            .iter()
+            .filter(|(t, (at, _))| {
+                now.duration_since(*at) < ACTIVE_FOR
+                    || self.queues.get(*t).is_some_and(|q| !q.is_empty())
+            })
+            .map(|(_, (_, s))| *s)
+            .collect();
+        let configured = self.shared.config.slice;
+        if times.len() < 2 {
+            return configured;
+        }
+        times.sort_by(f64::total_cmp);
+        let median = times[(times.len() - 1) / 2];
+        Duration::from_secs_f64(median.max(0.0)).clamp(MIN_SLICE, configured.max(MIN_SLICE))
+    }
+
+    /// Runs one batch if one is due; otherwise how long to wait for batch mates or memory.
+    fn dispatch(&mut self) -> Option<Duration> {
+        // Tenants with work, oldest work first; the leader is the one with the least virtual
+        // time.
+        let mut backlogged: Vec<(Instant, Arc<str>)> = self
+            .queues
+            .iter()
+            .filter_map(|(t, q)| {
+                let head = self.calls.get(q.front()?)?;
+                Some((head.enqueued, Arc::clone(t)))
+            })
+            .collect();
+        backlogged.sort();
+        let leader = Arc::clone(self.fair.leader(backlogged.iter().map(|(_, t)| t))?);
+        let head = *self.queues.get(&leader)?.front()?;
+        let (key, cost) = {
+            let c = self.calls.get(&head)?;
+            let (m, a, b) = c.key();
+            ((m.to_string(), a, b), c.cost.clone())
+        };
+        // Every tenant's calls for this segment: the leader first, then by virtual time.
+        let mut order: Vec<Arc<str>> = backlogged.into_iter().map(|(_, t)| t).collect();
+        order.sort_by(|a, b| {
+            (*a != leader)
+                .cmp(&(*b != leader))
+                .then(self.fair.vtime(a).total_cmp(&self.fair.vtime(b)))
+        });
+        let mut pending = Vec::new();
+        let mut ids: Vec<Vec<u64>> = Vec::new();
+        let mut oldest = Instant::now();
+        for t in &order {
+            let mine: Vec<u64> = self.queues[t]
+                .iter()
+                .copied()
+                .filter(|id| {
+                    self.calls.get(id).is_some_and(|c| {
+                        let (m, a, b) = c.key();
+                        (m, a, b) == (key.0.as_str(), key.1, key.2)
+                    })
+                })
+                .collect();
+            let Some(first) = mine.first().and_then(|id| self.calls.get(id)) else {
+                continue;
+            };
+            let weight = first.weight;
+            let vtime = self.fair.vtime(t);
+            let calls: Vec<i64> = mine
+                .iter()
+                .filter_map(|id| self.calls.get(id))
+                .map(|c| {
+                    oldest = oldest.min(c.enqueued);
+                    c.left()
+                })
+                .collect();
+            pending.push(Pending {
+                weight,
+                vtime,
+                calls,
+            });
+            ids.push(mine);
+        }
+        let config = &self.shared.config;
+        let mut cap = config.max_batch;
+        if config.adapt {
+            let room = self.shared.budget.room();
+            let fits = room.saturating_sub(cost.workspace) / cost.per_sample.max(1);
+            cap = cap.min(i64::try_from(fits).unwrap_or(i64::MAX));
+            if let Some(e) = cost.efficient_batch {
+                cap = cap.min(e);
+            }
+        }
+        if cap < 1 {
+            // Not even one sample fits while other work holds the memory: wait for it.
+            self.shared.budget.wait_changed(MEMORY_POLL);
+            return None;
+        }
+        let cap = cost.batch_within(self.slice().as_secs_f64(), cap);
+        let waiting: i64 = pending.iter().flat_map(|p| p.calls.iter()).sum();
+        let due = oldest + config.window;
+        let now = Instant::now();
+        if waiting < cap && now < due {
+            return Some(due - now);
+        }
+        let slices = fill(&pending, cap, cost.seconds(cap) / cap as f64);
+        let picked: Vec<(u64, i64)> = slices
+            .iter()
+            .filter_map(|s| Some((*ids.get(s.tenant)?.get(s.call)?, s.take)))
+            .collect();
+        self.execute(&picked, &cost);
+        None
+    }
+
+    /// Runs one device batch made of `picked` slices and hands finished calls back.
+    fn execute(&mut self, picked: &[(u64, i64)], cost: &SegmentCost) {
+        let size: i64 = picked.iter().map(|(_, n)| n).sum();
+        let Some(&(first, _)) = picked.first() else {
+            return;
+        };
+        let held = if self.shared.config.adapt {
+            match self.shared.budget.reserve_now(cost.run_bytes(size as u64)) {
+                Some(r) => Some(r),
+                None => {
+                    self.shared.budget.wait_changed(MEMORY_POLL);
+                    return;
+                }
+            }
+        } else {
+            None
+        };
+        let Some(c) = self.calls.get(&first) else {
+            return;
+        };
+        let (model, range) = (Arc::clone(&c.pin.model), c.range.clone());
+        let (shape, out_shape) = (c.input.shape.clone(), c.out_shape.clone());
+        // The outputs are taken out of their calls while the batch writes into them.
+        let mut outputs: Vec<Vec<u8>> = picked
+            .iter()
+            .map(|(id, _)| {
+                self.calls
+                    .get_mut(id)
+                    .map(|c| std::mem::take(&mut c.output))
+                    .unwrap_or_default()
+            })
+            .collect();
+        let started = Instant::now();
+        let result = {
+            let mut inputs: Vec<&[u8]> = Vec::with_capacity(picked.len());
+            for (id, take) in picked {
+                let c = &self.calls[id];
+                let sb = c.input.sample_bytes();
+                let (from, n) = (c.taken as usize * sb, *take as usize * sb);
+                inputs.push(c.input.bytes.get(from..from + n).unwrap_or_default());
+            }
+            let mut dests: Vec<Dest<'_>> = outputs
+                .iter_mut()
+                .zip(picked)
+                .map(|(out, (_, take))| Dest { out, take: *take })
+                .collect();
+            batch::run(&model, range, &shape, &out_shape, &inputs, &mut dests)
+        };
+        let took = started.elapsed();
+        drop(held);
+        {
+            let mut stats = lock(&self.shared.stats);
+            let tenants: Vec<Arc<str>> = picked
+                .iter()
+                .filter_map(|(id, _)| Some(Arc::clone(&self.calls.get(id)?.tenant)))
+                .collect();
+            stats.batch(tenants.iter().map(|t| &**t), size);
+            if result.is_err() {
+                stats.faults += 1;
+            }
+        }
+        for ((id, take), out) in picked.iter().zip(outputs) {
+            let Some(c) = self.calls.get_mut(id) else {
+                continue;
+            };
+            c.output = out;
+            c.taken += take;
+            let share = took.mul_f64(*take as f64 / size.max(1) as f64);
+            c.device += share;
+            c.batches += 1;
+            let (tenant, weight) = (Arc::clone(&c.tenant), c.weight);
+            self.fair.charge(&tenant, share.as_secs_f64(), weight);
+        }
+        match result {
+            Ok(()) => {
+                let done: Vec<u64> = picked
+                    .iter()
+                    .filter(|(id, _)| self.calls.get(id).is_some_and(|c| c.left() == 0))
+                    .map(|(id, _)| *id)
+                    .collect();
+                for id in done {
+                    self.finish(id);
+                }
+            }
+            Err(detail) => {
+                let tenants: Vec<&str> = picked
+                    .iter()
+                    .filter_map(|(id, _)| Some(&*self.calls.get(id)?.tenant))
+                    .collect();
+                tracing::error!(
+                    "device batch of {size} samples of `{}` for tenants {tenants:?} failed: {detail}",
+                    model.name(),
+                );
+                for (id, _) in picked {
+                    if let Some(c) = self.remove(*id) {
+                        let _ = c.reply.send(Err(DeviceError::Failed(detail.clone())));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Sends a finished call's output back.
+    fn finish(&mut self, id: u64) {
+        let Some(c) = self.remove(id) else { return };
+        let now = Instant::now();
+        self.recent
+            .insert(Arc::clone(&c.tenant), (now, c.cost.seconds(c.input.n)));
+        let (tenant, n) = (Arc::clone(&c.tenant), c.input.n);
+        let (ran, reply) = c.into_ran();
+        {
+            let mut stats = lock(&self.shared.stats);
+            let t = stats.tenant(&tenant);
+            t.samples += n as u64;
+            t.queued_seconds += ran.queued.as_secs_f64();
+            t.device_seconds += ran.device.as_secs_f64();
+        }
+        // A caller that gave up meanwhile gets nothing; the output is dropped with the send.
+        let _ = reply.send(Ok(ran));
+    }
+}

@@ -1,0 +1,325 @@
+//! [`Device`]: what the wasi-nn capability calls to pin a model and run a segment on it.
+//!
+//! A call's output buffer is charged to the caller's memory account before the call is
+//! admitted. With pooling the call goes to the dispatcher; without, it runs on a blocking
+//! thread in time-bounded sub-batches. Either way the caller waits at most until its deadline:
+//! then the call is abandoned (the dispatcher or the thread drops it and its memory).
+
+use crate::account::Deadline;
+use crate::device::batch::{self, Dest};
+use crate::device::budget::{Budget, Pin};
+use crate::device::dispatcher::{Call, Shared, lock};
+use crate::device::job::{Job, Ran};
+use crate::device::types::{DeviceConfig, DeviceError};
+use crate::models::Models;
+use hapi_wire::profile::DeviceMemory;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+/// The device executor.
+#[derive(Debug)]
+pub struct Device {
+    shared: Arc<Shared>,
+    models: Arc<Models>,
+}
+
+impl Drop for Device {
+    fn drop(&mut self) {
+        self.shared.shutdown();
+    }
+}
+
+/// Counts a call in progress while it lives (also when its caller's future is dropped).
+struct InProgress<'a>(&'a Shared);
+
+impl<'a> InProgress<'a> {
+    fn enter(shared: &'a Shared, tenant: &str) -> Self {
+        let mut s = lock(&shared.stats);
+        s.in_progress += 1;
+        s.peak_in_progress = s.peak_in_progress.max(s.in_progress);
+        s.tenant(tenant).calls += 1;
+        Self(shared)
+    }
+}
+
+impl Drop for InProgress<'_> {
+    fn drop(&mut self) {
+        lock(&self.0.stats).in_progress -= 1;
+    }
+}
+
+/// Sets its flag when dropped: tells a blocking worker its caller is gone.
+struct CancelOnDrop(Arc<AtomicBool>);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Release);
+    }
+}
+
+impl Device {
+    /// Starts the device; with pooling, its dispatcher thread.
+    pub fn start(config: DeviceConfig, models: Arc<Models>) -> anyhow::Result<Arc<Self>> {
+        let pool = config.pool;
+        let shared = Shared::new(config.clone(), Budget::new(config.budget));
+        if pool {
+            shared.spawn()?;
+        }
+        Ok(Arc::new(Self { shared, models }))
+    }
+
+    pub fn config(&self) -> &DeviceConfig {
+        &self.shared.config
+    }
+
+    pub fn models(&self) -> &Arc<Models> {
+        &self.models
+    }
+
+    /// Stops the dispatcher; calls still queued are refused.
+    pub fn shutdown(&self) {
+        self.shared.shutdown();
+    }
+
+    /// The budget and what the device did, for the profile endpoint and tests.
+    pub fn memory(&self) -> DeviceMemory {
+        let b = self.shared.budget.snapshot();
+        lock(&self.shared.stats).memory(&b)
+    }
+
+    /// The device's metric families, appended to `out`.
+    pub fn render_metrics(&self, out: &mut String) {
+        let b = self.shared.budget.snapshot();
+        let stats = lock(&self.shared.stats);
+        stats.render(&stats.memory(&b), out);
+    }
+
+    /// Pins model `name` for a call, loading it (weights charged) if need be.
+    pub async fn acquire(&self, name: &str, deadline: &Deadline) -> Result<Pin, DeviceError> {
+        self.shared
+            .budget
+            .acquire(&self.models, name, deadline)
+            .await
+    }
+
+    fn refused(&self, tenant: &str, e: DeviceError) -> DeviceError {
+        lock(&self.shared.stats).tenant(tenant).refused += 1;
+        e
+    }
+
+    /// Runs `job`, within the budget, until its deadline.
+    pub async fn run(&self, job: Job) -> Result<Ran, DeviceError> {
+        let Job {
+            tenant,
+            weight,
+            pin,
+            range,
+            input,
+            account,
+            deadline,
+        } = job;
+        let n = input.n;
+        let cost = pin.memory.segment(range.clone());
+        let out_shape: Vec<i64> = pin
+            .model
+            .shape_before(range.end)
+            .ok_or_else(|| DeviceError::TooLarge("layer range outside the model".into()))?
+            .to_vec();
+        let out_bytes = out_shape
+            .iter()
+            .try_fold(4u64 * n as u64, |acc, &d| acc.checked_mul(d as u64))
+            .ok_or_else(|| DeviceError::TooLarge("output dimensions overflow".into()))?;
+        let out_charge = account
+            .charge(out_bytes, "compute output")
+            .map_err(DeviceError::Memory)?;
+        let model_name = format!("{}[{}..{}]", pin.model.name(), range.start, range.end);
+        let ceiling = self.shared.budget.ceiling(pin.memory.weights());
+        let config = &self.shared.config;
+        // A call that can never fit is refused, under every setting.
+        let held = if config.adapt {
+            let one = cost.run_bytes(1);
+            if one > ceiling {
+                return Err(self.refused(
+                    &tenant,
+                    DeviceError::TooLarge(format!(
+                        "one sample of `{model_name}` needs {one} bytes of device memory and at \
+                         most {ceiling} can ever be free (budget {}, the model's weights {})",
+                        self.shared.budget.total(),
+                        pin.memory.weights()
+                    )),
+                ));
+            }
+            None
+        } else {
+            let need = cost.run_bytes(n as u64);
+            if need > ceiling {
+                return Err(self.refused(
+                    &tenant,
+                    DeviceError::TooLarge(format!(
+                        "{n} samples of `{model_name}` need {need} bytes of device memory at once \
+                         and at most {ceiling} can ever be free; send fewer samples per call or \
+                         turn storage batch adaptation on"
+                    )),
+                ));
+            }
+            match self.shared.budget.reserve_now(need) {
+                Some(r) => Some(r),
+                None => {
+                    return Err(self.refused(
+                        &tenant,
+                        DeviceError::Busy(format!(
+                            "the device has no room now for {need} bytes ({n} samples of \
+                             `{model_name}`, adaptation off); retry later"
+                        )),
+                    ));
+                }
+            }
+        };
+        let output = Vec::with_capacity(usize::try_from(out_bytes).unwrap_or(usize::MAX));
+        let _counted = InProgress::enter(&self.shared, &tenant);
+        if config.pool {
+            let (reply, answer) = tokio::sync::oneshot::channel();
+            let call = Call::new(
+                Arc::clone(&tenant),
+                weight,
+                pin,
+                range,
+                cost,
+                input,
+                out_shape,
+                output,
+                out_charge,
+                held,
+                Arc::clone(&deadline),
+                reply,
+            );
+            if self.shared.submit(call).is_err() {
+                return Err(DeviceError::ShuttingDown);
+            }
+            match deadline.run(answer).await {
+                Ok(Ok(result)) => result,
+                Ok(Err(_)) => Err(DeviceError::Failed("the device dispatcher stopped".into())),
+                Err(e) => Err(DeviceError::Expired(e.limit)),
+            }
+        } else {
+            let cancel = Arc::new(AtomicBool::new(false));
+            let _cancel = CancelOnDrop(Arc::clone(&cancel));
+            let shared = Arc::clone(&self.shared);
+            let d = Arc::clone(&deadline);
+            let worker = tokio::task::spawn_blocking(move || {
+                let mut output = output;
+                let timing = run_here(
+                    &shared,
+                    &tenant,
+                    &pin,
+                    range,
+                    &cost,
+                    &input,
+                    &out_shape,
+                    &mut output,
+                    &d,
+                    &cancel,
+                )?;
+                let dims = std::iter::once(n).chain(out_shape).collect();
+                Ok(Ran {
+                    output,
+                    charge: out_charge,
+                    dims,
+                    queued: timing.0,
+                    device: timing.1,
+                    batches: timing.2,
+                })
+            });
+            match deadline.run(worker).await {
+                Ok(Ok(result)) => result,
+                Ok(Err(e)) => Err(DeviceError::Failed(format!("device worker: {e}"))),
+                Err(e) => Err(DeviceError::Expired(e.limit)),
+            }
+        }
+    }
+}
+
+/// Pooling off: runs a call on this (blocking) thread in sub-batches bounded by memory (with
+/// adaptation), the fastest batch size and the time slice; stops when the caller is gone.
+/// Returns (queued, device, batches).
+#[allow(clippy::too_many_arguments)]
+fn run_here(
+    shared: &Arc<Shared>,
+    tenant: &str,
+    pin: &Pin,
+    range: std::ops::Range<usize>,
+    cost: &hapi_wire::profile::SegmentCost,
+    input: &crate::device::job::Input,
+    out_shape: &[i64],
+    output: &mut Vec<u8>,
+    deadline: &Deadline,
+    cancel: &AtomicBool,
+) -> Result<(Duration, Duration, u32), DeviceError> {
+    let config = &shared.config;
+    let (mut queued, mut device, mut batches) = (Duration::ZERO, Duration::ZERO, 0u32);
+    let sb = input.sample_bytes();
+    let mut offset = 0i64;
+    while offset < input.n {
+        let waited = Instant::now();
+        let left = input.n - offset;
+        let mut cap = left.min(config.max_batch);
+        if let Some(e) = cost.efficient_batch.filter(|_| config.adapt) {
+            cap = cap.min(e);
+        }
+        let cap = cost.batch_within(config.slice.as_secs_f64(), cap);
+        let (held, b) = loop {
+            if cancel.load(Ordering::Acquire) || deadline.expired() {
+                return Err(DeviceError::Expired(deadline.limit()));
+            }
+            if !config.adapt {
+                break (None, cap);
+            }
+            let room = shared.budget.room();
+            let fits = i64::try_from(room.saturating_sub(cost.workspace) / cost.per_sample.max(1))
+                .unwrap_or(i64::MAX);
+            let b = cap.min(fits);
+            if b >= 1
+                && let Some(r) = shared.budget.reserve_now(cost.run_bytes(b as u64))
+            {
+                break (Some(r), b);
+            }
+            shared.budget.wait_changed(Duration::from_millis(5));
+        };
+        queued += waited.elapsed();
+        let (from, len) = (offset as usize * sb, b as usize * sb);
+        let slice = input.bytes.get(from..from + len).unwrap_or_default();
+        let started = Instant::now();
+        let result = batch::run(
+            &pin.model,
+            range.clone(),
+            &input.shape,
+            out_shape,
+            &[slice],
+            &mut [Dest {
+                out: output,
+                take: b,
+            }],
+        );
+        let took = started.elapsed();
+        drop(held);
+        device += took;
+        batches += 1;
+        {
+            let mut stats = lock(&shared.stats);
+            stats.batch(std::iter::once(tenant), b);
+            if result.is_err() {
+                stats.faults += 1;
+            }
+        }
+        if let Err(detail) = result {
+            tracing::error!(
+                "device batch of {b} samples of `{}` failed: {detail}",
+                pin.model.name()
+            );
+            return Err(DeviceError::Failed(detail));
+        }
+        offset += b;
+    }
+    Ok((queued, device, batches))
+}

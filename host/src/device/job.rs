@@ -1,0 +1,53 @@
+//! What goes in and out of the device: a compute call and its result.
+
+use crate::account::{Account, Charge, Deadline};
+use crate::device::budget::Pin;
+use std::ops::Range;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A compute call's input: `n` samples of f32 (little-endian bytes), each of `shape`.
+#[derive(Debug)]
+pub struct Input {
+    pub bytes: Vec<u8>,
+    /// What the bytes cost the caller's account.
+    pub charge: Charge,
+    /// Per-sample shape.
+    pub shape: Vec<i64>,
+    pub n: i64,
+}
+
+impl Input {
+    /// Bytes of one sample.
+    pub fn sample_bytes(&self) -> usize {
+        self.bytes.len() / usize::try_from(self.n.max(1)).unwrap_or(1)
+    }
+}
+
+/// One compute call: layers `range` of a pinned model on `input`, for a tenant.
+#[derive(Debug)]
+pub struct Job {
+    pub tenant: Arc<str>,
+    pub weight: u32,
+    pub pin: Pin,
+    pub range: Range<usize>,
+    pub input: Input,
+    pub account: Arc<Account>,
+    pub deadline: Arc<Deadline>,
+}
+
+/// A finished call: its output and where its time went.
+#[derive(Debug)]
+pub struct Ran {
+    /// `n` samples of the segment's output, f32 little-endian.
+    pub output: Vec<u8>,
+    pub charge: Charge,
+    /// Output dimensions, batch first.
+    pub dims: Vec<i64>,
+    /// Waiting for memory, a batch, or other tenants' turns.
+    pub queued: Duration,
+    /// On the device (a pooled batch's time shared out by samples).
+    pub device: Duration,
+    /// Device batches the call was part of.
+    pub batches: u32,
+}

@@ -1,0 +1,256 @@
+//! Who runs next on the device, and how much of whose work goes into a batch. Pure functions
+//! and state, no threads: the dispatcher calls them.
+//!
+//! Fair share by device time (start-time fair queueing): each tenant has a virtual time, the
+//! device seconds it has used divided by its weight. The tenant with the least virtual time
+//! among those with work leads the next batch; a tenant that had no work starts again at the
+//! least virtual time of those that have (it cannot save up a burst while idle). Whatever the
+//! size of its calls, a tenant's share of device time over a few batches is bounded by its
+//! weight, because a batch is bounded in time (a large call is cut into slices) and a tenant
+//! that used more waits for the others to catch up.
+
+use std::collections::HashMap;
+use std::hash::Hash;
+
+/// Virtual times of the tenants the device has served.
+#[derive(Debug)]
+pub struct Fair<K> {
+    vtime: HashMap<K, f64>,
+}
+
+impl<K> Default for Fair<K> {
+    fn default() -> Self {
+        Self {
+            vtime: HashMap::new(),
+        }
+    }
+}
+
+impl<K: Eq + Hash + Clone> Fair<K> {
+    pub fn vtime(&self, k: &K) -> f64 {
+        self.vtime.get(k).copied().unwrap_or(0.0)
+    }
+
+    /// `k` has work again after having none: it starts no earlier than the least virtual time
+    /// among `backlogged` (tenants with work now).
+    pub fn arrive<'a>(&mut self, k: &K, backlogged: impl Iterator<Item = &'a K>)
+    where
+        K: 'a,
+    {
+        let floor = backlogged
+            .filter(|b| *b != k)
+            .map(|b| self.vtime(b))
+            .min_by(f64::total_cmp);
+        let v = self.vtime(k);
+        self.vtime.insert(k.clone(), floor.map_or(v, |f| v.max(f)));
+    }
+
+    /// Charges `seconds` of device time to `k`, scaled by its weight.
+    pub fn charge(&mut self, k: &K, seconds: f64, weight: u32) {
+        *self.vtime.entry(k.clone()).or_default() += seconds / f64::from(weight.max(1));
+    }
+
+    /// Forgets tenants not in `keep` (idle ones: they restart at the floor anyway).
+    pub fn retain(&mut self, keep: impl Fn(&K) -> bool) {
+        self.vtime.retain(|k, _| keep(k));
+    }
+
+    /// The candidate that leads next: least virtual time; among equals, the first given
+    /// (callers list candidates oldest work first).
+    pub fn leader<'a>(&self, candidates: impl Iterator<Item = &'a K>) -> Option<&'a K>
+    where
+        K: 'a,
+    {
+        let mut best: Option<(&K, f64)> = None;
+        for c in candidates {
+            let v = self.vtime(c);
+            if best.is_none_or(|(_, b)| v < b) {
+                best = Some((c, v));
+            }
+        }
+        best.map(|(k, _)| k)
+    }
+}
+
+/// Work one tenant has for the segment a batch runs: its weight, its virtual time and its
+/// calls' remaining samples, oldest first.
+#[derive(Debug, Clone)]
+pub struct Pending {
+    pub weight: u32,
+    pub vtime: f64,
+    pub calls: Vec<i64>,
+}
+
+/// The slice of a call a batch takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Slice {
+    pub tenant: usize,
+    pub call: usize,
+    pub take: i64,
+}
+
+/// Fills one batch of at most `cap` samples led by `pending[0]` (the tenant with the least
+/// virtual time): the leader takes as much of its oldest calls as fits; every other tenant with
+/// work for the same segment may then add samples, but only as many as keep its virtual time,
+/// at `per_sample` estimated device seconds a sample, no later than the leader's after this
+/// batch. Pooling thus never lets a tenant get ahead of its weight's share: one that used more
+/// joins nobody's batch until the others have caught up.
+pub fn fill(pending: &[Pending], cap: i64, per_sample: f64) -> Vec<Slice> {
+    let mut out = Vec::new();
+    let Some(leader) = pending.first() else {
+        return out;
+    };
+    let mut room = cap.max(0);
+    let mut take_from = |t: usize, calls: &[i64], mut quota: i64, room: &mut i64| -> i64 {
+        let mut took = 0;
+        for (c, &left) in calls.iter().enumerate() {
+            let take = left.min(quota).min(*room);
+            if take <= 0 {
+                break;
+            }
+            out.push(Slice {
+                tenant: t,
+                call: c,
+                take,
+            });
+            quota -= take;
+            *room -= take;
+            took += take;
+        }
+        took
+    };
+    let led = take_from(0, &leader.calls, i64::MAX, &mut room);
+    let lw = f64::from(leader.weight.max(1));
+    // Without an estimate of a sample's time, every tenant counts as level with the leader.
+    let known = per_sample.is_finite() && per_sample > 0.0;
+    let per_sample = if known { per_sample } else { 1.0 };
+    let level = |p: &Pending| if known { p.vtime } else { leader.vtime };
+    let after = leader.vtime + led as f64 * per_sample / lw;
+    for (t, p) in pending.iter().enumerate().skip(1) {
+        if room == 0 {
+            break;
+        }
+        let allowed = ((after - level(p)) * f64::from(p.weight.max(1)) / per_sample).floor();
+        if allowed >= 1.0 {
+            take_from(t, &p.calls, allowed.min(i64::MAX as f64) as i64, &mut room);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(weight: u32, vtime: f64, calls: &[i64]) -> Pending {
+        Pending {
+            weight,
+            vtime,
+            calls: calls.to_vec(),
+        }
+    }
+
+    fn took(s: &[Slice], t: usize) -> i64 {
+        s.iter().filter(|s| s.tenant == t).map(|s| s.take).sum()
+    }
+
+    #[test]
+    fn the_leader_fills_what_it_can_and_others_join_only_up_to_its_virtual_time() {
+        // Level tenants: a light leader with 4 samples; a heavy one adds as many.
+        let s = fill(&[p(1, 0.0, &[4]), p(1, 0.0, &[192])], 32, 0.01);
+        assert_eq!((took(&s, 0), took(&s, 1)), (4, 4));
+        // Weight 2: twice as many.
+        let s = fill(&[p(1, 0.0, &[4]), p(2, 0.0, &[192])], 32, 0.01);
+        assert_eq!(took(&s, 1), 8);
+        // A tenant 0.3 s ahead joins nobody's 4-sample (0.04 s) batch.
+        let s = fill(&[p(1, 0.0, &[4]), p(1, 0.3, &[192])], 32, 0.01);
+        assert_eq!((took(&s, 0), took(&s, 1)), (4, 0));
+        // ... and one 0.02 s ahead adds 2.
+        let s = fill(&[p(1, 0.0, &[4]), p(1, 0.02, &[192])], 32, 0.01);
+        assert_eq!(took(&s, 1), 2);
+        // A heavy leader takes the whole cap from its oldest calls.
+        let s = fill(&[p(1, 0.0, &[10, 192]), p(1, 0.0, &[4])], 16, 0.01);
+        assert_eq!((took(&s, 0), took(&s, 1)), (16, 0));
+        assert_eq!(
+            s[0],
+            Slice {
+                tenant: 0,
+                call: 0,
+                take: 10
+            }
+        );
+        assert_eq!(
+            s[1],
+            Slice {
+                tenant: 0,
+                call: 1,
+                take: 6
+            }
+        );
+        // Alone, a tenant fills the batch (work-conserving).
+        let s = fill(&[p(1, 0.0, &[8, 8, 8, 8])], 20, 0.01);
+        assert_eq!(took(&s, 0), 20);
+        assert!(fill(&[], 8, 0.01).is_empty());
+        assert!(fill(&[p(1, 0.0, &[3])], 0, 0.01).is_empty());
+    }
+
+    /// Simulates the device: two tenants always have work, one in calls of 192 samples, one in
+    /// calls of 4; batches are capped (a time slice); the leader is the one with the least
+    /// virtual time. Over many batches each tenant's share of device time follows its weight.
+    fn shares(weights: (u32, u32)) -> (f64, f64) {
+        let mut fair: Fair<usize> = Fair::default();
+        let mut left = [192i64, 4i64];
+        let size_of = [192i64, 4i64];
+        let w = [weights.0, weights.1];
+        let mut used = [0.0f64; 2];
+        let per_sample = 0.001;
+        for _ in 0..20_000 {
+            let leader = *fair.leader([0usize, 1].iter()).expect("work");
+            let other = 1 - leader;
+            let pending = [
+                p(w[leader], fair.vtime(&leader), &[left[leader]]),
+                p(w[other], fair.vtime(&other), &[left[other]]),
+            ];
+            let s = fill(&pending, 32, per_sample);
+            for sl in &s {
+                let t = if sl.tenant == 0 { leader } else { other };
+                let part = per_sample * sl.take as f64;
+                used[t] += part;
+                fair.charge(&t, part, w[t]);
+                left[t] -= sl.take;
+                if left[t] == 0 {
+                    left[t] = size_of[t];
+                }
+            }
+        }
+        let all = used[0] + used[1];
+        (used[0] / all, used[1] / all)
+    }
+
+    #[test]
+    fn device_time_follows_weights_whatever_the_call_sizes() {
+        for (weights, heavy) in [((1, 1), 0.5), ((2, 1), 2.0 / 3.0), ((1, 3), 0.25)] {
+            let (h, l) = shares(weights);
+            assert!(
+                (h - heavy).abs() < 0.02,
+                "{weights:?}: heavy {h}, light {l}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_tenant_back_from_idle_starts_at_the_floor() {
+        let mut fair: Fair<&str> = Fair::default();
+        fair.charge(&"a", 10.0, 1);
+        fair.charge(&"b", 12.0, 1);
+        // `c` was idle: it does not get 10 s of credit over `a`.
+        fair.arrive(&"c", ["a", "b"].iter());
+        assert_eq!(fair.vtime(&"c"), 10.0);
+        assert_eq!(fair.leader(["b", "c", "a"].iter()), Some(&"c"));
+        fair.charge(&"c", 0.5, 1);
+        assert_eq!(fair.leader(["b", "c", "a"].iter()), Some(&"a"));
+        // A tenant that used more than the floor keeps its own virtual time.
+        fair.arrive(&"b", ["a"].iter());
+        assert_eq!(fair.vtime(&"b"), 12.0);
+    }
+}

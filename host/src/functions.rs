@@ -1,0 +1,387 @@
+//! Tenants' functions: deployed from the policy (the operator's, managed) or uploaded through
+//! the API, kept under the state directory, compiled once.
+//!
+//! Every file is reached through one cap-std handle on the state directory, by names that are
+//! checked first (tenant and function names are letters, digits, `-` and `_`), so no request
+//! can touch a file outside `functions/<tenant>/` and `compiled/<tenant>/`. Uploads are checked
+//! before they are compiled ([`compile::check`]), against the tenant's quota of functions and
+//! bytes, and compiled off the request path, one at a time, with at most one upload per
+//! tenant waiting. Compiled code is cached per tenant (nothing about one tenant's uploads can
+//! be learnt from another's timings) and removed with the last function that used it.
+
+use crate::account::text::quote;
+use crate::policy::{Policy, Tenant, hash_bytes, valid_name};
+use crate::wasm::compile::{self, DeployError};
+use crate::wasm::invoke::{Prepared, Runtime, allowed_imports};
+use cap_std::ambient_authority;
+use cap_std::fs::Dir;
+use std::collections::{BTreeMap, HashSet};
+use std::hash::{Hash, Hasher};
+use std::io::Write;
+use std::path::Path;
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+
+/// Uploads waiting to be compiled, all tenants together; past this, 429.
+pub const MAX_COMPILE_QUEUE: usize = 8;
+
+/// A deployed function.
+#[derive(Debug)]
+pub struct Function {
+    pub name: String,
+    pub sha256: String,
+    pub size: usize,
+    /// Deployed by the operator's policy: the API cannot replace or remove it.
+    pub managed: bool,
+    pub prepared: Prepared,
+}
+
+/// Why a function could not be deployed or removed.
+#[derive(Debug, thiserror::Error)]
+pub enum FunctionError {
+    #[error("function name `{0}`: use letters, digits, `-` and `_` (at most 64)")]
+    BadName(String),
+    #[error("tenant `{tenant}` has no function `{name}`")]
+    NotFound { tenant: String, name: String },
+    #[error(
+        "function `{0}` is deployed by the operator's policy; the API cannot replace or remove it"
+    )]
+    Managed(String),
+    #[error("{0}")]
+    Quota(String),
+    #[error("{0}")]
+    Busy(String),
+    #[error("function `{name}`: {error}")]
+    Bad { name: String, error: DeployError },
+    /// The host could not store or compile it (its own fault).
+    #[error("{0}")]
+    Host(String),
+}
+
+type Table = BTreeMap<String, BTreeMap<String, Arc<Function>>>;
+
+#[derive(Debug, Default)]
+struct Queue {
+    waiting: usize,
+    tenants: HashSet<String>,
+}
+
+/// The functions of every tenant.
+#[derive(Debug)]
+pub struct Functions {
+    state: Arc<Dir>,
+    table: RwLock<Table>,
+    queue: Mutex<Queue>,
+    compiler: tokio::sync::Semaphore,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Leaves the compile queue when dropped.
+struct Queued<'a> {
+    queue: &'a Mutex<Queue>,
+    tenant: String,
+}
+
+impl Drop for Queued<'_> {
+    fn drop(&mut self) {
+        let mut q = lock(self.queue);
+        q.waiting -= 1;
+        q.tenants.remove(&self.tenant);
+    }
+}
+
+impl Functions {
+    /// Opens (creating) the state directory.
+    pub fn open(path: &Path) -> anyhow::Result<Self> {
+        std::fs::create_dir_all(path)?;
+        let state = Dir::open_ambient_dir(path, ambient_authority())?;
+        state.create_dir_all("functions")?;
+        state.create_dir_all("compiled")?;
+        Ok(Self {
+            state: Arc::new(state),
+            table: RwLock::default(),
+            queue: Mutex::default(),
+            compiler: tokio::sync::Semaphore::new(1),
+        })
+    }
+
+    pub fn get(&self, tenant: &str, name: &str) -> Option<Arc<Function>> {
+        let t = self.table.read().unwrap_or_else(PoisonError::into_inner);
+        t.get(tenant)?.get(name).cloned()
+    }
+
+    pub fn list(&self, tenant: &str) -> Vec<Arc<Function>> {
+        let t = self.table.read().unwrap_or_else(PoisonError::into_inner);
+        t.get(tenant)
+            .map(|f| f.values().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    fn cache_name(runtime: &Runtime, sha256: &str) -> String {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        runtime
+            .engine()
+            .precompile_compatibility_hash()
+            .hash(&mut h);
+        format!("{sha256}-{:016x}.cwasm", h.finish())
+    }
+
+    /// Checks, compiles (or loads the tenant's cached code) and prepares `bytes` (blocking).
+    fn build(
+        &self,
+        runtime: &Runtime,
+        tenant: &Tenant,
+        name: &str,
+        bytes: &[u8],
+        managed: bool,
+    ) -> Result<Function, FunctionError> {
+        let bad = |error| FunctionError::Bad {
+            name: name.to_string(),
+            error,
+        };
+        let caps = tenant.capabilities;
+        compile::check(bytes, &tenant.name, &allowed_imports(caps)).map_err(bad)?;
+        let sha256 = hash_bytes(bytes);
+        let dir = format!("compiled/{}", tenant.name);
+        let cached = format!("{dir}/{}", Self::cache_name(runtime, &sha256));
+        let from_cache = self.state.read(&cached).ok().and_then(|code| {
+            // SAFETY: the file was written by `Component::serialize` of an engine with the same
+            // compatibility hash, into the host's own state directory, which only the host
+            // writes.
+            unsafe { wasmtime::component::Component::deserialize(runtime.engine(), &code) }
+                .map_err(|e| tracing::warn!("ignoring compiled code {cached}: {e}"))
+                .ok()
+        });
+        let component = match from_cache {
+            Some(c) => c,
+            None => {
+                let c = compile::compile(runtime.engine(), bytes).map_err(bad)?;
+                let written = c
+                    .serialize()
+                    .map_err(|e| std::io::Error::other(e.to_string()))
+                    .and_then(|code| self.write(&dir, &cached, &code));
+                if let Err(e) = written {
+                    tracing::warn!("not caching compiled code of `{name}` at {cached}: {e}");
+                }
+                c
+            }
+        };
+        let prepared = runtime.prepare(caps, &component).map_err(bad)?;
+        Ok(Function {
+            name: name.to_string(),
+            sha256,
+            size: bytes.len(),
+            managed,
+            prepared,
+        })
+    }
+
+    /// Writes `path` atomically (a temporary file, then a rename).
+    fn write(&self, dir: &str, path: &str, bytes: &[u8]) -> std::io::Result<()> {
+        self.state.create_dir_all(dir)?;
+        let tmp = format!("{path}.tmp");
+        let mut f = self.state.create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        self.state.rename(&tmp, &self.state, path)
+    }
+
+    /// Removes compiled code of `sha256` for `tenant` unless another of its functions uses it.
+    fn forget_code(&self, runtime: &Runtime, tenant: &str, sha256: &str, table: &Table) {
+        let used = table
+            .get(tenant)
+            .is_some_and(|f| f.values().any(|f| f.sha256 == sha256));
+        if !used {
+            let path = format!("compiled/{tenant}/{}", Self::cache_name(runtime, sha256));
+            let _ = self.state.remove_file(path);
+        }
+    }
+
+    /// (Re)loads every tenant's functions: those it uploaded earlier (kept under the state
+    /// directory; one that no longer builds is skipped with a warning), then those the policy
+    /// names (an error: the operator must fix the policy).
+    pub fn load_all(&self, runtime: &Runtime, policy: &Policy) -> anyhow::Result<()> {
+        let mut table = Table::new();
+        for tenant in policy.tenants.values() {
+            let mut fns = BTreeMap::new();
+            let dir = format!("functions/{}", tenant.name);
+            if let Ok(entries) = self.state.read_dir(&dir) {
+                for entry in entries.flatten() {
+                    let file = entry.file_name().to_string_lossy().into_owned();
+                    let Some(name) = file.strip_suffix(".wasm").filter(|n| valid_name(n)) else {
+                        continue;
+                    };
+                    if tenant.functions.contains_key(name) {
+                        continue;
+                    }
+                    let built = self
+                        .state
+                        .read(format!("{dir}/{file}"))
+                        .map_err(|e| FunctionError::Host(e.to_string()))
+                        .and_then(|bytes| self.build(runtime, tenant, name, &bytes, false));
+                    match built {
+                        Ok(f) => {
+                            fns.insert(name.to_string(), Arc::new(f));
+                        }
+                        Err(e) => tracing::warn!(
+                            "tenant `{}`: not loading uploaded function `{name}`: {e}",
+                            tenant.name
+                        ),
+                    }
+                }
+            }
+            for (name, path) in &tenant.functions {
+                let bytes = std::fs::read(path).map_err(|e| {
+                    anyhow::anyhow!(
+                        "tenant `{}` function `{name}`: reading {}: {e}",
+                        tenant.name,
+                        path.display()
+                    )
+                })?;
+                let f = self
+                    .build(runtime, tenant, name, &bytes, true)
+                    .map_err(|e| {
+                        anyhow::anyhow!(
+                            "tenant `{}` function `{name}` ({}): {e}",
+                            tenant.name,
+                            path.display()
+                        )
+                    })?;
+                fns.insert(name.clone(), Arc::new(f));
+            }
+            table.insert(tenant.name.clone(), fns);
+        }
+        *self.table.write().unwrap_or_else(PoisonError::into_inner) = table;
+        Ok(())
+    }
+
+    /// Deploys an upload: checks the name, the quota and the bytes, waits its turn in the
+    /// compile queue, compiles, stores and replaces any earlier function of that name.
+    pub async fn deploy(
+        self: &Arc<Self>,
+        runtime: &Arc<Runtime>,
+        tenant: &Arc<Tenant>,
+        name: &str,
+        bytes: bytes::Bytes,
+    ) -> Result<Arc<Function>, FunctionError> {
+        if !valid_name(name) {
+            return Err(FunctionError::BadName(quote(name)));
+        }
+        let previous = self.get(&tenant.name, name);
+        if previous.as_ref().is_some_and(|f| f.managed) || tenant.functions.contains_key(name) {
+            return Err(FunctionError::Managed(name.to_string()));
+        }
+        self.check_quota(tenant, name, bytes.len() as u64)?;
+        let _queued = self.enqueue(&tenant.name)?;
+        let _turn = self
+            .compiler
+            .acquire()
+            .await
+            .map_err(|_| FunctionError::Host("the compiler stopped".into()))?;
+        let (me, rt, t, n) = (
+            Arc::clone(self),
+            Arc::clone(runtime),
+            Arc::clone(tenant),
+            name.to_string(),
+        );
+        tokio::task::spawn_blocking(move || {
+            // The quota again: another upload of the tenant may have finished meanwhile.
+            me.check_quota(&t, &n, bytes.len() as u64)?;
+            let f = Arc::new(me.build(&rt, &t, &n, &bytes, false)?);
+            let dir = format!("functions/{}", t.name);
+            me.write(&dir, &format!("{dir}/{n}.wasm"), &bytes)
+                .map_err(|e| FunctionError::Host(format!("saving function `{n}`: {e}")))?;
+            let mut table = me.table.write().unwrap_or_else(PoisonError::into_inner);
+            let old = table
+                .entry(t.name.clone())
+                .or_default()
+                .insert(n.clone(), Arc::clone(&f));
+            if let Some(old) = old.filter(|o| o.sha256 != f.sha256) {
+                me.forget_code(&rt, &t.name, &old.sha256, &table);
+            }
+            Ok(f)
+        })
+        .await
+        .map_err(|e| FunctionError::Host(format!("compile worker: {e}")))?
+    }
+
+    fn check_quota(&self, tenant: &Tenant, name: &str, size: u64) -> Result<(), FunctionError> {
+        let uploaded: Vec<Arc<Function>> = self
+            .list(&tenant.name)
+            .into_iter()
+            .filter(|f| !f.managed && f.name != name)
+            .collect();
+        let limits = &tenant.limits;
+        if uploaded.len() + 1 > limits.max_functions {
+            return Err(FunctionError::Quota(format!(
+                "tenant `{}` may keep {} uploaded functions and has {}; remove one first",
+                tenant.name,
+                limits.max_functions,
+                uploaded.len()
+            )));
+        }
+        let bytes: u64 = uploaded.iter().map(|f| f.size as u64).sum::<u64>() + size;
+        if bytes > limits.max_function_bytes {
+            return Err(FunctionError::Quota(format!(
+                "tenant `{}`'s uploaded functions would take {bytes} bytes; its quota is {}",
+                tenant.name, limits.max_function_bytes
+            )));
+        }
+        Ok(())
+    }
+
+    /// A place in the compile queue: one per tenant, [`MAX_COMPILE_QUEUE`] in all.
+    fn enqueue(&self, tenant: &str) -> Result<Queued<'_>, FunctionError> {
+        let mut q = lock(&self.queue);
+        if q.tenants.contains(tenant) {
+            return Err(FunctionError::Busy(format!(
+                "tenant `{tenant}` has an upload being compiled; retry when it is done"
+            )));
+        }
+        if q.waiting >= MAX_COMPILE_QUEUE {
+            return Err(FunctionError::Busy(format!(
+                "{MAX_COMPILE_QUEUE} uploads are waiting to be compiled; retry later"
+            )));
+        }
+        q.waiting += 1;
+        q.tenants.insert(tenant.to_string());
+        Ok(Queued {
+            queue: &self.queue,
+            tenant: tenant.to_string(),
+        })
+    }
+
+    /// Removes an uploaded function, its file and (if no other function uses it) its code.
+    pub fn undeploy(
+        &self,
+        runtime: &Runtime,
+        tenant: &Tenant,
+        name: &str,
+    ) -> Result<(), FunctionError> {
+        if !valid_name(name) {
+            return Err(FunctionError::BadName(quote(name)));
+        }
+        let mut table = self.table.write().unwrap_or_else(PoisonError::into_inner);
+        let fns = table.entry(tenant.name.clone()).or_default();
+        match fns.get(name) {
+            None => {
+                return Err(FunctionError::NotFound {
+                    tenant: tenant.name.clone(),
+                    name: name.to_string(),
+                });
+            }
+            Some(f) if f.managed => return Err(FunctionError::Managed(name.to_string())),
+            Some(_) => {}
+        }
+        let Some(f) = fns.remove(name) else {
+            return Ok(());
+        };
+        let _ = self
+            .state
+            .remove_file(format!("functions/{}/{name}.wasm", tenant.name));
+        self.forget_code(runtime, &tenant.name, &f.sha256, &table);
+        Ok(())
+    }
+}

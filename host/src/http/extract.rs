@@ -1,0 +1,144 @@
+//! What handlers take from a request: the tenant (or the operator) behind its bearer token, a
+//! checked name from the path, and a body read within a byte limit and a time limit.
+
+use crate::Host;
+use crate::account::text::quote;
+use crate::http::errors::ApiError;
+use crate::policy::{Tenant, token_digest, valid_name};
+use axum::body::{Body, Bytes};
+use axum::extract::{FromRequestParts, Path};
+use axum::http::{header, request::Parts};
+use hapi_wire::ErrorCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The token of `Authorization: Bearer <token>`; the scheme is matched case-insensitively.
+fn bearer(parts: &Parts) -> Result<&str, ApiError> {
+    let header = parts.headers.get(header::AUTHORIZATION).ok_or_else(|| {
+        ApiError::new(
+            ErrorCode::Unauthenticated,
+            "missing `Authorization: Bearer <token>`",
+        )
+    })?;
+    let value = header.to_str().unwrap_or_default().trim();
+    let (scheme, token) = value.split_once(' ').unwrap_or((value, ""));
+    if !scheme.eq_ignore_ascii_case("bearer") || token.trim().is_empty() {
+        return Err(ApiError::new(
+            ErrorCode::Unauthenticated,
+            "the Authorization header is not `Bearer <token>`",
+        ));
+    }
+    Ok(token.trim())
+}
+
+/// The tenant a request's bearer token belongs to.
+#[derive(Debug)]
+pub struct Authed(pub Arc<Tenant>);
+
+impl FromRequestParts<Arc<Host>> for Authed {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, host: &Arc<Host>) -> Result<Self, ApiError> {
+        let digest = token_digest(bearer(parts)?);
+        host.policy()
+            .tenant_by_token_hash(&digest)
+            .map(|t| Authed(Arc::clone(t)))
+            .ok_or_else(|| {
+                ApiError::new(
+                    ErrorCode::BadToken,
+                    "the token does not belong to any tenant",
+                )
+            })
+    }
+}
+
+/// The operator, by the policy's `operator_token_sha256`.
+#[derive(Debug)]
+pub struct Operator;
+
+impl FromRequestParts<Arc<Host>> for Operator {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, host: &Arc<Host>) -> Result<Self, ApiError> {
+        let policy = host.policy();
+        if policy.host.operator_token_sha256.is_none() {
+            return Err(ApiError::new(
+                ErrorCode::Forbidden,
+                "this endpoint is the operator's: set host.operator_token_sha256 (or serve it on host.metrics_listen)",
+            ));
+        }
+        if policy.is_operator(&token_digest(bearer(parts)?)) {
+            Ok(Operator)
+        } else {
+            Err(ApiError::new(
+                ErrorCode::Forbidden,
+                "this endpoint needs the operator's token",
+            ))
+        }
+    }
+}
+
+/// A tenant, function or model name from the path, checked (letters, digits, `-`, `_`).
+#[derive(Debug)]
+pub struct Name(pub String);
+
+impl<S: Send + Sync> FromRequestParts<S> for Name {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        let Path(name) = Path::<String>::from_request_parts(parts, state)
+            .await
+            .map_err(|e| ApiError::new(ErrorCode::BadName, format!("the path: {e}")))?;
+        if !valid_name(&name) {
+            return Err(ApiError::new(
+                ErrorCode::BadName,
+                format!(
+                    "name `{}`: use letters, digits, `-` and `_` (at most 64)",
+                    quote(&name)
+                ),
+            ));
+        }
+        Ok(Name(name))
+    }
+}
+
+/// Reads a request body of at most `limit` bytes within `timeout`.
+pub async fn body(body: Body, limit: usize, timeout: Duration) -> Result<Bytes, ApiError> {
+    match tokio::time::timeout(timeout, axum::body::to_bytes(body, limit)).await {
+        Err(_) => Err(ApiError::new(
+            ErrorCode::RequestTimeout,
+            format!("the request body did not arrive within {timeout:?}"),
+        )),
+        Ok(Err(e)) => {
+            let too_large = std::error::Error::source(&e)
+                .is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
+            if too_large {
+                Err(ApiError::new(
+                    ErrorCode::BodyTooLarge,
+                    format!("the request body is over this endpoint's limit of {limit} bytes"),
+                ))
+            } else {
+                Err(ApiError::new(
+                    ErrorCode::BadRequest,
+                    format!("reading the request body: {e}"),
+                ))
+            }
+        }
+        Ok(Ok(b)) => Ok(b),
+    }
+}
+
+/// Refuses a body whose declared length is already over `limit`, before reading any of it.
+pub fn declared_within(headers: &axum::http::HeaderMap, limit: usize) -> Result<(), ApiError> {
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    match declared {
+        Some(n) if n > limit as u64 => Err(ApiError::new(
+            ErrorCode::BodyTooLarge,
+            format!("the request body is {n} bytes; this endpoint takes at most {limit}"),
+        )),
+        _ => Ok(()),
+    }
+}

@@ -1,0 +1,83 @@
+//! `PUT /v1/functions/{name}`, `DELETE /v1/functions/{name}`, `GET /v1/functions`: a tenant's
+//! own components.
+
+use crate::Host;
+use crate::functions::Function;
+use crate::http::errors::ApiError;
+use crate::http::extract::{self, Authed, Name};
+use crate::policy::Tenant;
+use axum::Json;
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::IntoResponse;
+use hapi_wire::ErrorCode;
+use serde::Serialize;
+use std::sync::Arc;
+
+#[derive(Serialize)]
+struct FunctionInfo {
+    name: String,
+    sha256: String,
+    size: usize,
+    /// Deployed by the operator's policy (cannot be replaced or removed through the API).
+    managed: bool,
+}
+
+fn info(f: &Function) -> FunctionInfo {
+    FunctionInfo {
+        name: f.name.clone(),
+        sha256: f.sha256.clone(),
+        size: f.size,
+        managed: f.managed,
+    }
+}
+
+fn require_deploy(tenant: &Tenant) -> Result<(), ApiError> {
+    if tenant.deploy {
+        Ok(())
+    } else {
+        Err(ApiError::new(
+            ErrorCode::DeployNotAllowed,
+            format!("tenant `{}` may not deploy functions", tenant.name),
+        ))
+    }
+}
+
+pub async fn list(State(host): State<Arc<Host>>, Authed(tenant): Authed) -> impl IntoResponse {
+    let list: Vec<FunctionInfo> = host
+        .functions(&tenant.name)
+        .iter()
+        .map(|f| info(f))
+        .collect();
+    Json(list)
+}
+
+pub async fn deploy(
+    State(host): State<Arc<Host>>,
+    Authed(tenant): Authed,
+    Name(name): Name,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<impl IntoResponse, ApiError> {
+    require_deploy(&tenant)?;
+    let http = host.policy().host.http.clone();
+    // Nothing larger than the request limit or the tenant's whole quota is read.
+    let limit = http
+        .max_request
+        .min(usize::try_from(tenant.limits.max_function_bytes).unwrap_or(usize::MAX));
+    extract::declared_within(&headers, limit)?;
+    let bytes = extract::body(body, limit, http.body_timeout).await?;
+    let f = host.deploy(&tenant, &name, bytes).await?;
+    Ok((StatusCode::CREATED, Json(info(&f))))
+}
+
+pub async fn undeploy(
+    State(host): State<Arc<Host>>,
+    Authed(tenant): Authed,
+    Name(name): Name,
+) -> Result<StatusCode, ApiError> {
+    require_deploy(&tenant)?;
+    host.undeploy(&tenant, &name)?;
+    Ok(StatusCode::NO_CONTENT)
+}

@@ -1,0 +1,59 @@
+//! `GET /v1/models`, `GET /v1/models/{name}/profile`: the tenant's models, and their per-layer
+//! time, output size and memory on this host's device.
+
+use crate::Host;
+use crate::http::errors::ApiError;
+use crate::http::extract::{Authed, Name};
+use axum::Json;
+use axum::extract::State;
+use axum::response::IntoResponse;
+use hapi_wire::ErrorCode;
+use serde::Serialize;
+use std::sync::Arc;
+
+#[derive(Serialize)]
+struct ModelInfo<'a> {
+    name: &'a str,
+    display_name: &'a str,
+    weights: &'a str,
+    layers: usize,
+    freeze_index: usize,
+    input: &'a hapi_model::InputSpec,
+    output_bytes_per_sample: Vec<u64>,
+}
+
+pub async fn list(State(host): State<Arc<Host>>, Authed(tenant): Authed) -> impl IntoResponse {
+    let models = host.runtime().models();
+    let list: Vec<ModelInfo<'_>> = models
+        .manifests()
+        .filter(|m| tenant.models.contains(&m.name))
+        .map(|m| ModelInfo {
+            name: &m.name,
+            display_name: &m.display_name,
+            weights: &m.weights,
+            layers: m.layers.len(),
+            freeze_index: m.freeze_index,
+            input: &m.input,
+            output_bytes_per_sample: m
+                .layers
+                .iter()
+                .map(hapi_model::Layer::output_bytes_per_sample)
+                .collect(),
+        })
+        .collect();
+    Json(serde_json::to_value(list).unwrap_or_default())
+}
+
+pub async fn profile(
+    State(host): State<Arc<Host>>,
+    Authed(tenant): Authed,
+    Name(name): Name,
+) -> Result<impl IntoResponse, ApiError> {
+    if !tenant.models.contains(&name) || host.runtime().models().manifest(&name).is_none() {
+        return Err(ApiError::new(
+            ErrorCode::ModelNotFound,
+            format!("no model `{name}` for tenant `{}`", tenant.name),
+        ));
+    }
+    Ok(Json(host.profile(&name).await?))
+}

@@ -1,0 +1,236 @@
+//! The accept loop: what a connection may cost the host.
+//!
+//! - at most `max_connections` open, and `max_connections_per_client` from one address; a
+//!   connection past either is closed at once (the descriptors stay for everyone else);
+//! - a request's headers must arrive within `header_timeout` (also the wait for the next request
+//!   on a kept-alive connection); handlers read bodies within `body_timeout`;
+//! - a response that the client does not read for `idle_timeout` ends the connection;
+//! - on shutdown, no new connection is accepted, idle ones are closed, and requests in flight
+//!   finish (each within its deadline).
+
+use crate::policy::HttpSettings;
+use axum::Router;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::time::{Instant, Sleep};
+
+/// How long the loop pauses when `accept` fails (out of descriptors): the failure would repeat
+/// at once, and spinning on it would take a core.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(20);
+
+/// Open connections, in all and per client address.
+#[derive(Debug, Default)]
+pub struct Connections {
+    state: Mutex<(usize, HashMap<IpAddr, usize>)>,
+}
+
+/// A connection counted while it is open.
+#[derive(Debug)]
+pub struct Counted {
+    conns: Arc<Connections>,
+    ip: IpAddr,
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        let mut s = self
+            .conns
+            .state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        s.0 -= 1;
+        if let Some(n) = s.1.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                s.1.remove(&self.ip);
+            }
+        }
+    }
+}
+
+impl Connections {
+    /// Counts a new connection from `ip`, unless it would go over a cap.
+    pub fn enter(self: &Arc<Self>, ip: IpAddr, max: usize, per_client: usize) -> Option<Counted> {
+        let mut s = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let mine = s.1.get(&ip).copied().unwrap_or(0);
+        if s.0 >= max || mine >= per_client {
+            return None;
+        }
+        s.0 += 1;
+        *s.1.entry(ip).or_default() += 1;
+        Some(Counted {
+            conns: Arc::clone(self),
+            ip,
+        })
+    }
+
+    /// Connections open now.
+    pub fn open(&self) -> usize {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner).0
+    }
+}
+
+/// A stream whose writes fail once they have made no progress for `timeout`: a client that
+/// stops reading its response cannot hold the connection and the response's memory.
+struct WriteTimeout<S> {
+    inner: S,
+    timeout: Duration,
+    stalled: Option<Pin<Box<Sleep>>>,
+}
+
+impl<S> WriteTimeout<S> {
+    fn new(inner: S, timeout: Duration) -> Self {
+        Self {
+            inner,
+            timeout,
+            stalled: None,
+        }
+    }
+
+    /// Called when a write cannot progress: fails once it has not for `timeout`.
+    fn stalled(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Error> {
+        let timeout = self.timeout;
+        let sleep = self
+            .stalled
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(Instant::now() + timeout)));
+        match sleep.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "the client read nothing of the response for too long",
+            )),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for WriteTimeout<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for WriteTimeout<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        match Pin::new(&mut self.inner).poll_write(cx, buf) {
+            Poll::Ready(r) => {
+                self.stalled = None;
+                Poll::Ready(r)
+            }
+            Poll::Pending => self.stalled(cx).map(Err),
+        }
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match Pin::new(&mut self.inner).poll_flush(cx) {
+            Poll::Ready(r) => {
+                self.stalled = None;
+                Poll::Ready(r)
+            }
+            Poll::Pending => self.stalled(cx).map(Err),
+        }
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match Pin::new(&mut self.inner).poll_shutdown(cx) {
+            Poll::Ready(r) => Poll::Ready(r),
+            Poll::Pending => self.stalled(cx).map(Err),
+        }
+    }
+}
+
+/// Serves `router` on `listener` until `shutdown` completes, then lets requests in flight
+/// finish. `conns` counts open connections (for metrics and tests).
+pub async fn serve(
+    listener: TcpListener,
+    router: Router,
+    settings: HttpSettings,
+    conns: Arc<Connections>,
+    shutdown: impl Future<Output = ()>,
+) {
+    let graceful = GracefulShutdown::new();
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        let accepted = tokio::select! {
+            a = listener.accept() => a,
+            () = &mut shutdown => break,
+        };
+        let (stream, addr) = match accepted {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::warn!("accept: {e}");
+                tokio::time::sleep(ACCEPT_BACKOFF).await;
+                continue;
+            }
+        };
+        let Some(counted) = conns.enter(
+            addr.ip(),
+            settings.max_connections,
+            settings.max_connections_per_client,
+        ) else {
+            drop(stream);
+            continue;
+        };
+        let conn = connection(stream, router.clone(), &settings);
+        let conn = graceful.watch(conn);
+        tokio::spawn(async move {
+            let _counted = counted;
+            let _ = conn.await;
+        });
+    }
+    drop(listener);
+    graceful.shutdown().await;
+}
+
+fn connection(
+    stream: TcpStream,
+    router: Router,
+    settings: &HttpSettings,
+) -> hyper::server::conn::http1::Connection<
+    TokioIo<WriteTimeout<TcpStream>>,
+    TowerToHyperService<Router>,
+> {
+    let _ = stream.set_nodelay(true);
+    let io = TokioIo::new(WriteTimeout::new(stream, settings.idle_timeout));
+    hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(settings.header_timeout)
+        .keep_alive(true)
+        .serve_connection(io, TowerToHyperService::new(router))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connections_are_capped_in_all_and_per_client() {
+        let c = Arc::new(Connections::default());
+        let a: IpAddr = [127, 0, 0, 1].into();
+        let b: IpAddr = [127, 0, 0, 2].into();
+        let a1 = c.enter(a, 3, 2).expect("first");
+        let _a2 = c.enter(a, 3, 2).expect("second");
+        assert!(c.enter(a, 3, 2).is_none(), "per client");
+        let _b1 = c.enter(b, 3, 2).expect("another client");
+        assert!(c.enter(b, 3, 2).is_none(), "in all");
+        drop(a1);
+        let _b2 = c.enter(b, 3, 2).expect("room again");
+        assert_eq!(c.open(), 3);
+    }
+}

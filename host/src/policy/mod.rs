@@ -1,0 +1,338 @@
+//! The operator's policy file (TOML): host settings and, per tenant, what it may do.
+//!
+//! Parsed into raw types that reject unknown keys (a typo must not silently widen or drop a
+//! limit), then validated ([`parse`]) into the types here. Every value has a named range, and
+//! every error names the key and its line.
+//!
+//! ```toml
+//! [host]
+//! listen = "127.0.0.1:8080"
+//! store = "/var/lib/hapi/store"        # a directory whose subdirectories are buckets
+//! models = "/var/lib/hapi/models"      # model packages
+//! state = "/var/lib/hapi/state"        # deployed functions and their compiled code
+//! device = "auto"                      # auto | cpu | cuda | cuda:N
+//! memory_budget = "4GiB"               # device memory shared by all in-flight work
+//! adapt_batch = true                   # split compute calls into sub-batches that fit
+//! pool = true                          # merge compute calls across tenants into device batches
+//! batch_window = "2ms"                 # how long a pooled batch waits for batch mates
+//! max_batch = 32                       # largest pooled device batch (samples)
+//! slice = "50ms"                       # longest device batch, so that no call holds it long
+//! max_request = "64MiB"                # largest request body (component uploads)
+//! operator_token_sha256 = "<hex>"      # who may read /metrics (else nobody, on this address)
+//! metrics_listen = "127.0.0.1:9090"    # /metrics without a token, on a separate address
+//! max_connections = 1024               # open connections, all clients
+//! max_connections_per_client = 256     # open connections from one address
+//! header_timeout = "10s"               # a request's headers must arrive within this
+//! body_timeout = "60s"                 # and its body within this
+//! idle_timeout = "60s"                 # a connection that moves no byte for this long is closed
+//! workers = 2                          # threads that run invocations (default: the cores)
+//!
+//! [tenants.alice]
+//! token_sha256 = "<hex of sha256(token)>"   # `hapi-host hash-token` prints it
+//! grants = [{ bucket = "datasets", prefix = "fashion-mnist/" }]
+//! models = ["efficientnet_lite0", "resnet18"]
+//! memory = "256MiB"      # guest memory and what the host holds for one invocation
+//! timeout = "30s"        # wall time of one invocation, host calls included
+//! max_output = "64MiB"   # bytes of the response body
+//! max_object = "16MiB"   # bytes of one object read
+//! max_read = "512MiB"    # bytes read by one invocation
+//! concurrency = 4        # invocations at once
+//! queue = 8              # invocations waiting for a slot; past it, 429 with Retry-After
+//! weight = 1             # share of the device's time
+//! deploy = true          # may upload its own functions
+//! max_functions = 16     # uploaded functions kept at once
+//! max_function_bytes = "64MiB"  # their bytes together
+//! capabilities = []      # extra WASI interfaces: "clocks", "random"
+//! [tenants.alice.functions]
+//! feature-extract = "/opt/hapi/feature_extract.wasm"   # deployed at start
+//! ```
+
+mod parse;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Largest guest memory a policy may grant: the whole 32-bit address space.
+pub const MAX_GUEST_MEMORY: u64 = 4 << 30;
+/// Smallest guest memory: a Rust guest's stack and heap need about this much.
+pub const MIN_GUEST_MEMORY: u64 = 1 << 20;
+/// Longest invocation a policy may allow.
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(3600);
+/// Most concurrent invocations per tenant (each holds a pooled instance slot).
+pub const MAX_CONCURRENCY: u64 = 64;
+/// Most invocations a tenant may have waiting for a slot.
+pub const MAX_QUEUE: u64 = 1024;
+/// Largest fairness weight.
+pub const MAX_WEIGHT: u64 = 1000;
+/// Longest a pooled batch may wait for batch mates: every call pays it.
+pub const MAX_BATCH_WINDOW: Duration = Duration::from_millis(100);
+/// Largest pooled device batch.
+pub const MAX_MAX_BATCH: u64 = 4096;
+/// Range of the device slice: shorter slices interleave tenants more finely, longer ones
+/// batch better.
+pub const SLICE_RANGE: (Duration, Duration) = (Duration::from_millis(5), Duration::from_secs(2));
+/// Smallest device memory budget: below this no model here fits.
+pub const MIN_MEMORY_BUDGET: u64 = 16 << 20;
+/// Range of the largest request body (component uploads).
+pub const MAX_REQUEST_RANGE: (u64, u64) = (64 << 10, 1 << 30);
+/// Range of a tenant's output limit: a safetensors header alone is about 100 bytes.
+pub const MAX_OUTPUT_RANGE: (u64, u64) = (1 << 10, 4 << 30);
+/// Largest byte cap on object reads (per object and per invocation).
+pub const MAX_READ_CAP: u64 = 1 << 40;
+/// Most uploaded functions a tenant may keep.
+pub const MAX_FUNCTIONS: u64 = 1024;
+/// Largest total of a tenant's uploaded functions.
+pub const MAX_FUNCTION_BYTES: u64 = 4 << 30;
+/// Most open connections a policy may allow (each costs a file descriptor).
+pub const MAX_CONNECTIONS: u64 = 65_536;
+/// Range of the header, body and idle timeouts.
+pub const HTTP_TIMEOUT_RANGE: (Duration, Duration) =
+    (Duration::from_millis(100), Duration::from_secs(3600));
+/// Most invocation worker threads.
+pub const MAX_WORKERS: u64 = 256;
+
+/// The validated policy.
+#[derive(Debug, Clone)]
+pub struct Policy {
+    pub host: HostSettings,
+    pub tenants: BTreeMap<String, Arc<Tenant>>,
+}
+
+/// Where objects live.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreLocation {
+    /// A directory whose subdirectories are buckets (`store = "/path"` or `"file:///path"`).
+    Local(PathBuf),
+    /// An S3 service (`store = "s3://"`, settings in `[host.s3]`, credentials there or in
+    /// the usual `AWS_*` environment variables).
+    S3(S3Settings),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct S3Settings {
+    /// e.g. `http://127.0.0.1:8333`; empty for AWS itself.
+    pub endpoint: String,
+    pub region: String,
+    pub access_key_id: Option<String>,
+    pub secret_access_key: Option<String>,
+}
+
+/// How the HTTP server treats connections.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HttpSettings {
+    pub max_connections: usize,
+    pub max_connections_per_client: usize,
+    pub header_timeout: Duration,
+    pub body_timeout: Duration,
+    pub idle_timeout: Duration,
+    /// Largest request body (component uploads; invocations have their own, smaller bound).
+    pub max_request: usize,
+}
+
+impl Default for HttpSettings {
+    fn default() -> Self {
+        Self {
+            max_connections: 1024,
+            max_connections_per_client: 256,
+            header_timeout: Duration::from_secs(10),
+            body_timeout: Duration::from_secs(60),
+            idle_timeout: Duration::from_secs(60),
+            max_request: 64 << 20,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct HostSettings {
+    pub listen: SocketAddr,
+    pub store: StoreLocation,
+    pub models: PathBuf,
+    pub state: PathBuf,
+    pub device: String,
+    pub memory_budget: u64,
+    pub adapt_batch: bool,
+    pub pool: bool,
+    pub batch_window: Duration,
+    pub max_batch: i64,
+    /// Longest device batch (estimated from the memory model's times).
+    pub slice: Duration,
+    pub http: HttpSettings,
+    /// sha256 of the operator's token, which `/metrics` asks for.
+    pub operator_token_sha256: Option<[u8; 32]>,
+    /// A separate address serving `/metrics` without a token.
+    pub metrics_listen: Option<SocketAddr>,
+    /// Threads that run invocations.
+    pub workers: usize,
+}
+
+impl HostSettings {
+    /// Settings that only take effect at a restart (SIGHUP keeps the running ones): names of
+    /// those that differ between `self` and `other`.
+    pub fn restart_only_changes(&self, other: &Self) -> Vec<&'static str> {
+        let mut changed = Vec::new();
+        let mut check = |name, differs: bool| {
+            if differs {
+                changed.push(name);
+            }
+        };
+        check("listen", self.listen != other.listen);
+        check("store", self.store != other.store);
+        check("models", self.models != other.models);
+        check("state", self.state != other.state);
+        check("device", self.device != other.device);
+        check("memory_budget", self.memory_budget != other.memory_budget);
+        check("adapt_batch", self.adapt_batch != other.adapt_batch);
+        check("pool", self.pool != other.pool);
+        check("batch_window", self.batch_window != other.batch_window);
+        check("max_batch", self.max_batch != other.max_batch);
+        check("slice", self.slice != other.slice);
+        check("http", self.http != other.http);
+        check(
+            "metrics_listen",
+            self.metrics_listen != other.metrics_listen,
+        );
+        check("workers", self.workers != other.workers);
+        changed
+    }
+}
+
+/// One bucket and key prefix a tenant may read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Grant {
+    pub bucket: String,
+    /// Keys must start with this; empty grants the whole bucket.
+    pub prefix: String,
+}
+
+/// Per-invocation limits, enforced by the host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Limits {
+    /// Guest linear memory and everything the host holds for one invocation.
+    pub memory: u64,
+    pub timeout: Duration,
+    /// Bytes of the response body (safetensors header and data).
+    pub max_output: u64,
+    pub max_object: u64,
+    pub max_read: u64,
+    pub concurrency: usize,
+    /// Invocations that may wait for one of the `concurrency` slots.
+    pub queue: usize,
+    pub weight: u32,
+    /// Uploaded functions kept at once.
+    pub max_functions: usize,
+    /// Bytes of uploaded functions together.
+    pub max_function_bytes: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            memory: 256 << 20,
+            timeout: Duration::from_secs(30),
+            max_output: 64 << 20,
+            max_object: 16 << 20,
+            max_read: 512 << 20,
+            concurrency: 4,
+            queue: 8,
+            weight: 1,
+            max_functions: 16,
+            max_function_bytes: 64 << 20,
+        }
+    }
+}
+
+/// WASI interfaces beyond the always-granted minimum, granted per tenant.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct Capabilities {
+    pub clocks: bool,
+    pub random: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct Tenant {
+    pub name: String,
+    pub token_sha256: [u8; 32],
+    pub grants: Vec<Grant>,
+    pub models: BTreeSet<String>,
+    pub limits: Limits,
+    pub deploy: bool,
+    pub capabilities: Capabilities,
+    /// Functions deployed from files at start: name -> component path.
+    pub functions: BTreeMap<String, PathBuf>,
+}
+
+/// A policy error: file, line and what is wrong.
+#[derive(Debug, thiserror::Error)]
+#[error("{file}{}: {message}", line.map(|l| format!(" line {l}")).unwrap_or_default())]
+pub struct PolicyError {
+    pub file: String,
+    pub line: Option<usize>,
+    pub message: String,
+}
+
+/// A tenant, function, bucket or model name: letters, digits, `-` and `_`, at most 64 bytes.
+pub fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .all(|c| c.is_ascii_alphanumeric() || c == b'-' || c == b'_')
+}
+
+/// Checks a grant prefix: relative, no `.`/`..` segments, no backslashes or NULs.
+pub fn valid_key_part(s: &str) -> bool {
+    !s.starts_with('/')
+        && !s.contains('\\')
+        && !s.contains('\0')
+        && s.split('/').all(|seg| seg != "." && seg != "..")
+}
+
+fn constant_time_eq(a: &[u8; 32], b: &[u8; 32]) -> bool {
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+impl Policy {
+    /// The tenant whose token hashes to `sha256`.
+    pub fn tenant_by_token_hash(&self, sha256: &[u8; 32]) -> Option<&Arc<Tenant>> {
+        // Compare every hash in full so the time taken does not depend on where they differ.
+        let mut found = None;
+        for t in self.tenants.values() {
+            if constant_time_eq(&t.token_sha256, sha256) {
+                found = Some(t);
+            }
+        }
+        found
+    }
+
+    /// Whether `sha256` is the operator's token.
+    pub fn is_operator(&self, sha256: &[u8; 32]) -> bool {
+        self.host
+            .operator_token_sha256
+            .as_ref()
+            .is_some_and(|op| constant_time_eq(op, sha256))
+    }
+}
+
+/// sha256 of a token, as hex: what goes in `token_sha256`.
+pub fn hash_token(token: &str) -> String {
+    hex(&token_digest(token))
+}
+
+/// sha256 of a token, as bytes.
+pub fn token_digest(token: &str) -> [u8; 32] {
+    use sha2::Digest;
+    sha2::Sha256::digest(token.as_bytes()).into()
+}
+
+/// sha256 of bytes, as hex (component digests).
+pub fn hash_bytes(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    hex(&sha2::Sha256::digest(bytes))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}

@@ -1,0 +1,660 @@
+//! From TOML text to a validated [`Policy`]: raw serde types that reject unknown keys, then
+//! every value checked against its named range, with the key and line in every error.
+
+use super::*;
+use crate::units::{parse_duration, parse_size};
+use serde::Deserialize;
+use std::path::Path;
+use toml::Spanned;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPolicy {
+    host: RawHost,
+    #[serde(default)]
+    tenants: BTreeMap<String, Spanned<RawTenant>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawHost {
+    listen: Option<Spanned<String>>,
+    store: Spanned<String>,
+    models: Spanned<String>,
+    state: Spanned<String>,
+    device: Option<Spanned<String>>,
+    memory_budget: Option<Spanned<String>>,
+    batch_window: Option<Spanned<String>>,
+    adapt_batch: Option<bool>,
+    pool: Option<bool>,
+    max_batch: Option<Spanned<i64>>,
+    slice: Option<Spanned<String>>,
+    max_request: Option<Spanned<String>>,
+    operator_token_sha256: Option<Spanned<String>>,
+    metrics_listen: Option<Spanned<String>>,
+    max_connections: Option<Spanned<i64>>,
+    max_connections_per_client: Option<Spanned<i64>>,
+    header_timeout: Option<Spanned<String>>,
+    body_timeout: Option<Spanned<String>>,
+    idle_timeout: Option<Spanned<String>>,
+    workers: Option<Spanned<i64>>,
+    s3: Option<RawS3>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawS3 {
+    #[serde(default)]
+    endpoint: String,
+    #[serde(default = "default_region")]
+    region: String,
+    access_key_id: Option<String>,
+    secret_access_key: Option<String>,
+}
+
+fn default_region() -> String {
+    "us-east-1".into()
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawGrant {
+    bucket: Spanned<String>,
+    #[serde(default)]
+    prefix: Option<Spanned<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTenant {
+    token_sha256: Spanned<String>,
+    #[serde(default)]
+    grants: Vec<Spanned<RawGrant>>,
+    #[serde(default)]
+    models: Vec<Spanned<String>>,
+    memory: Option<Spanned<String>>,
+    timeout: Option<Spanned<String>>,
+    max_output: Option<Spanned<String>>,
+    max_object: Option<Spanned<String>>,
+    max_read: Option<Spanned<String>>,
+    concurrency: Option<Spanned<i64>>,
+    queue: Option<Spanned<i64>>,
+    weight: Option<Spanned<i64>>,
+    deploy: Option<bool>,
+    max_functions: Option<Spanned<i64>>,
+    max_function_bytes: Option<Spanned<String>>,
+    #[serde(default)]
+    capabilities: Vec<Spanned<String>>,
+    #[serde(default)]
+    functions: BTreeMap<String, Spanned<String>>,
+}
+
+/// Where errors point: the file's name, its text (for line numbers) and its directory.
+struct Ctx<'a> {
+    file: &'a str,
+    text: &'a str,
+    base: &'a Path,
+}
+
+fn fmt_size(n: u64) -> String {
+    crate::units::format_size(n)
+}
+
+impl Ctx<'_> {
+    fn line_of(&self, offset: usize) -> usize {
+        let end = offset.min(self.text.len());
+        self.text.as_bytes()[..end]
+            .iter()
+            .filter(|&&b| b == b'\n')
+            .count()
+            + 1
+    }
+
+    fn err<T>(&self, span: std::ops::Range<usize>, message: String) -> Result<T, PolicyError> {
+        Err(PolicyError {
+            file: self.file.to_string(),
+            line: Some(self.line_of(span.start)),
+            message,
+        })
+    }
+
+    /// A byte size within `min..=max`; `fallback` is where an absent key's error points.
+    fn size(
+        &self,
+        key: &str,
+        v: &Option<Spanned<String>>,
+        default: u64,
+        (min, max): (u64, u64),
+    ) -> Result<u64, PolicyError> {
+        let Some(s) = v else { return Ok(default) };
+        let n = parse_size(s.get_ref()).or_else(|e| self.err(s.span(), format!("{key}: {e}")))?;
+        if !(min..=max).contains(&n) {
+            return self.err(
+                s.span(),
+                format!("{key}: must be {}..={}", fmt_size(min), fmt_size(max)),
+            );
+        }
+        Ok(n)
+    }
+
+    fn duration(
+        &self,
+        key: &str,
+        v: &Option<Spanned<String>>,
+        default: Duration,
+        (min, max): (Duration, Duration),
+    ) -> Result<Duration, PolicyError> {
+        let Some(s) = v else { return Ok(default) };
+        let d =
+            parse_duration(s.get_ref()).or_else(|e| self.err(s.span(), format!("{key}: {e}")))?;
+        if !(min..=max).contains(&d) {
+            return self.err(s.span(), format!("{key}: must be {min:?}..={max:?}"));
+        }
+        Ok(d)
+    }
+
+    fn int(
+        &self,
+        key: &str,
+        v: &Option<Spanned<i64>>,
+        default: u64,
+        (min, max): (u64, u64),
+    ) -> Result<u64, PolicyError> {
+        match v {
+            None => Ok(default),
+            Some(s) => match u64::try_from(*s.get_ref()) {
+                Ok(n) if (min..=max).contains(&n) => Ok(n),
+                _ => self.err(
+                    s.span(),
+                    format!("{key} = {}: must be {min}..={max}", s.get_ref()),
+                ),
+            },
+        }
+    }
+
+    fn path(&self, v: &Spanned<String>) -> PathBuf {
+        let p = Path::new(v.get_ref().strip_prefix("file://").unwrap_or(v.get_ref()));
+        if p.is_absolute() {
+            p.to_path_buf()
+        } else {
+            self.base.join(p)
+        }
+    }
+
+    fn addr(&self, key: &str, v: &Spanned<String>) -> Result<SocketAddr, PolicyError> {
+        v.get_ref()
+            .parse()
+            .or_else(|e| self.err(v.span(), format!("{key} = {:?}: {e}", v.get_ref())))
+    }
+
+    fn sha256(&self, key: &str, v: &Spanned<String>) -> Result<[u8; 32], PolicyError> {
+        parse_sha256(v.get_ref()).ok_or(()).or_else(|()| {
+            self.err(
+                v.span(),
+                format!("{key}: expected 64 hex digits (sha256 of the token)"),
+            )
+        })
+    }
+}
+
+fn parse_sha256(hex: &str) -> Option<[u8; 32]> {
+    if hex.len() != 64 || !hex.is_ascii() {
+        return None;
+    }
+    let mut out = [0u8; 32];
+    for (i, byte) in out.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(out)
+}
+
+/// The names of the model packages under `dir` (their manifests' names).
+fn model_names(dir: &Path) -> Result<BTreeSet<String>, String> {
+    let mut names = BTreeSet::new();
+    for pkg in hapi_model::list_packages(dir).map_err(|e| e.to_string())? {
+        let m = hapi_model::Manifest::load(&pkg).map_err(|e| e.to_string())?;
+        names.insert(m.name);
+    }
+    Ok(names)
+}
+
+impl Policy {
+    /// Reads and validates the policy file at `path`, including that every model a tenant is
+    /// granted exists in the host's models directory. Relative paths in it are relative to the
+    /// file's directory.
+    pub fn load(path: &Path) -> Result<Self, PolicyError> {
+        let file = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|e| PolicyError {
+            file: file.clone(),
+            line: None,
+            message: e.to_string(),
+        })?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        // The models directory is known only once `[host]` is read: parse twice, the second
+        // time with the models it holds.
+        let first = Self::parse(&file, &text, base)?;
+        let models = model_names(&first.host.models).map_err(|e| PolicyError {
+            file: file.clone(),
+            line: None,
+            message: format!("host.models = {}: {e}", first.host.models.display()),
+        })?;
+        Self::parse_with(&file, &text, base, Some(&models))
+    }
+
+    /// Parses policy text; `file` names it in errors. Model names are not checked.
+    pub fn parse(file: &str, text: &str, base: &Path) -> Result<Self, PolicyError> {
+        Self::parse_with(file, text, base, None)
+    }
+
+    /// Parses policy text, checking tenants' model names against `models` when given.
+    pub fn parse_with(
+        file: &str,
+        text: &str,
+        base: &Path,
+        models: Option<&BTreeSet<String>>,
+    ) -> Result<Self, PolicyError> {
+        let ctx = Ctx { file, text, base };
+        let raw: RawPolicy = toml::from_str(text).map_err(|e| PolicyError {
+            file: file.to_string(),
+            line: e.span().map(|s| ctx.line_of(s.start)),
+            message: e.message().to_string(),
+        })?;
+        let host = host_settings(&ctx, &raw.host)?;
+        let mut tenants = BTreeMap::new();
+        let mut tokens = BTreeMap::new();
+        for (name, t) in &raw.tenants {
+            let tenant = tenant(&ctx, name, t, models)?;
+            if let Some(other) = tokens.insert(tenant.token_sha256, name.clone()) {
+                return ctx.err(
+                    t.get_ref().token_sha256.span(),
+                    format!("tenants.{name}.token_sha256: same token as tenant `{other}`"),
+                );
+            }
+            if host.operator_token_sha256 == Some(tenant.token_sha256) {
+                return ctx.err(
+                    t.get_ref().token_sha256.span(),
+                    format!("tenants.{name}.token_sha256: same token as the operator's"),
+                );
+            }
+            tenants.insert(name.clone(), Arc::new(tenant));
+        }
+        Ok(Policy { host, tenants })
+    }
+}
+
+fn host_settings(ctx: &Ctx<'_>, h: &RawHost) -> Result<HostSettings, PolicyError> {
+    let listen = match &h.listen {
+        None => SocketAddr::from(([127, 0, 0, 1], 8080)),
+        Some(s) => ctx.addr("host.listen", s)?,
+    };
+    let device = match &h.device {
+        None => "auto".to_string(),
+        Some(s) => {
+            let d = s.get_ref();
+            let ok = d == "auto"
+                || d == "cpu"
+                || d == "cuda"
+                || d.strip_prefix("cuda:")
+                    .is_some_and(|n| n.parse::<u32>().is_ok());
+            if !ok {
+                return ctx.err(
+                    s.span(),
+                    format!("host.device = {d:?}: expected auto, cpu, cuda or cuda:N"),
+                );
+            }
+            d.clone()
+        }
+    };
+    let store = match h.store.get_ref().as_str() {
+        "s3://" => {
+            let s3 = h.s3.as_ref().map_or_else(
+                || S3Settings {
+                    endpoint: String::new(),
+                    region: default_region(),
+                    access_key_id: None,
+                    secret_access_key: None,
+                },
+                |s| S3Settings {
+                    endpoint: s.endpoint.clone(),
+                    region: s.region.clone(),
+                    access_key_id: s.access_key_id.clone(),
+                    secret_access_key: s.secret_access_key.clone(),
+                },
+            );
+            StoreLocation::S3(s3)
+        }
+        other if other.contains("://") && !other.starts_with("file://") => {
+            return ctx.err(
+                h.store.span(),
+                format!("host.store = {other:?}: expected a directory, file:///path or s3://"),
+            );
+        }
+        _ => {
+            if h.s3.is_some() {
+                return ctx.err(
+                    h.store.span(),
+                    "host.s3 is set but host.store is not \"s3://\"".into(),
+                );
+            }
+            StoreLocation::Local(ctx.path(&h.store))
+        }
+    };
+    let d = HttpSettings::default();
+    let max_connections = ctx.int(
+        "host.max_connections",
+        &h.max_connections,
+        d.max_connections as u64,
+        (1, MAX_CONNECTIONS),
+    )? as usize;
+    let per_client = ctx.int(
+        "host.max_connections_per_client",
+        &h.max_connections_per_client,
+        (d.max_connections_per_client.min(max_connections)) as u64,
+        (1, max_connections as u64),
+    )? as usize;
+    let http = HttpSettings {
+        max_connections,
+        max_connections_per_client: per_client,
+        header_timeout: ctx.duration(
+            "host.header_timeout",
+            &h.header_timeout,
+            d.header_timeout,
+            HTTP_TIMEOUT_RANGE,
+        )?,
+        body_timeout: ctx.duration(
+            "host.body_timeout",
+            &h.body_timeout,
+            d.body_timeout,
+            HTTP_TIMEOUT_RANGE,
+        )?,
+        idle_timeout: ctx.duration(
+            "host.idle_timeout",
+            &h.idle_timeout,
+            d.idle_timeout,
+            HTTP_TIMEOUT_RANGE,
+        )?,
+        max_request: ctx.size(
+            "host.max_request",
+            &h.max_request,
+            d.max_request as u64,
+            MAX_REQUEST_RANGE,
+        )? as usize,
+    };
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get()) as u64;
+    Ok(HostSettings {
+        listen,
+        store,
+        models: ctx.path(&h.models),
+        state: ctx.path(&h.state),
+        device,
+        memory_budget: ctx.size(
+            "host.memory_budget",
+            &h.memory_budget,
+            4 << 30,
+            (MIN_MEMORY_BUDGET, u64::MAX >> 2),
+        )?,
+        batch_window: ctx.duration(
+            "host.batch_window",
+            &h.batch_window,
+            Duration::from_millis(2),
+            (Duration::ZERO, MAX_BATCH_WINDOW),
+        )?,
+        adapt_batch: h.adapt_batch.unwrap_or(true),
+        pool: h.pool.unwrap_or(true),
+        max_batch: ctx.int("host.max_batch", &h.max_batch, 32, (1, MAX_MAX_BATCH))? as i64,
+        slice: ctx.duration(
+            "host.slice",
+            &h.slice,
+            Duration::from_millis(50),
+            SLICE_RANGE,
+        )?,
+        http,
+        operator_token_sha256: h
+            .operator_token_sha256
+            .as_ref()
+            .map(|s| ctx.sha256("host.operator_token_sha256", s))
+            .transpose()?,
+        metrics_listen: h
+            .metrics_listen
+            .as_ref()
+            .map(|s| ctx.addr("host.metrics_listen", s))
+            .transpose()?,
+        workers: ctx.int("host.workers", &h.workers, cores, (1, MAX_WORKERS))? as usize,
+    })
+}
+
+fn tenant(
+    ctx: &Ctx<'_>,
+    name: &str,
+    t: &Spanned<RawTenant>,
+    known_models: Option<&BTreeSet<String>>,
+) -> Result<Tenant, PolicyError> {
+    let span = t.span();
+    let t = t.get_ref();
+    let key = |k: &str| format!("tenants.{name}.{k}");
+    if !valid_name(name) {
+        return ctx.err(
+            span,
+            format!("tenant name `{name}`: use letters, digits, `-` and `_` (at most 64)"),
+        );
+    }
+    let token_sha256 = ctx.sha256(&key("token_sha256"), &t.token_sha256)?;
+    let mut grants = Vec::new();
+    for g in &t.grants {
+        let g = g.get_ref();
+        let bucket = g.bucket.get_ref();
+        if !valid_name(bucket) {
+            return ctx.err(
+                g.bucket.span(),
+                format!(
+                    "{}: bucket `{bucket}`: use letters, digits, `-` and `_`",
+                    key("grants")
+                ),
+            );
+        }
+        let prefix = g
+            .prefix
+            .as_ref()
+            .map(|p| p.get_ref().clone())
+            .unwrap_or_default();
+        if !valid_key_part(&prefix) || prefix.len() > hapi_wire::invoke::MAX_KEY_BYTES {
+            let span = g.prefix.as_ref().map_or(g.bucket.span(), Spanned::span);
+            return ctx.err(
+                span,
+                format!(
+                    "{}: prefix `{prefix}` must be relative, without `.` or `..` segments, at most {} bytes",
+                    key("grants"),
+                    hapi_wire::invoke::MAX_KEY_BYTES
+                ),
+            );
+        }
+        grants.push(Grant {
+            bucket: bucket.clone(),
+            prefix,
+        });
+    }
+    let mut models = BTreeSet::new();
+    for m in &t.models {
+        let model = m.get_ref();
+        if let Some(known) = known_models
+            && !known.contains(model)
+        {
+            return ctx.err(
+                m.span(),
+                format!(
+                    "{}: no model package `{model}` in host.models (it has: {})",
+                    key("models"),
+                    known.iter().cloned().collect::<Vec<_>>().join(", ")
+                ),
+            );
+        }
+        models.insert(model.clone());
+    }
+    let d = Limits::default();
+    let limits = Limits {
+        memory: ctx.size(
+            &key("memory"),
+            &t.memory,
+            d.memory,
+            (MIN_GUEST_MEMORY, MAX_GUEST_MEMORY),
+        )?,
+        timeout: ctx.duration(
+            &key("timeout"),
+            &t.timeout,
+            d.timeout,
+            (Duration::from_millis(1), MAX_TIMEOUT),
+        )?,
+        max_output: ctx.size(
+            &key("max_output"),
+            &t.max_output,
+            d.max_output,
+            MAX_OUTPUT_RANGE,
+        )?,
+        max_object: ctx.size(
+            &key("max_object"),
+            &t.max_object,
+            d.max_object,
+            (1, MAX_READ_CAP),
+        )?,
+        max_read: ctx.size(&key("max_read"), &t.max_read, d.max_read, (1, MAX_READ_CAP))?,
+        concurrency: ctx.int(
+            &key("concurrency"),
+            &t.concurrency,
+            d.concurrency as u64,
+            (1, MAX_CONCURRENCY),
+        )? as usize,
+        queue: ctx.int(&key("queue"), &t.queue, d.queue as u64, (0, MAX_QUEUE))? as usize,
+        weight: ctx.int(
+            &key("weight"),
+            &t.weight,
+            u64::from(d.weight),
+            (1, MAX_WEIGHT),
+        )? as u32,
+        max_functions: ctx.int(
+            &key("max_functions"),
+            &t.max_functions,
+            d.max_functions as u64,
+            (0, MAX_FUNCTIONS),
+        )? as usize,
+        max_function_bytes: ctx.size(
+            &key("max_function_bytes"),
+            &t.max_function_bytes,
+            d.max_function_bytes,
+            (0, MAX_FUNCTION_BYTES),
+        )?,
+    };
+    let mut capabilities = Capabilities::default();
+    for c in &t.capabilities {
+        match c.get_ref().as_str() {
+            "clocks" => capabilities.clocks = true,
+            "random" => capabilities.random = true,
+            other => {
+                return ctx.err(
+                    c.span(),
+                    format!(
+                        "{}: unknown capability `{other}` (known: clocks, random)",
+                        key("capabilities")
+                    ),
+                );
+            }
+        }
+    }
+    let mut functions = BTreeMap::new();
+    for (fname, path) in &t.functions {
+        if !valid_name(fname) {
+            return ctx.err(
+                path.span(),
+                format!(
+                    "{}: function name `{fname}`: use letters, digits, `-` and `_`",
+                    key("functions")
+                ),
+            );
+        }
+        functions.insert(fname.clone(), ctx.path(path));
+    }
+    Ok(Tenant {
+        name: name.to_string(),
+        token_sha256,
+        grants,
+        models,
+        limits,
+        deploy: t.deploy.unwrap_or(false),
+        capabilities,
+        functions,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn header() -> String {
+        "[host]\nstore = \"s\"\nmodels = \"m\"\nstate = \"x\"\n".to_string()
+    }
+
+    proptest! {
+        /// Arbitrary text: a policy or an error naming the file, never a panic.
+        #[test]
+        fn arbitrary_text_parses_or_fails_cleanly(text in ".{0,300}") {
+            if let Err(e) = Policy::parse("p.toml", &text, Path::new("/")) {
+                prop_assert!(e.to_string().starts_with("p.toml"));
+            }
+        }
+
+        /// Every host and tenant key with arbitrary values: a policy whose values are within
+        /// their ranges, or an error that names the key and a line.
+        #[test]
+        fn arbitrary_values_are_in_range_or_named(
+            key in prop::sample::select(vec![
+                "memory", "timeout", "max_output", "max_object", "max_read", "concurrency",
+                "queue", "weight", "max_functions", "max_function_bytes",
+            ]),
+            host_key in prop::sample::select(vec![
+                "memory_budget", "batch_window", "max_batch", "slice", "max_request",
+                "max_connections", "max_connections_per_client", "header_timeout",
+                "body_timeout", "idle_timeout", "workers",
+            ]),
+            value in prop_oneof![
+                any::<i64>().prop_map(|n| n.to_string()),
+                "[0-9]{1,22}(B|KB|MiB|GiB|TiB|ms|s|m|h|x)?".prop_map(|s| format!("\"{s}\"")),
+            ],
+            on_host in any::<bool>(),
+        ) {
+            let text = if on_host {
+                format!("{}{host_key} = {value}\n", header())
+            } else {
+                format!(
+                    "{}[tenants.a]\ntoken_sha256 = \"{}\"\n{key} = {value}\n",
+                    header(),
+                    "ab".repeat(32)
+                )
+            };
+            match Policy::parse("p.toml", &text, Path::new("/")) {
+                Ok(p) => {
+                    prop_assert!(p.host.memory_budget >= MIN_MEMORY_BUDGET);
+                    prop_assert!(p.host.batch_window <= MAX_BATCH_WINDOW);
+                    if let Some(t) = p.tenants.get("a") {
+                        prop_assert!(t.limits.memory >= MIN_GUEST_MEMORY);
+                        prop_assert!(!t.limits.timeout.is_zero());
+                        prop_assert!(t.limits.max_output >= MAX_OUTPUT_RANGE.0);
+                        prop_assert!(t.limits.max_read >= 1 && t.limits.max_object >= 1);
+                        prop_assert!(t.limits.concurrency >= 1);
+                    }
+                }
+                Err(e) => {
+                    // The error points at the key's own line (5 on the host, 7 in the tenant).
+                    prop_assert_eq!(e.line, Some(if on_host { 5 } else { 7 }), "{}", e);
+                    let named = if on_host { format!("host.{host_key}") } else { format!("tenants.a.{key}") };
+                    // Values of the right type are named by key; others get TOML's own words.
+                    const INTEGER_KEYS: [&str; 8] = ["concurrency", "queue", "weight",
+                        "max_functions", "max_batch", "max_connections",
+                        "max_connections_per_client", "workers"];
+                    let integer = INTEGER_KEYS.contains(&if on_host { host_key } else { key });
+                    let typed = value.starts_with('"') != integer;
+                    prop_assert!(!typed || e.message.contains(&named) || e.message.contains("too large"), "{}", e);
+                }
+            }
+        }
+    }
+}

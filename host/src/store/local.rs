@@ -1,0 +1,185 @@
+//! The local store: a directory whose subdirectories are buckets, reached only through a
+//! cap-std handle opened once (cap-std refuses `..`, absolute paths and symlinks that escape).
+//!
+//! File system calls block, so each runs on tokio's blocking pool. Errors that say the key
+//! cannot exist here (a name too long for the file system, a key below an object) are
+//! `NotFound`; an escape is `Denied`; only real I/O failures are `Io`.
+
+use super::MAX_LIST_VISITS;
+use super::error::{ObjectError, ObjectMeta, Smallest};
+use crate::account::text::quote;
+use cap_std::ambient_authority;
+use cap_std::fs::Dir;
+use std::io::{ErrorKind, Read, Seek, SeekFrom};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::UNIX_EPOCH;
+
+#[derive(Debug)]
+pub struct Local {
+    root: Arc<Dir>,
+}
+
+/// Maps an I/O error on `key` to what it means for the caller.
+fn map(key: &str, e: std::io::Error) -> ObjectError {
+    match e.kind() {
+        ErrorKind::NotFound
+        | ErrorKind::NotADirectory
+        | ErrorKind::IsADirectory
+        | ErrorKind::InvalidFilename
+        | ErrorKind::InvalidInput => ObjectError::NotFound(quote(key)),
+        ErrorKind::PermissionDenied => ObjectError::Denied(quote(key)),
+        // A symlink loop: nothing a key may reach.
+        _ if e.raw_os_error() == Some(libc::ELOOP) => ObjectError::Denied(quote(key)),
+        _ => ObjectError::Io(format!("{}: {e}", quote(key))),
+    }
+}
+
+fn modified_ms(meta: &cap_std::fs::Metadata) -> u64 {
+    meta.modified()
+        .ok()
+        .and_then(|t| t.into_std().duration_since(UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Runs blocking file system work off the async threads.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, ObjectError> + Send + 'static,
+) -> Result<T, ObjectError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| ObjectError::Io(format!("store worker: {e}")))?
+}
+
+impl Local {
+    pub fn open(path: &Path) -> std::io::Result<Self> {
+        Ok(Self {
+            root: Arc::new(Dir::open_ambient_dir(path, ambient_authority())?),
+        })
+    }
+
+    fn bucket(root: &Dir, name: &str) -> Result<Dir, ObjectError> {
+        root.open_dir(name).map_err(|e| match e.kind() {
+            ErrorKind::NotFound | ErrorKind::NotADirectory => {
+                ObjectError::NotFound(format!("bucket `{}`", quote(name)))
+            }
+            _ => map(name, e),
+        })
+    }
+
+    pub async fn head(&self, bucket: &str, key: &str) -> Result<ObjectMeta, ObjectError> {
+        let (root, bucket, key) = (Arc::clone(&self.root), bucket.to_string(), key.to_string());
+        blocking(move || {
+            let meta = Self::bucket(&root, &bucket)?
+                .metadata(&key)
+                .map_err(|e| map(&key, e))?;
+            if !meta.is_file() {
+                return Err(ObjectError::NotFound(quote(&key)));
+            }
+            Ok(ObjectMeta {
+                size: meta.len(),
+                last_modified_ms: modified_ms(&meta),
+                etag: None,
+                key,
+            })
+        })
+        .await
+    }
+
+    pub async fn read(
+        &self,
+        bucket: &str,
+        key: &str,
+        offset: u64,
+        length: u64,
+    ) -> Result<Vec<u8>, ObjectError> {
+        let (root, bucket, key) = (Arc::clone(&self.root), bucket.to_string(), key.to_string());
+        blocking(move || {
+            let mut file = Self::bucket(&root, &bucket)?
+                .open(&key)
+                .map_err(|e| map(&key, e))?;
+            if offset > 0 {
+                file.seek(SeekFrom::Start(offset))
+                    .map_err(|e| map(&key, e))?;
+            }
+            // What was charged and no more, even if the file grew meanwhile.
+            let mut buf = Vec::with_capacity(usize::try_from(length).unwrap_or(0));
+            file.take(length)
+                .read_to_end(&mut buf)
+                .map_err(|e| map(&key, e))?;
+            Ok(buf)
+        })
+        .await
+    }
+
+    pub async fn list(
+        &self,
+        bucket: &str,
+        prefix: &str,
+        limit: usize,
+        keep: Arc<dyn Fn(&str) -> bool + Send + Sync>,
+    ) -> Result<Vec<ObjectMeta>, ObjectError> {
+        let (root, bucket, prefix) = (
+            Arc::clone(&self.root),
+            bucket.to_string(),
+            prefix.to_string(),
+        );
+        blocking(move || {
+            let dir = Self::bucket(&root, &bucket)?;
+            // Walk from the deepest directory the prefix names; one that cannot exist here
+            // holds nothing.
+            let (start, _) = prefix.rsplit_once('/').unwrap_or(("", &prefix));
+            let start = start.to_string();
+            let top = if start.is_empty() {
+                dir
+            } else {
+                match dir.open_dir(&start) {
+                    Ok(d) => d,
+                    Err(e) => {
+                        return match map(&start, e) {
+                            ObjectError::NotFound(_) => Ok(Vec::new()),
+                            other => Err(other),
+                        };
+                    }
+                }
+            };
+            let mut kept = Smallest::new(limit);
+            let mut visits = 0usize;
+            let mut stack = vec![(top, start)];
+            while let Some((d, path)) = stack.pop() {
+                for entry in d.entries().map_err(|e| map(&path, e))? {
+                    visits += 1;
+                    if visits > MAX_LIST_VISITS {
+                        return Err(ObjectError::TooLarge(MAX_LIST_VISITS as u64));
+                    }
+                    let entry = entry.map_err(|e| map(&path, e))?;
+                    let Ok(name) = entry.file_name().into_string() else {
+                        continue; // not UTF-8: not a key anyone can ask for
+                    };
+                    let key = if path.is_empty() {
+                        name.clone()
+                    } else {
+                        format!("{path}/{name}")
+                    };
+                    let ft = entry.file_type().map_err(|e| map(&key, e))?;
+                    if ft.is_dir() {
+                        if key.starts_with(&prefix) || prefix.starts_with(&format!("{key}/")) {
+                            let sub = d.open_dir(&name).map_err(|e| map(&key, e))?;
+                            stack.push((sub, key));
+                        }
+                    } else if ft.is_file() && key.starts_with(&prefix) && keep(&key) {
+                        let meta = entry.metadata().map_err(|e| map(&key, e))?;
+                        kept.push(ObjectMeta {
+                            key,
+                            size: meta.len(),
+                            last_modified_ms: modified_ms(&meta),
+                            etag: None,
+                        });
+                    }
+                }
+            }
+            Ok(kept.into_sorted())
+        })
+        .await
+    }
+}

@@ -1,0 +1,142 @@
+//! An S3 service, through `object_store`, one client per bucket.
+
+use super::MAX_LIST_VISITS;
+use super::error::{ObjectError, ObjectMeta, Smallest};
+use crate::account::text::quote;
+use crate::policy::S3Settings;
+use futures::StreamExt;
+use object_store::{ObjectStore, ObjectStoreExt};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+
+pub struct S3 {
+    settings: S3Settings,
+    clients: Mutex<HashMap<String, Arc<dyn ObjectStore>>>,
+}
+
+impl std::fmt::Debug for S3 {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("S3")
+            .field("endpoint", &self.settings.endpoint)
+            .finish_non_exhaustive()
+    }
+}
+
+fn map(key: &str, e: object_store::Error) -> ObjectError {
+    match e {
+        object_store::Error::NotFound { .. } => ObjectError::NotFound(quote(key)),
+        object_store::Error::InvalidPath { .. } => ObjectError::Denied(quote(key)),
+        e => ObjectError::Io(format!("{}: {e}", quote(key))),
+    }
+}
+
+fn meta(m: object_store::ObjectMeta) -> ObjectMeta {
+    ObjectMeta {
+        key: m.location.to_string(),
+        size: m.size,
+        last_modified_ms: m.last_modified.timestamp_millis().max(0) as u64,
+        etag: m.e_tag,
+    }
+}
+
+impl S3 {
+    pub fn new(settings: S3Settings) -> Self {
+        Self {
+            settings,
+            clients: Mutex::default(),
+        }
+    }
+
+    fn client(&self, bucket: &str) -> Result<Arc<dyn ObjectStore>, ObjectError> {
+        let mut clients = self.clients.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(c) = clients.get(bucket) {
+            return Ok(Arc::clone(c));
+        }
+        let s = &self.settings;
+        let mut b = object_store::aws::AmazonS3Builder::from_env()
+            .with_bucket_name(bucket)
+            .with_region(&s.region)
+            .with_allow_http(s.endpoint.starts_with("http://"))
+            .with_virtual_hosted_style_request(false);
+        if !s.endpoint.is_empty() {
+            b = b.with_endpoint(&s.endpoint);
+        }
+        if let (Some(id), Some(secret)) = (&s.access_key_id, &s.secret_access_key) {
+            b = b.with_access_key_id(id).with_secret_access_key(secret);
+        }
+        let client: Arc<dyn ObjectStore> = Arc::new(
+            b.build()
+                .map_err(|e| ObjectError::Io(format!("bucket `{}`: {e}", quote(bucket))))?,
+        );
+        clients.insert(bucket.to_string(), Arc::clone(&client));
+        Ok(client)
+    }
+
+    fn path(key: &str) -> Result<object_store::path::Path, ObjectError> {
+        object_store::path::Path::parse(key)
+            .map_err(|e| ObjectError::Denied(format!("`{}`: {e}", quote(key))))
+    }
+
+    pub async fn head(&self, bucket: &str, key: &str) -> Result<ObjectMeta, ObjectError> {
+        let (client, path) = (self.client(bucket)?, Self::path(key)?);
+        let m = client.head(&path).await.map_err(|e| map(key, e))?;
+        Ok(ObjectMeta {
+            key: key.to_string(),
+            ..meta(m)
+        })
+    }
+
+    pub async fn read(
+        &self,
+        bucket: &str,
+        key: &str,
+        offset: u64,
+        length: u64,
+    ) -> Result<Vec<u8>, ObjectError> {
+        let Some(end) = offset.checked_add(length).filter(|_| length > 0) else {
+            return Ok(Vec::new());
+        };
+        let (client, path) = (self.client(bucket)?, Self::path(key)?);
+        match client.get_range(&path, offset..end).await {
+            Ok(bytes) => {
+                // A store that sends more than was asked for is cut to what was charged.
+                let n = bytes
+                    .len()
+                    .min(usize::try_from(length).unwrap_or(usize::MAX));
+                Ok(bytes[..n].to_vec())
+            }
+            Err(e) => Err(map(key, e)),
+        }
+    }
+
+    pub async fn list(
+        &self,
+        bucket: &str,
+        prefix: &str,
+        limit: usize,
+        keep: Arc<dyn Fn(&str) -> bool + Send + Sync>,
+    ) -> Result<Vec<ObjectMeta>, ObjectError> {
+        let client = self.client(bucket)?;
+        let (dir, _) = prefix.rsplit_once('/').unwrap_or(("", prefix));
+        let dir = if dir.is_empty() {
+            None
+        } else {
+            Some(Self::path(dir)?)
+        };
+        let mut stream = client.list(dir.as_ref());
+        let mut kept = Smallest::new(limit);
+        let mut visits = 0usize;
+        while let Some(m) = stream.next().await {
+            visits += 1;
+            if visits > MAX_LIST_VISITS {
+                return Err(ObjectError::TooLarge(MAX_LIST_VISITS as u64));
+            }
+            let m = m.map_err(|e| map(prefix, e))?;
+            let k = m.location.as_ref();
+            if k.starts_with(prefix) && keep(k) {
+                kept.push(meta(m));
+            }
+        }
+        Ok(kept.into_sorted())
+    }
+}

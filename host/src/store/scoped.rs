@@ -1,0 +1,133 @@
+//! A tenant's view of the store: keys checked, grants enforced and byte caps charged once here,
+//! for every backend, before any I/O.
+
+use super::error::{ObjectError, ObjectMeta};
+use super::keys::{check_key, check_prefix};
+use super::{MAX_LIST, Store};
+use crate::account::text::quote;
+use crate::policy::{Grant, Tenant};
+use std::sync::Arc;
+
+/// A read that passed every check and was charged to the invocation's read cap.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Read {
+    pub bucket: String,
+    pub key: String,
+    pub offset: u64,
+    pub length: u64,
+}
+
+/// One invocation's view of the objects: its tenant's grants and its byte budget.
+#[derive(Debug)]
+pub struct Scoped {
+    tenant: Arc<Tenant>,
+    store: Arc<Store>,
+    /// Bytes read (charged) so far by this invocation.
+    pub bytes_read: u64,
+}
+
+fn grant_prefix(g: &Grant) -> String {
+    if g.prefix.is_empty() || g.prefix.ends_with('/') {
+        g.prefix.clone()
+    } else {
+        // A prefix names a directory: `data` grants `data/...`, not `data-secret/...`.
+        format!("{}/", g.prefix)
+    }
+}
+
+/// Whether `tenant` may read `bucket`/`key` (or, with `is_prefix`, list under it).
+pub fn granted(tenant: &Tenant, bucket: &str, key: &str, is_prefix: bool) -> bool {
+    tenant.grants.iter().any(|g| {
+        let p = grant_prefix(g);
+        g.bucket == bucket && (key.starts_with(&p) || (is_prefix && p.starts_with(key)))
+    })
+}
+
+impl Scoped {
+    pub fn new(tenant: Arc<Tenant>, store: Arc<Store>) -> Self {
+        Self {
+            tenant,
+            store,
+            bytes_read: 0,
+        }
+    }
+
+    /// Checks that `bucket`/`key` (or a key prefix) is a valid key within a grant.
+    fn authorise(&self, bucket: &str, key: &str, is_prefix: bool) -> Result<(), ObjectError> {
+        if is_prefix {
+            check_prefix(key)
+        } else {
+            check_key(key)
+        }
+        .map_err(ObjectError::Denied)?;
+        if !granted(&self.tenant, bucket, key, is_prefix) {
+            return Err(ObjectError::Denied(format!(
+                "`{}/{}` is outside tenant `{}`'s grants",
+                quote(bucket),
+                quote(key),
+                self.tenant.name
+            )));
+        }
+        Ok(())
+    }
+
+    /// Authorises a read of the whole object (`range` None) or of bytes [offset, offset +
+    /// length) (shorter at its end, empty past it), checks the object and read caps, and charges
+    /// the read cap.
+    pub async fn plan(
+        &mut self,
+        bucket: &str,
+        key: &str,
+        range: Option<(u64, u64)>,
+    ) -> Result<Read, ObjectError> {
+        self.authorise(bucket, key, false)?;
+        let size = self.store.head(bucket, key).await?.size;
+        let (offset, length) = match range {
+            None => (0, size),
+            Some((offset, length)) => (offset, length.min(size.saturating_sub(offset))),
+        };
+        let limits = &self.tenant.limits;
+        if length > limits.max_object {
+            return Err(ObjectError::TooLarge(limits.max_object));
+        }
+        if self.bytes_read.saturating_add(length) > limits.max_read {
+            return Err(ObjectError::TooLarge(limits.max_read));
+        }
+        self.bytes_read += length;
+        Ok(Read {
+            bucket: bucket.to_string(),
+            key: key.to_string(),
+            offset,
+            length,
+        })
+    }
+
+    /// Performs a planned read.
+    pub async fn read(&self, r: &Read) -> Result<Vec<u8>, ObjectError> {
+        if r.length == 0 {
+            return Ok(Vec::new());
+        }
+        self.store.read(&r.bucket, &r.key, r.offset, r.length).await
+    }
+
+    pub async fn head(&self, bucket: &str, key: &str) -> Result<ObjectMeta, ObjectError> {
+        self.authorise(bucket, key, false)?;
+        self.store.head(bucket, key).await
+    }
+
+    /// Objects under `prefix` within the grants, in key order, at most `limit` (and
+    /// [`MAX_LIST`]).
+    pub async fn list(
+        &self,
+        bucket: &str,
+        prefix: &str,
+        limit: u32,
+    ) -> Result<Vec<ObjectMeta>, ObjectError> {
+        self.authorise(bucket, prefix, true)?;
+        let (tenant, b) = (Arc::clone(&self.tenant), bucket.to_string());
+        let keep = Arc::new(move |k: &str| check_key(k).is_ok() && granted(&tenant, &b, k, false));
+        self.store
+            .list(bucket, prefix, limit.min(MAX_LIST) as usize, keep)
+            .await
+    }
+}

@@ -1,0 +1,165 @@
+//! A tenant's component, checked before it is compiled.
+//!
+//! Compiling costs the host time and memory that grow with the code (cranelift on one huge
+//! function takes seconds and hundreds of MiB), so everything that can be checked without
+//! compiling is checked first, in one linear pass of the same parser wasmtime uses: the bytes
+//! validate, they are a component, they import only interfaces the tenant is granted, they
+//! export `run`, and their code stays within named bounds. Only then is the component compiled
+//! (see `functions` for the queue that does it off the request path).
+
+use crate::account::text::quote;
+use wasmparser::{Encoding, Parser, Payload, Validator, WasmFeatures};
+use wasmtime::Engine;
+use wasmtime::component::Component;
+
+/// Largest function body. Rust release builds of real pushdown functions stay far below
+/// (the largest in `feature-extract`, an image decoder's, is about 60 KiB); cranelift's time and
+/// memory grow faster than linearly with a body's size.
+pub const MAX_FUNCTION_BODY: usize = 512 << 10;
+/// Most code bytes (all function bodies) in one component.
+pub const MAX_CODE_BYTES: usize = 8 << 20;
+/// Most functions in one component.
+pub const MAX_FUNCTIONS: usize = 50_000;
+/// Most core modules and nested components in one component.
+pub const MAX_MODULES: usize = 64;
+
+/// Why a component cannot be deployed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DeployError {
+    #[error("not WebAssembly (no `\\0asm` header)")]
+    NotWasm,
+    #[error(
+        "a core Wasm module, not a component: build with `cargo build --target wasm32-wasip2` or `cargo component build`"
+    )]
+    CoreModule,
+    #[error("does not validate: {0}")]
+    Invalid(String),
+    #[error("too large to compile: {0}")]
+    TooComplex(String),
+    #[error("imports interfaces tenant `{tenant}` is not granted: {imports}")]
+    NotGranted { tenant: String, imports: String },
+    #[error("does not implement the `hapi:pushdown/pushdown` world: {0}")]
+    WrongWorld(String),
+}
+
+/// What the check learnt about a component.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Checked {
+    pub imports: Vec<String>,
+    pub functions: usize,
+    pub code_bytes: usize,
+    pub largest_body: usize,
+}
+
+/// Checks `bytes` without compiling them: a valid component within the code bounds, importing
+/// only names that start with one of `allowed`, exporting `run`.
+pub fn check(bytes: &[u8], tenant: &str, allowed: &[&str]) -> Result<Checked, DeployError> {
+    if bytes.len() < 8 || &bytes[..4] != b"\0asm" {
+        return Err(DeployError::NotWasm);
+    }
+    if bytes[4..8] == [1, 0, 0, 0] {
+        return Err(DeployError::CoreModule);
+    }
+    let mut validator = Validator::new_with_features(WasmFeatures::default());
+    validator
+        .validate_all(bytes)
+        .map_err(|e| DeployError::Invalid(e.to_string()))?;
+    let mut info = Checked {
+        imports: Vec::new(),
+        functions: 0,
+        code_bytes: 0,
+        largest_body: 0,
+    };
+    let (mut depth, mut modules, mut exports_run) = (0i64, 0usize, false);
+    let too = |what: String| Err(DeployError::TooComplex(what));
+    for payload in Parser::new(0).parse_all(bytes) {
+        let payload = payload.map_err(|e| DeployError::Invalid(e.to_string()))?;
+        match payload {
+            Payload::Version { encoding, .. } if depth == 0 && encoding != Encoding::Component => {
+                return Err(DeployError::CoreModule);
+            }
+            Payload::ModuleSection { .. } | Payload::ComponentSection { .. } => {
+                depth += 1;
+                modules += 1;
+                if modules > MAX_MODULES {
+                    return too(format!("more than {MAX_MODULES} modules and components"));
+                }
+            }
+            Payload::End(_) => depth -= 1,
+            Payload::ComponentImportSection(reader) if depth == 0 => {
+                for import in reader {
+                    let import = import.map_err(|e| DeployError::Invalid(e.to_string()))?;
+                    // Types a world `use`s are imported by name too; they grant nothing.
+                    if !matches!(import.ty, wasmparser::ComponentTypeRef::Type(_)) {
+                        info.imports.push(import.name.name.to_string());
+                    }
+                }
+            }
+            Payload::ComponentExportSection(reader) if depth == 0 => {
+                for export in reader {
+                    let export = export.map_err(|e| DeployError::Invalid(e.to_string()))?;
+                    exports_run |= export.name.name == "run";
+                }
+            }
+            Payload::CodeSectionEntry(body) => {
+                let size = body.range().len();
+                info.functions += 1;
+                info.code_bytes += size;
+                info.largest_body = info.largest_body.max(size);
+                if size > MAX_FUNCTION_BODY {
+                    return too(format!(
+                        "a function body of {size} bytes; at most {MAX_FUNCTION_BODY}"
+                    ));
+                }
+                if info.code_bytes > MAX_CODE_BYTES {
+                    return too(format!("more than {MAX_CODE_BYTES} bytes of code"));
+                }
+                if info.functions > MAX_FUNCTIONS {
+                    return too(format!("more than {MAX_FUNCTIONS} functions"));
+                }
+            }
+            _ => {}
+        }
+    }
+    let denied: Vec<String> = info
+        .imports
+        .iter()
+        .filter(|name| !allowed.iter().any(|p| name.starts_with(p)))
+        .map(|n| quote(n))
+        .collect();
+    if !denied.is_empty() {
+        return Err(DeployError::NotGranted {
+            tenant: tenant.to_string(),
+            imports: denied.join(", "),
+        });
+    }
+    if !exports_run {
+        return Err(DeployError::WrongWorld(
+            "it exports no `run` function".into(),
+        ));
+    }
+    Ok(info)
+}
+
+/// Compiles checked bytes.
+pub fn compile(engine: &Engine, bytes: &[u8]) -> Result<Component, DeployError> {
+    Component::new(engine, bytes).map_err(|e| DeployError::Invalid(format!("{e:#}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bytes_that_are_not_components_are_named() {
+        assert_eq!(check(b"hello", "t", &[]), Err(DeployError::NotWasm));
+        assert_eq!(
+            check(b"\0asm\x01\0\0\0", "t", &[]),
+            Err(DeployError::CoreModule)
+        );
+        assert!(matches!(
+            check(b"\0asm\x0d\0\x01\0garbage", "t", &[]),
+            Err(DeployError::Invalid(_))
+        ));
+    }
+}

@@ -1,0 +1,54 @@
+//! The engine all tenants share, and the epoch clock that drives deadlines.
+
+use std::time::{Duration, Instant};
+use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
+
+/// Epoch tick: how often a running guest is checked against its deadline and yields to other
+/// invocations on the same worker thread.
+pub const EPOCH_TICK: Duration = Duration::from_millis(10);
+/// Instances alive at once across all tenants (pooling allocator slots).
+pub const MAX_INSTANCES: u32 = 256;
+/// Stack of a guest's call into the host (async fiber): what Rust guests and the host's
+/// bindings need, with room to spare.
+pub const STACK_BYTES: usize = 2 << 20;
+
+/// Builds the engine: component model, async host calls, epoch interruption and a pooling
+/// allocator with `max_memory` bytes per guest memory.
+pub fn engine(max_memory: u64) -> anyhow::Result<Engine> {
+    let mut config = Config::new();
+    config.wasm_component_model(true);
+    config.async_stack_size(STACK_BYTES);
+    config.epoch_interruption(true);
+    let mut pool = PoolingAllocationConfig::default();
+    pool.total_component_instances(MAX_INSTANCES)
+        .total_core_instances(MAX_INSTANCES * 4)
+        .total_memories(MAX_INSTANCES)
+        .total_tables(MAX_INSTANCES * 2)
+        .total_stacks(MAX_INSTANCES)
+        .max_memory_size(usize::try_from(max_memory).unwrap_or(usize::MAX));
+    config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+    let engine = Engine::new(&config).map_err(|e| anyhow::anyhow!("{e:#}"))?;
+    spawn_ticker(&engine)?;
+    Ok(engine)
+}
+
+/// The epoch clock: deadlines are checked every [`EPOCH_TICK`] of wall time. When the ticker
+/// oversleeps (a loaded machine), it catches up, so checks are not delayed further. It stops
+/// when the engine is dropped.
+fn spawn_ticker(engine: &Engine) -> std::io::Result<()> {
+    let ticker = engine.weak();
+    std::thread::Builder::new()
+        .name("epoch-ticker".into())
+        .spawn(move || {
+            let mut next = Instant::now() + EPOCH_TICK;
+            while let Some(engine) = ticker.upgrade() {
+                while Instant::now() >= next {
+                    engine.increment_epoch();
+                    next += EPOCH_TICK;
+                }
+                drop(engine);
+                std::thread::sleep(next.saturating_duration_since(Instant::now()));
+            }
+        })?;
+    Ok(())
+}

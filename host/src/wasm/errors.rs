@@ -1,0 +1,168 @@
+//! Every way an invocation can fail, and the one place where traps, the guest's own errors and
+//! what the host saw during the call are classified into the wire contract's error codes.
+//!
+//! The host answers for what it saw: a device refusal or fault, or a store failure, decides the
+//! answer when the guest failed after it; a guest that reports a store failure the host never
+//! saw gets `function_error` (422), not a server error.
+
+use crate::account::text::{bounded, quote};
+use crate::bindings::GuestError;
+use crate::bindings::hapi::pushdown::objects::ObjectError as WitObjectError;
+use crate::caps::caller::Stop;
+use crate::caps::objects::Failure;
+use crate::device::DeviceError;
+use hapi_wire::ErrorCode;
+use std::time::Duration;
+
+/// Why an invocation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum InvokeError {
+    /// The guest's own typed error.
+    #[error("{message}")]
+    Guest {
+        code: ErrorCode,
+        message: String,
+        key: Option<String>,
+    },
+    /// A limit stopped the guest inside a host call (memory, handles, time).
+    #[error("{0}")]
+    Stopped(Stop),
+    /// The deadline passed while guest code ran.
+    #[error("time limit of {0:?} exceeded")]
+    TimeLimit(Duration),
+    #[error("the response would be {size} bytes, over the output limit of {limit}")]
+    OutputTooLarge { size: u64, limit: u64 },
+    #[error("output tensor is malformed: {0}")]
+    BadOutput(String),
+    #[error("the function trapped: {0}")]
+    Trapped(String),
+    /// The device refused the function's compute call, or failed.
+    #[error("{0}")]
+    Device(DeviceError),
+    /// The object store failed.
+    #[error("the object store failed: {0}")]
+    Store(String),
+    /// The host's own fault (details for the log).
+    #[error("{0}")]
+    HostFault(String),
+}
+
+impl InvokeError {
+    /// The error code the client sees.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            InvokeError::Guest { code, .. } => *code,
+            InvokeError::Stopped(Stop::Memory(_)) => ErrorCode::MemoryLimitExceeded,
+            InvokeError::Stopped(Stop::Table(_)) => ErrorCode::TableLimitExceeded,
+            InvokeError::Stopped(Stop::Time { .. }) | InvokeError::TimeLimit(_) => {
+                ErrorCode::TimeLimitExceeded
+            }
+            InvokeError::OutputTooLarge { .. } => ErrorCode::OutputTooLarge,
+            InvokeError::BadOutput(_) => ErrorCode::BadOutput,
+            InvokeError::Trapped(_) => ErrorCode::FunctionTrapped,
+            InvokeError::Device(d) => match d {
+                DeviceError::Busy(_) => ErrorCode::DeviceBusy,
+                DeviceError::TooLarge(_) => ErrorCode::DoesNotFitDevice,
+                DeviceError::ShuttingDown => ErrorCode::ShuttingDown,
+                DeviceError::Expired(_) => ErrorCode::TimeLimitExceeded,
+                DeviceError::Memory(_) => ErrorCode::MemoryLimitExceeded,
+                DeviceError::Failed(_) => ErrorCode::HostFault,
+            },
+            InvokeError::Store(_) => ErrorCode::StoreUnavailable,
+            InvokeError::HostFault(_) => ErrorCode::HostFault,
+        }
+    }
+
+    /// The object key the error is about, if any.
+    pub fn key(&self) -> Option<&str> {
+        match self {
+            InvokeError::Guest { key, .. } => key.as_deref(),
+            _ => None,
+        }
+    }
+}
+
+/// A trap or host-call error that ended the guest.
+pub fn classify_trap(e: wasmtime::Error, limit: Duration) -> InvokeError {
+    if let Some(stop) = e.downcast_ref::<Stop>() {
+        return InvokeError::Stopped(stop.clone());
+    }
+    if let Some(wasmtime::Trap::Interrupt) = e.downcast_ref::<wasmtime::Trap>() {
+        return InvokeError::TimeLimit(limit);
+    }
+    if let Some(wasmtime::component::ResourceTableError::Full) =
+        e.downcast_ref::<wasmtime::component::ResourceTableError>()
+    {
+        return InvokeError::Stopped(Stop::Table(format!(
+            "more than {} handles held at once",
+            crate::wasm::limits::MAX_HANDLES
+        )));
+    }
+    // A trap in guest code, or a misuse of a host interface (a stale handle): the guest's
+    // doing as far as the caller is concerned; the host itself is unaffected.
+    InvokeError::Trapped(bounded(format!("{e:#}")))
+}
+
+/// What the host saw during the invocation, which decides the answer when the guest failed.
+#[derive(Debug, Default)]
+pub struct Witness {
+    pub device: Option<DeviceError>,
+    pub store_fault: Option<String>,
+    pub last_object_failure: Option<(Failure, String)>,
+}
+
+/// The guest's typed error, judged against what the host saw.
+pub fn guest_error(e: GuestError, seen: Witness) -> InvokeError {
+    if let Some(d) = seen.device {
+        return InvokeError::Device(d);
+    }
+    let key_of = |kind: Failure| {
+        seen.last_object_failure
+            .as_ref()
+            .filter(|(k, _)| *k == kind)
+            .map(|(_, key)| key.clone())
+    };
+    let guest = |code, message: String, key| InvokeError::Guest {
+        code,
+        message: bounded(message),
+        key,
+    };
+    match e {
+        GuestError::BadRequest(m) => {
+            guest(ErrorCode::BadRequest, format!("bad request: {m}"), None)
+        }
+        GuestError::BadObject(f) => guest(
+            ErrorCode::BadObject,
+            format!("bad object `{}`: {}", quote(&f.key), f.reason),
+            Some(quote(&f.key)),
+        ),
+        GuestError::Inference(m) => guest(
+            ErrorCode::InferenceFailed,
+            format!("inference failed: {m}"),
+            None,
+        ),
+        GuestError::Object(WitObjectError::NotFound(m)) => guest(
+            ErrorCode::ObjectNotFound,
+            format!("object not found: {m}"),
+            key_of(Failure::NotFound),
+        ),
+        GuestError::Object(WitObjectError::Denied(m)) => guest(
+            ErrorCode::ObjectDenied,
+            format!("access denied: {m}"),
+            key_of(Failure::Denied),
+        ),
+        GuestError::Object(WitObjectError::TooLarge(n)) => guest(
+            ErrorCode::ObjectTooLarge,
+            format!("read over the byte cap of {n}"),
+            key_of(Failure::TooLarge),
+        ),
+        GuestError::Object(WitObjectError::Io(m)) => match seen.store_fault {
+            Some(fault) => InvokeError::Store(fault),
+            None => guest(
+                ErrorCode::FunctionError,
+                format!("the function reported a store error the host did not see: {m}"),
+                None,
+            ),
+        },
+    }
+}

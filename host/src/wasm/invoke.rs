@@ -1,0 +1,447 @@
+//! An invocation: a fresh store with the tenant's limits and capabilities, the function's `run`
+//! called in it, and its output checked and encoded, all before the invocation's deadline.
+//!
+//! Invocations run on a runtime of their own ([`Runtime`]'s workers), so that guests never
+//! delay the HTTP server. A guest yields to other invocations every epoch tick; at its deadline
+//! it is stopped wherever it is (in guest code, by epoch interruption; in a host call, by
+//! dropping the call, which cancels whatever the host was doing for it).
+
+use crate::account::{Account, Deadline};
+use crate::bindings::{ElementType, Invocation, PushdownPre, TensorOut};
+use crate::caps::caller::{Caller, Stop};
+use crate::caps::models::ModelsCtx;
+use crate::caps::nn::NnCtx;
+use crate::caps::nn::host::NnView;
+use crate::caps::objects::ObjectsCtx;
+use crate::device::Device;
+use crate::models::Models;
+use crate::policy::{Capabilities, Tenant};
+use crate::store::Store as ObjectStore;
+use crate::wasm::compile::DeployError;
+use crate::wasm::errors::{InvokeError, Witness, classify_trap, guest_error};
+use crate::wasm::limits::{Limiter, MAX_HANDLES, MAX_RANDOM_BYTES};
+use hapi_wire::tensor::Dtype;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use wasmtime::component::{Component, HasData, Linker, ResourceTable};
+use wasmtime::{Engine, Store, UpdateDeadline};
+use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
+
+/// How long past its deadline the guard around a whole invocation waits before dropping it:
+/// long enough for the checks inside (the epoch callback, a host call's own wait) to stop it
+/// first and say where, short enough that no call outlives its limit by much.
+pub const GUARD_GRACE: Duration = Duration::from_millis(100);
+
+/// Everything one invocation's store holds.
+pub struct State {
+    wasi: WasiCtx,
+    table: ResourceTable,
+    limiter: Limiter,
+    objects: ObjectsCtx,
+    models: ModelsCtx,
+    nn: NnCtx,
+}
+
+impl std::fmt::Debug for State {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("State").finish_non_exhaustive()
+    }
+}
+
+impl WasiView for State {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
+    }
+}
+
+/// wasi:io's data: the handle table.
+struct HasTable;
+
+impl HasData for HasTable {
+    type Data<'a> = &'a mut ResourceTable;
+}
+
+/// A linker for components granted `caps`: the contract, wasi-nn, the stdio, environment and
+/// exit interfaces of Rust's std (which get nothing: no variables, no arguments, empty stdin,
+/// discarded output), and clocks or random where granted. Nothing else is linked, so a
+/// component importing anything more cannot be instantiated whatever slipped past the checks.
+fn linker(engine: &Engine, caps: Capabilities) -> wasmtime::Result<Linker<State>> {
+    use wasmtime_wasi::cli::{WasiCli, WasiCliView};
+    use wasmtime_wasi::clocks::{WasiClocks, WasiClocksView};
+    use wasmtime_wasi::p2::bindings::{cli, clocks, io, random};
+    use wasmtime_wasi::random::{WasiRandom, WasiRandomView};
+    let mut l = Linker::new(engine);
+    io::error::add_to_linker::<State, HasTable>(&mut l, |s| &mut s.table)?;
+    io::poll::add_to_linker::<State, HasTable>(&mut l, |s| &mut s.table)?;
+    io::streams::add_to_linker::<State, HasTable>(&mut l, |s| &mut s.table)?;
+    cli::exit::add_to_linker::<State, WasiCli>(&mut l, State::cli)?;
+    cli::environment::add_to_linker::<State, WasiCli>(&mut l, State::cli)?;
+    cli::stdin::add_to_linker::<State, WasiCli>(&mut l, State::cli)?;
+    cli::stdout::add_to_linker::<State, WasiCli>(&mut l, State::cli)?;
+    cli::stderr::add_to_linker::<State, WasiCli>(&mut l, State::cli)?;
+    cli::terminal_input::add_to_linker::<State, WasiCli>(&mut l, State::cli)?;
+    cli::terminal_output::add_to_linker::<State, WasiCli>(&mut l, State::cli)?;
+    cli::terminal_stdin::add_to_linker::<State, WasiCli>(&mut l, State::cli)?;
+    cli::terminal_stdout::add_to_linker::<State, WasiCli>(&mut l, State::cli)?;
+    cli::terminal_stderr::add_to_linker::<State, WasiCli>(&mut l, State::cli)?;
+    if caps.clocks {
+        clocks::wall_clock::add_to_linker::<State, WasiClocks>(&mut l, State::clocks)?;
+        clocks::monotonic_clock::add_to_linker::<State, WasiClocks>(&mut l, State::clocks)?;
+    }
+    if caps.random {
+        random::random::add_to_linker::<State, WasiRandom>(&mut l, State::random)?;
+        random::insecure::add_to_linker::<State, WasiRandom>(&mut l, State::random)?;
+        random::insecure_seed::add_to_linker::<State, WasiRandom>(&mut l, State::random)?;
+    }
+    crate::caps::objects::add_to_linker(&mut l, |s| &mut s.objects)?;
+    crate::caps::models::add_to_linker(&mut l, |s| &mut s.models)?;
+    crate::caps::nn::add_to_linker(&mut l, |s| NnView {
+        ctx: &mut s.nn,
+        table: &mut s.table,
+    })?;
+    crate::bindings::hapi::pushdown::types::add_to_linker::<State, crate::caps::objects::Objects>(
+        &mut l,
+        |s| &mut s.objects,
+    )?;
+    Ok(l)
+}
+
+/// Interface prefixes a component granted `caps` may import (checked before compiling).
+pub fn allowed_imports(caps: Capabilities) -> Vec<&'static str> {
+    let mut allowed = vec!["hapi:pushdown/", "wasi:nn/", "wasi:io/", "wasi:cli/"];
+    if caps.clocks {
+        allowed.push("wasi:clocks/");
+    }
+    if caps.random {
+        allowed.push("wasi:random/");
+    }
+    allowed
+}
+
+/// A component ready to instantiate for a tenant.
+#[derive(Clone)]
+pub struct Prepared {
+    pre: PushdownPre<State>,
+}
+
+impl std::fmt::Debug for Prepared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Prepared").finish_non_exhaustive()
+    }
+}
+
+/// The encoded response of a successful invocation: a safetensors header and the tensor's
+/// bytes, sent one after the other.
+#[derive(Debug)]
+pub struct Output {
+    pub header: Vec<u8>,
+    pub data: Vec<u8>,
+}
+
+impl Output {
+    pub fn len(&self) -> u64 {
+        (self.header.len() + self.data.len()) as u64
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Time spent in each stage of an invocation.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Timings {
+    pub instantiate: Duration,
+    pub read: Duration,
+    pub queue: Duration,
+    pub compute: Duration,
+    pub total: Duration,
+}
+
+impl Timings {
+    /// Guest time outside host calls: decoding and preprocessing, mostly.
+    pub fn guest(&self) -> Duration {
+        self.total
+            .saturating_sub(self.instantiate + self.read + self.compute + self.queue)
+    }
+}
+
+/// What one invocation gave.
+#[derive(Debug)]
+pub struct Finished {
+    pub result: Result<Output, InvokeError>,
+    pub timings: Timings,
+    /// Object bytes read.
+    pub read: u64,
+    /// Most memory the invocation held at once (guest and host).
+    pub memory_peak: u64,
+}
+
+/// The engine, the linkers and what every store needs.
+pub struct Runtime {
+    engine: Engine,
+    linkers: HashMap<Capabilities, Linker<State>>,
+    models: Arc<Models>,
+    objects: Arc<ObjectStore>,
+    device: Arc<Device>,
+    /// Runs invocations; `Some` until dropped.
+    workers: Option<tokio::runtime::Runtime>,
+}
+
+impl std::fmt::Debug for Runtime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Runtime").finish_non_exhaustive()
+    }
+}
+
+impl Drop for Runtime {
+    /// A runtime's own drop blocks on its workers and panics on an async thread, where a host
+    /// may well be dropped; this one does neither.
+    fn drop(&mut self) {
+        if let Some(rt) = self.workers.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+/// Aborts a spawned invocation when the request waiting for it goes away.
+struct AbortOnDrop(tokio::task::AbortHandle);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+impl Runtime {
+    pub fn new(
+        engine: Engine,
+        models: Arc<Models>,
+        objects: Arc<ObjectStore>,
+        device: Arc<Device>,
+        workers: usize,
+    ) -> anyhow::Result<Self> {
+        let mut linkers = HashMap::new();
+        for clocks in [false, true] {
+            for random in [false, true] {
+                let caps = Capabilities { clocks, random };
+                let l = linker(&engine, caps).map_err(|e| anyhow::anyhow!("{e:#}"))?;
+                linkers.insert(caps, l);
+            }
+        }
+        let workers = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(workers.max(1))
+            .thread_name("hapi-invoke")
+            .enable_all()
+            .build()?;
+        Ok(Self {
+            engine,
+            linkers,
+            models,
+            objects,
+            device,
+            workers: Some(workers),
+        })
+    }
+
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    pub fn models(&self) -> &Arc<Models> {
+        &self.models
+    }
+
+    /// Pre-instantiates a compiled component for a tenant granted `caps`: fails if it does not
+    /// implement the world with what those capabilities link.
+    pub fn prepare(
+        &self,
+        caps: Capabilities,
+        component: &Component,
+    ) -> Result<Prepared, DeployError> {
+        let linker = self
+            .linkers
+            .get(&caps)
+            .ok_or_else(|| DeployError::WrongWorld("no linker for these capabilities".into()))?;
+        let pre = linker
+            .instantiate_pre(component)
+            .and_then(PushdownPre::new)
+            .map_err(|e| {
+                DeployError::WrongWorld(crate::account::text::bounded(format!("{e:#}")))
+            })?;
+        Ok(Prepared { pre })
+    }
+
+    /// Runs `function` for `tenant` on the invocation workers; `meta` goes into the response
+    /// header. Dropping the returned future stops the invocation.
+    pub async fn invoke(
+        &self,
+        tenant: &Arc<Tenant>,
+        function: &Prepared,
+        invocation: Invocation,
+        meta: BTreeMap<String, String>,
+    ) -> Finished {
+        let started = Instant::now();
+        let job = run(
+            Arc::clone(tenant),
+            function.pre.clone(),
+            invocation,
+            meta,
+            Arc::clone(&self.models),
+            Arc::clone(&self.objects),
+            Arc::clone(&self.device),
+            started,
+        );
+        let Some(workers) = self.workers.as_ref() else {
+            return Finished {
+                result: Err(InvokeError::HostFault(
+                    "the invocation workers stopped".into(),
+                )),
+                timings: Timings::default(),
+                read: 0,
+                memory_peak: 0,
+            };
+        };
+        let handle = workers.spawn(job);
+        let _abort = AbortOnDrop(handle.abort_handle());
+        match handle.await {
+            Ok(f) => f,
+            Err(e) => Finished {
+                result: Err(InvokeError::HostFault(format!("invocation task: {e}"))),
+                timings: Timings {
+                    total: started.elapsed(),
+                    ..Timings::default()
+                },
+                read: 0,
+                memory_peak: 0,
+            },
+        }
+    }
+}
+
+/// One invocation, start to end.
+#[allow(clippy::too_many_arguments)]
+async fn run(
+    tenant: Arc<Tenant>,
+    pre: PushdownPre<State>,
+    invocation: Invocation,
+    meta: BTreeMap<String, String>,
+    models: Arc<Models>,
+    objects: Arc<ObjectStore>,
+    device: Arc<Device>,
+    started: Instant,
+) -> Finished {
+    let limits = &tenant.limits;
+    let deadline = Arc::new(Deadline::starting_at(started, limits.timeout));
+    let account = Account::new(limits.memory);
+    let caller = Caller {
+        tenant: Arc::clone(&tenant),
+        account: Arc::clone(&account),
+        deadline: Arc::clone(&deadline),
+    };
+    let mut table = ResourceTable::new();
+    table.set_max_capacity(MAX_HANDLES);
+    let state = State {
+        wasi: WasiCtxBuilder::new()
+            .max_random_size(MAX_RANDOM_BYTES)
+            .build(),
+        table,
+        limiter: Limiter {
+            account: Arc::clone(&account),
+        },
+        objects: ObjectsCtx::new(caller.clone(), objects),
+        models: ModelsCtx::new(caller.clone(), Arc::clone(&models)),
+        nn: NnCtx::new(caller, device, models),
+    };
+    let mut store = Store::new(pre.engine(), state);
+    store.limiter(|s| &mut s.limiter);
+    // Every tick: stop the guest past its deadline, else let other invocations run.
+    store.set_epoch_deadline(1);
+    let d = Arc::clone(&deadline);
+    store.epoch_deadline_callback(move |_| {
+        Ok(if d.expired() {
+            UpdateDeadline::Interrupt
+        } else {
+            UpdateDeadline::Yield(1)
+        })
+    });
+    let mut instantiated = Duration::ZERO;
+    let called = deadline
+        .run_past(
+            async {
+                let instance = pre.instantiate_async(&mut store).await?;
+                instantiated = started.elapsed();
+                instance.call_run(&mut store, &invocation).await
+            },
+            GUARD_GRACE,
+        )
+        .await;
+    let data = store.data_mut();
+    let witness = Witness {
+        device: data.nn.refusal.take(),
+        store_fault: data.objects.store_fault.take(),
+        last_object_failure: data.objects.last_failure.take(),
+    };
+    let result = match called {
+        Err(expired) => Err(InvokeError::Stopped(Stop::Time {
+            limit: expired.limit,
+            during: "in a host call",
+        })),
+        // A guest that trapped on a failure the host answers for (it unwrapped a device
+        // refusal or a store error) gets the host's answer; limits stay the tenant's.
+        Ok(Err(trap)) => Err(match classify_trap(trap, limits.timeout) {
+            InvokeError::Trapped(m) => match (witness.device, witness.store_fault) {
+                (Some(d), _) => InvokeError::Device(d),
+                (None, Some(fault)) => InvokeError::Store(fault),
+                (None, None) => InvokeError::Trapped(m),
+            },
+            other => other,
+        }),
+        Ok(Ok(Err(guest))) => Err(guest_error(guest, witness)),
+        Ok(Ok(Ok(out))) => encode(out, limits.max_output, &meta),
+    };
+    let timings = Timings {
+        instantiate: instantiated,
+        read: data.objects.read_time,
+        queue: data.nn.queue_time,
+        compute: data.nn.compute_time,
+        total: started.elapsed(),
+    };
+    let read = data.objects.bytes_read();
+    drop(store);
+    Finished {
+        result,
+        timings,
+        read,
+        memory_peak: account.peak(),
+    }
+}
+
+/// The guest's output as a safetensors response, checked: its shape against its data, its
+/// rank, and the encoded size against the tenant's output limit.
+fn encode(
+    out: TensorOut,
+    limit: u64,
+    meta: &BTreeMap<String, String>,
+) -> Result<Output, InvokeError> {
+    let dtype = match out.ty {
+        ElementType::F32 => Dtype::F32,
+        ElementType::U8 => Dtype::U8,
+        ElementType::I64 => Dtype::I64,
+    };
+    let shape: Vec<u64> = out.dimensions.iter().map(|&d| u64::from(d)).collect();
+    let header = hapi_wire::tensor::header(dtype, &shape, out.data.len() as u64, meta)
+        .map_err(|e| InvokeError::BadOutput(crate::account::text::bounded(e)))?;
+    let size = (header.len() + out.data.len()) as u64;
+    if size > limit {
+        return Err(InvokeError::OutputTooLarge { size, limit });
+    }
+    Ok(Output {
+        header,
+        data: out.data,
+    })
+}

@@ -1,0 +1,52 @@
+//! What one invocation's store may grow to. Guest memory is charged to the invocation's
+//! memory account as it grows, so guest memory and what the host holds for the guest share one
+//! limit; tables and handle tables have fixed bounds.
+
+use crate::account::Account;
+use crate::caps::caller::Stop;
+use std::sync::Arc;
+use wasmtime::ResourceLimiter;
+
+/// Largest table a guest may grow to (entries).
+pub const MAX_TABLE_ELEMENTS: usize = 100_000;
+/// Most handles (resources of every kind: tensors, graphs, errors, streams...) a guest may hold
+/// at once: a pushdown function needs a handful, and each costs the host memory.
+pub const MAX_HANDLES: usize = 10_000;
+/// Largest `get-random-bytes` answer (for tenants granted `random`).
+pub const MAX_RANDOM_BYTES: u64 = 1 << 20;
+
+/// The store's limiter.
+#[derive(Debug)]
+pub struct Limiter {
+    pub account: Arc<Account>,
+}
+
+impl ResourceLimiter for Limiter {
+    fn memory_growing(
+        &mut self,
+        current: usize,
+        desired: usize,
+        _max: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        let grow = desired.saturating_sub(current) as u64;
+        self.account
+            .grow(grow, "guest memory")
+            .map_err(|e| Stop::from(e).trap())?;
+        Ok(true)
+    }
+
+    fn table_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _max: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        if desired > MAX_TABLE_ELEMENTS {
+            return Err(Stop::Table(format!(
+                "table of {desired} elements; at most {MAX_TABLE_ELEMENTS}"
+            ))
+            .trap());
+        }
+        Ok(true)
+    }
+}

@@ -1,0 +1,15 @@
+//! The Wasm runtime: one engine, tenants' components checked, compiled and pre-instantiated
+//! once, and a fresh, limited store per invocation.
+//!
+//! - [`engine`]: the engine (pooling allocator, epoch interruption, async host calls) and its
+//!   epoch clock;
+//! - [`limits`]: what a store may grow to, charged to the invocation's memory account;
+//! - [`errors`]: every way an invocation can fail, classified in one place;
+//! - [`compile`]: a component checked (size, structure, imports) before it is compiled;
+//! - [`invoke`]: an invocation's store, its capabilities, and its deadline.
+
+pub mod compile;
+pub mod engine;
+pub mod errors;
+pub mod invoke;
+pub mod limits;

@@ -1,0 +1,301 @@
+//! The deploy path: uploads are checked before they are compiled, names are checked on every
+//! route, quotas hold, the operator's functions cannot be touched through the API, and compiled
+//! code is kept per tenant and removed with the function.
+
+mod common;
+
+use common::{ALICE, BOB, TestHost, error_code, guest, raw, start_tenants, tenant_token};
+use serde_json::json;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+async fn put(h: &TestHost, token: &str, name: &str, body: Vec<u8>) -> reqwest::Response {
+    h.client
+        .put(format!("{}/v1/functions/{name}", h.url))
+        .bearer_auth(token)
+        .body(body)
+        .send()
+        .await
+        .expect("request")
+}
+
+async fn delete(h: &TestHost, token: &str, name: &str) -> reqwest::Response {
+    h.client
+        .delete(format!("{}/v1/functions/{name}", h.url))
+        .bearer_auth(token)
+        .send()
+        .await
+        .expect("request")
+}
+
+fn wasm(name: &str) -> Vec<u8> {
+    std::fs::read(guest(name)).expect("guest")
+}
+
+/// `name`'s component with a custom section naming `tag`: the same code, other bytes.
+fn variant(name: &str, tag: &str) -> Vec<u8> {
+    let mut bytes = wasm(name);
+    let mut payload = vec![tag.len() as u8];
+    payload.extend_from_slice(tag.as_bytes());
+    section(0, &payload, &mut bytes);
+    bytes
+}
+
+fn files(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .map(|d| {
+            d.filter_map(Result::ok)
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+fn leb(mut n: usize, out: &mut Vec<u8>) {
+    loop {
+        let byte = (n & 0x7f) as u8;
+        n >>= 7;
+        if n == 0 {
+            out.push(byte);
+            return;
+        }
+        out.push(byte | 0x80);
+    }
+}
+
+fn section(id: u8, body: &[u8], out: &mut Vec<u8>) {
+    out.push(id);
+    leb(body.len(), out);
+    out.extend_from_slice(body);
+}
+
+/// A component holding one core module with one function whose body is `body_bytes` of `nop`s:
+/// valid Wasm that compiles slowly the larger the body.
+fn component_with_body(body_bytes: usize) -> Vec<u8> {
+    let mut module = b"\0asm\x01\0\0\0".to_vec();
+    section(1, &[1, 0x60, 0, 0], &mut module); // one type: [] -> []
+    section(3, &[1, 0], &mut module); // one function of type 0
+    let mut body = vec![0u8]; // no locals
+    body.resize(body_bytes, 0x01); // nop
+    body.push(0x0b); // end
+    let mut code = vec![1u8];
+    leb(body.len(), &mut code);
+    code.extend_from_slice(&body);
+    section(10, &code, &mut module);
+    let mut component = b"\0asm\x0d\0\x01\0".to_vec();
+    section(1, &module, &mut component); // core module section
+    component
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uploads_that_are_not_granted_components_are_rejected_before_compiling() {
+    let h = TestHost::start().await;
+    let limit = hapi_host::wasm::compile::MAX_FUNCTION_BODY;
+    for (body, needle) in [
+        (b"hello".to_vec(), "not WebAssembly"),
+        (b"\0asm\x01\0\0\0".to_vec(), "core Wasm module"),
+        (b"\0asm\x0d\0\x01\0garbage".to_vec(), "does not validate"),
+        (wasm("fs-reader"), "wasi:filesystem/preopens@0.2.6"),
+        // Within the body limit but not the world: no `run`.
+        (component_with_body(1000), "exports no `run`"),
+        (component_with_body(limit + 1), "a function body of"),
+    ] {
+        let started = Instant::now();
+        let (code, message) = error_code(put(&h, ALICE, "mine", body).await, 422).await;
+        assert_eq!(code, "bad_component", "{message}");
+        assert!(message.contains(needle), "{needle}: {message}");
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "{needle}: {:?}",
+            started.elapsed()
+        );
+    }
+    // Nothing was compiled, nothing was kept.
+    let state = h.policy_path.with_file_name("state");
+    assert!(
+        files(&state.join("compiled/alice"))
+            .iter()
+            .all(|f| !f.contains("tmp"))
+    );
+    assert!(files(&state.join("functions/alice")).is_empty());
+    // A tenant without the deploy right cannot upload at all.
+    let (code, _) = error_code(put(&h, BOB, "mine", wasm("hostile")).await, 403).await;
+    assert_eq!(code, "deploy_not_allowed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deployed_function_is_invoked_listed_and_removed_with_its_code() {
+    let h = TestHost::start().await;
+    let state = h.policy_path.with_file_name("state");
+    let resp = put(&h, ALICE, "mine", variant("hostile", "mine")).await;
+    assert_eq!(resp.status(), 201);
+    let info: serde_json::Value = resp.json().await.expect("json");
+    let sha = info["sha256"].as_str().expect("sha256").to_string();
+    // Compiled once, kept in the tenant's own cache for restarts.
+    let cached = || {
+        files(&state.join("compiled/alice"))
+            .into_iter()
+            .filter(|f| f.starts_with(&sha))
+            .count()
+    };
+    assert_eq!(cached(), 1);
+    let body = json!({"bucket": "datasets", "keys": [], "model": "resnet18", "split": 0, "options": {"mode": "output", "bytes": "3"}});
+    assert_eq!(
+        raw(h.invoke(ALICE, "mine", body.clone()).await).await,
+        [7, 7, 7]
+    );
+    let list: serde_json::Value = h
+        .client
+        .get(format!("{}/v1/functions", h.url))
+        .bearer_auth(ALICE)
+        .send()
+        .await
+        .expect("list")
+        .json()
+        .await
+        .expect("json");
+    let names: Vec<(&str, bool)> = list
+        .as_array()
+        .expect("array")
+        .iter()
+        .filter_map(|f| Some((f["name"].as_str()?, f["managed"].as_bool()?)))
+        .collect();
+    assert_eq!(
+        names,
+        [
+            ("feature-extract", true),
+            ("hostile", true),
+            ("mine", false)
+        ]
+    );
+    // Other tenants do not see it.
+    let (code, _) = error_code(h.invoke(BOB, "mine", body.clone()).await, 404).await;
+    assert_eq!(code, "function_not_found");
+    // Redeployed with other bytes: the old code goes.
+    assert_eq!(
+        put(&h, ALICE, "mine", wasm("sleeper")).await.status(),
+        422,
+        "not granted clocks"
+    );
+    assert_eq!(
+        put(&h, ALICE, "mine", variant("hostile", "mine-2"))
+            .await
+            .status(),
+        201
+    );
+    assert_eq!(cached(), 0, "the replaced version's code is removed");
+    assert_eq!(delete(&h, ALICE, "mine").await.status(), 204);
+    let (code, _) = error_code(h.invoke(ALICE, "mine", body).await, 404).await;
+    assert_eq!(code, "function_not_found");
+    assert!(files(&state.join("functions/alice")).is_empty());
+    // Only the policy's own functions' code is left.
+    assert_eq!(files(&state.join("compiled/alice")).len(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_route_checks_names_and_nothing_outside_a_tenants_files_is_touched() {
+    let h = TestHost::start().await;
+    let state = h.policy_path.with_file_name("state");
+    assert_eq!(put(&h, ALICE, "mine", wasm("hostile")).await.status(), 201);
+    for name in [
+        "..%2Fbob%2Ffeature-extract",
+        "..%2F..%2Fpolicy.toml",
+        "a%00b",
+        "mine.wasm",
+        "x%2Fy",
+        &"a".repeat(65),
+    ] {
+        let (code, message) = error_code(delete(&h, ALICE, name).await, 400).await;
+        assert_eq!(code, "bad_name", "{name}: {message}");
+        let (code, _) = error_code(put(&h, ALICE, name, wasm("hostile")).await, 400).await;
+        assert_eq!(code, "bad_name", "{name}");
+        let (code, _) = error_code(
+            h.invoke(
+                ALICE,
+                name,
+                json!({"bucket": "b", "keys": [], "model": "m", "split": 0}),
+            )
+            .await,
+            400,
+        )
+        .await;
+        assert_eq!(code, "bad_name", "{name}");
+    }
+    // The operator's functions cannot be replaced or removed through the API.
+    let (code, _) = error_code(delete(&h, ALICE, "feature-extract").await, 409).await;
+    assert_eq!(code, "function_managed_by_policy");
+    let (code, _) = error_code(put(&h, ALICE, "hostile", wasm("hostile")).await, 409).await;
+    assert_eq!(code, "function_managed_by_policy");
+    // Everything is where it was; the host starts again from the same state.
+    assert_eq!(files(&state.join("functions/alice")), ["mine.wasm"]);
+    let policy = hapi_host::policy::Policy::load(&h.policy_path).expect("policy");
+    let again = tokio::task::spawn_blocking(move || hapi_host::Host::start(policy))
+        .await
+        .expect("join")
+        .expect("the host starts again");
+    assert!(again.function("alice", "mine").is_some());
+    assert!(again.function("bob", "feature-extract").is_some());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn function_quotas_obeyed_and_violated() {
+    // t0 may keep 2 functions (of 1 MiB in all); t1 any number, of 200 KiB in all.
+    let h = start_tenants(|store, state| {
+        common::tenants_policy(store, state, "", 2, &["resnet18"], |t| match t {
+            0 => "deploy = true\nmax_functions = 2\nmax_function_bytes = \"1MiB\"".into(),
+            _ => "deploy = true\nmax_function_bytes = \"200KiB\"".into(),
+        })
+    })
+    .await;
+    let hostile = |tag: &str| variant("hostile", tag);
+    assert!(
+        hostile("x").len() < 90 << 10,
+        "hostile is {} bytes",
+        hostile("x").len()
+    );
+    let t0 = tenant_token(0);
+    assert_eq!(put(&h, &t0, "a", hostile("a")).await.status(), 201);
+    assert_eq!(put(&h, &t0, "b", hostile("b")).await.status(), 201);
+    // Replacing one of them stays within the count.
+    assert_eq!(put(&h, &t0, "b", hostile("b2")).await.status(), 201);
+    let (code, message) = error_code(put(&h, &t0, "c", hostile("c")).await, 403).await;
+    assert_eq!(code, "quota_exceeded", "{message}");
+    assert!(message.contains("may keep 2"), "{message}");
+    assert_eq!(delete(&h, &t0, "b").await.status(), 204);
+    assert_eq!(put(&h, &t0, "c", hostile("c")).await.status(), 201);
+    // Bytes: two fit in 200 KiB, a third does not; one larger than the quota is not even read.
+    let t1 = tenant_token(1);
+    assert_eq!(put(&h, &t1, "a", hostile("a")).await.status(), 201);
+    assert_eq!(put(&h, &t1, "b", hostile("b")).await.status(), 201);
+    let (code, message) = error_code(put(&h, &t1, "c", hostile("c")).await, 403).await;
+    assert_eq!(code, "quota_exceeded", "{message}");
+    assert!(message.contains("quota is 204800"), "{message}");
+    let (code, message) = error_code(put(&h, &t1, "d", wasm("feature-extract")).await, 413).await;
+    assert_eq!(code, "body_too_large", "{message}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compiled_code_is_kept_per_tenant() {
+    let h = start_tenants(|store, state| {
+        common::tenants_policy(store, state, "", 2, &["resnet18"], |_| {
+            "deploy = true".into()
+        })
+    })
+    .await;
+    let state = h.policy_path.with_file_name("state");
+    let bytes = variant("hostile", "shared");
+    assert_eq!(
+        put(&h, &tenant_token(0), "a", bytes.clone()).await.status(),
+        201
+    );
+    assert_eq!(put(&h, &tenant_token(1), "a", bytes).await.status(), 201);
+    // The same bytes, compiled for each tenant and cached apart: one tenant's upload tells
+    // another nothing (its own compile takes as long as the first).
+    let mine = files(&state.join("compiled/t0"));
+    let theirs = files(&state.join("compiled/t1"));
+    assert!(!mine.is_empty() && mine == theirs, "{mine:?} {theirs:?}");
+    assert_eq!(delete(&h, &tenant_token(0), "a").await.status(), 204);
+    assert_eq!(files(&state.join("compiled/t1")), theirs, "t1's code stays");
+}

@@ -1,0 +1,199 @@
+//! The body of `POST /v1/invoke/{function}`.
+//!
+//! Every field a client controls has a named bound, checked by [`InvokeRequest::check`] before
+//! the host allocates anything sized by it.
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// Largest invoke body: 4,096 keys of a few hundred bytes each fit easily; anything larger is
+/// not an invocation.
+pub const MAX_INVOKE_BODY: usize = 4 << 20;
+/// Most keys in one invocation.
+pub const MAX_KEYS: usize = 4096;
+/// Longest object key (S3's limit).
+pub const MAX_KEY_BYTES: usize = 1024;
+/// Longest bucket or model name.
+pub const MAX_NAME_BYTES: usize = 64;
+/// Most function options.
+pub const MAX_OPTIONS: usize = 64;
+/// Longest option name or value.
+pub const MAX_OPTION_BYTES: usize = 4096;
+
+/// One invocation: run the function on `keys` of `bucket`, with layers [0, `split`) of `model`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InvokeRequest {
+    pub bucket: String,
+    pub keys: Vec<String>,
+    pub model: String,
+    pub split: u32,
+    /// Function-specific options (a function rejects those it does not know).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub options: BTreeMap<String, String>,
+}
+
+impl InvokeRequest {
+    /// Parses and checks a request body.
+    pub fn parse(body: &[u8]) -> Result<Self, String> {
+        if body.len() > MAX_INVOKE_BODY {
+            return Err(format!(
+                "the body is {} bytes; an invocation is at most {MAX_INVOKE_BODY}",
+                body.len()
+            ));
+        }
+        let req: Self = serde_json::from_slice(body).map_err(|e| format!("request body: {e}"))?;
+        req.check()?;
+        Ok(req)
+    }
+
+    /// Checks every field against its bound.
+    pub fn check(&self) -> Result<(), String> {
+        if self.keys.len() > MAX_KEYS {
+            return Err(format!(
+                "{} keys; at most {MAX_KEYS} per invocation",
+                self.keys.len()
+            ));
+        }
+        if let Some((i, k)) = self
+            .keys
+            .iter()
+            .enumerate()
+            .find(|(_, k)| k.len() > MAX_KEY_BYTES)
+        {
+            return Err(format!(
+                "key {i} is {} bytes; at most {MAX_KEY_BYTES}",
+                k.len()
+            ));
+        }
+        for (what, v) in [("bucket", &self.bucket), ("model", &self.model)] {
+            if v.len() > MAX_NAME_BYTES {
+                return Err(format!(
+                    "{what} is {} bytes; at most {MAX_NAME_BYTES}",
+                    v.len()
+                ));
+            }
+        }
+        if self.options.len() > MAX_OPTIONS {
+            return Err(format!(
+                "{} options; at most {MAX_OPTIONS}",
+                self.options.len()
+            ));
+        }
+        if let Some((k, _)) = self
+            .options
+            .iter()
+            .find(|(k, v)| k.len() > MAX_OPTION_BYTES || v.len() > MAX_OPTION_BYTES)
+        {
+            let k: String = k.chars().take(64).collect();
+            return Err(format!(
+                "option `{k}`: names and values are at most {MAX_OPTION_BYTES} bytes"
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn a_request_round_trips_and_unknown_fields_are_refused() {
+        let r = InvokeRequest {
+            bucket: "datasets".into(),
+            keys: vec!["a/b.png".into()],
+            model: "resnet18".into(),
+            split: 3,
+            options: BTreeMap::new(),
+        };
+        let json = serde_json::to_vec(&r).expect("json");
+        assert_eq!(InvokeRequest::parse(&json).expect("parse"), r);
+        let e =
+            InvokeRequest::parse(br#"{"bucket":"b","keys":[],"model":"m","split":1,"batch":4}"#)
+                .expect_err("unknown field");
+        assert!(e.contains("unknown field `batch`"), "{e}");
+    }
+
+    #[test]
+    fn every_bound_is_obeyed_and_violated() {
+        let ok = |f: &dyn Fn(&mut InvokeRequest)| {
+            let mut r = InvokeRequest {
+                bucket: "b".into(),
+                keys: vec![],
+                model: "m".into(),
+                split: 0,
+                options: BTreeMap::new(),
+            };
+            f(&mut r);
+            r.check()
+        };
+        assert!(ok(&|r| r.keys = vec!["k".into(); MAX_KEYS]).is_ok());
+        assert!(ok(&|r| r.keys = vec!["k".into(); MAX_KEYS + 1]).is_err());
+        assert!(ok(&|r| r.keys = vec!["k".repeat(MAX_KEY_BYTES)]).is_ok());
+        assert!(ok(&|r| r.keys = vec!["k".repeat(MAX_KEY_BYTES + 1)]).is_err());
+        assert!(ok(&|r| r.bucket = "b".repeat(MAX_NAME_BYTES)).is_ok());
+        assert!(ok(&|r| r.bucket = "b".repeat(MAX_NAME_BYTES + 1)).is_err());
+        assert!(ok(&|r| r.model = "m".repeat(MAX_NAME_BYTES + 1)).is_err());
+        assert!(
+            ok(&|r| r.options = (0..MAX_OPTIONS)
+                .map(|i| (i.to_string(), "v".into()))
+                .collect())
+            .is_ok()
+        );
+        assert!(
+            ok(&|r| r.options = (0..=MAX_OPTIONS)
+                .map(|i| (i.to_string(), "v".into()))
+                .collect())
+            .is_err()
+        );
+        assert!(
+            ok(&|r| {
+                r.options
+                    .insert("k".into(), "v".repeat(MAX_OPTION_BYTES + 1));
+            })
+            .is_err()
+        );
+        let big = vec![b' '; MAX_INVOKE_BODY + 1];
+        assert!(
+            InvokeRequest::parse(&big)
+                .expect_err("big")
+                .contains("at most")
+        );
+    }
+
+    proptest! {
+        /// Whatever bytes arrive, parsing gives a request within bounds or an error; it never
+        /// panics.
+        #[test]
+        fn arbitrary_bodies_parse_or_fail_cleanly(body in proptest::collection::vec(any::<u8>(), 0..512)) {
+            if let Ok(r) = InvokeRequest::parse(&body) {
+                prop_assert!(r.check().is_ok());
+            }
+        }
+
+        /// JSON-shaped bodies with fields of any size and content.
+        #[test]
+        fn json_bodies_parse_or_fail_cleanly(
+            bucket in ".{0,80}",
+            keys in proptest::collection::vec(".{0,40}", 0..8),
+            model in ".{0,80}",
+            split in any::<i64>(),
+            extra in proptest::option::of("[a-z]{1,8}"),
+        ) {
+            let mut v = serde_json::json!({"bucket": bucket, "keys": keys, "model": model, "split": split});
+            if let Some(k) = extra {
+                v[k] = serde_json::json!(1);
+            }
+            let body = serde_json::to_vec(&v).expect("json");
+            match InvokeRequest::parse(&body) {
+                Ok(r) => {
+                    prop_assert!(r.bucket.len() <= MAX_NAME_BYTES);
+                    prop_assert!(u32::try_from(split).is_ok());
+                }
+                Err(e) => prop_assert!(!e.is_empty()),
+            }
+        }
+    }
+}

@@ -23,6 +23,10 @@ use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 /// Uploads waiting to be compiled, all tenants together; past this, 429.
 pub const MAX_COMPILE_QUEUE: usize = 8;
+/// Uploads compiled at once. With one tenant allowed one upload in the queue, two at once mean
+/// that a tenant's small upload shares the compiler with, rather than waits behind, another
+/// tenant's largest one.
+pub const COMPILES_AT_ONCE: usize = 2;
 
 /// A deployed function.
 #[derive(Debug)]
@@ -103,7 +107,7 @@ impl Functions {
             state: Arc::new(state),
             table: RwLock::default(),
             queue: Mutex::default(),
-            compiler: tokio::sync::Semaphore::new(1),
+            compiler: tokio::sync::Semaphore::new(COMPILES_AT_ONCE),
         })
     }
 

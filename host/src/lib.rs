@@ -72,7 +72,7 @@ impl Host {
         let h = &policy.host;
         let device = hapi_model::device::parse(&h.device)?;
         let models = Arc::new(
-            Models::open(&h.models, device)
+            Models::open(&h.models, device, Some(h.state.join("memory")))
                 .with_context(|| format!("reading model packages in {}", h.models.display()))?,
         );
         let store = store::Store::open(&h.store)

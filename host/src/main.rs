@@ -173,11 +173,12 @@ async fn main() -> anyhow::Result<()> {
                     }
                 }
             });
+            let conns = Arc::new(Connections::default());
             http::serve(
                 listener,
-                http::router(Arc::clone(&host)),
+                http::router(Arc::clone(&host), Arc::clone(&conns)),
                 http_settings,
-                Arc::new(Connections::default()),
+                conns,
                 shutdown_signal(),
             )
             .await;

@@ -1,6 +1,11 @@
 //! The model packages this host serves: manifests read at start, packages loaded when the
 //! device asks (it decides what stays loaded), and per-model measurements made once and kept:
 //! the memory model ([`crate::memory`]) and the per-layer profile.
+//!
+//! A memory model is also kept on disk (`<state>/memory/`), keyed by the package's manifest and
+//! the device, and shared within the process: a restarted host, or a second host in the same
+//! process, plans with the same model instead of measuring again (seconds per model, and a
+//! measurement that varies a little from run to run).
 
 use crate::memory;
 use hapi_model::profile::profile_layers;
@@ -18,27 +23,43 @@ pub const PROFILE_REPS: usize = 3;
 
 type Slot<T> = Arc<OnceLock<Result<Arc<T>, String>>>;
 
+/// Bumped when the measurement changes, so that kept models of an older one are not used.
+const MEMORY_MODEL_VERSION: u32 = 1;
+
 #[derive(Debug)]
 pub struct Models {
     device: Device,
     manifests: BTreeMap<String, (PathBuf, Manifest)>,
     profiles: Mutex<HashMap<String, Slot<Vec<LayerProfile>>>>,
     memory: Mutex<HashMap<String, Slot<ModelMemory>>>,
+    /// Where memory models are kept across restarts.
+    kept: Option<PathBuf>,
+}
+
+/// Memory models measured in this process, by key.
+fn measured() -> &'static Mutex<HashMap<String, Arc<ModelMemory>>> {
+    static M: OnceLock<Mutex<HashMap<String, Arc<ModelMemory>>>> = OnceLock::new();
+    M.get_or_init(Mutex::default)
 }
 
 impl Models {
     /// Reads every package manifest under `dir`; a broken package is an error naming it.
-    pub fn open(dir: &Path, device: Device) -> anyhow::Result<Self> {
+    /// Memory models are kept under `kept` (created if need be).
+    pub fn open(dir: &Path, device: Device, kept: Option<PathBuf>) -> anyhow::Result<Self> {
         let mut manifests = BTreeMap::new();
         for pkg in list_packages(dir)? {
             let m = Manifest::load(&pkg)?;
             manifests.insert(m.name.clone(), (pkg, m));
+        }
+        if let Some(k) = &kept {
+            std::fs::create_dir_all(k)?;
         }
         Ok(Self {
             device,
             manifests,
             profiles: Mutex::default(),
             memory: Mutex::default(),
+            kept,
         })
     }
 
@@ -74,18 +95,69 @@ impl Models {
         Arc::clone(map.entry(name.to_string()).or_default())
     }
 
-    /// The memory model of `name`, measured on `pkg` the first time (concurrent callers wait).
+    /// What identifies a memory model: the package's manifest, the device, the measurement.
+    fn memory_key(&self, name: &str) -> Option<String> {
+        let (dir, _) = self.manifests.get(name)?;
+        let manifest = std::fs::read(dir.join("manifest.json")).ok()?;
+        let digest = crate::policy::hash_bytes(&manifest);
+        Some(format!(
+            "{name}-{}-{:?}-v{MEMORY_MODEL_VERSION}",
+            &digest[..16],
+            self.device
+        ))
+    }
+
+    /// The memory model of `name`: kept (in this process or on disk), else measured on `pkg`
+    /// (concurrent callers wait) and kept.
     pub fn memory(&self, name: &str, pkg: &ModelPackage) -> Result<Arc<ModelMemory>, String> {
         Self::slot(&self.memory, name)
             .get_or_init(|| {
-                let m = memory::measure(pkg).map_err(|e| format!("measuring `{name}`: {e}"))?;
-                tracing::info!(
-                    "memory model of `{name}`: {} ({:.1}s), weights {} bytes",
-                    m.method,
-                    m.seconds,
-                    m.weights()
-                );
-                Ok(Arc::new(m))
+                let key = self.memory_key(name);
+                let file = key
+                    .as_ref()
+                    .zip(self.kept.as_ref())
+                    .map(|(k, dir)| dir.join(format!("{k}.json")));
+                if let Some(k) = &key
+                    && let Some(m) = measured()
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .get(k)
+                {
+                    return Ok(Arc::clone(m));
+                }
+                let kept = file
+                    .as_ref()
+                    .and_then(|f| std::fs::read(f).ok())
+                    .and_then(|b| serde_json::from_slice::<ModelMemory>(&b).ok())
+                    .filter(|m| m.layers.len() == pkg.num_layers());
+                let m = match kept {
+                    Some(m) => Arc::new(m),
+                    None => {
+                        let m =
+                            memory::measure(pkg).map_err(|e| format!("measuring `{name}`: {e}"))?;
+                        tracing::info!(
+                            "memory model of `{name}`: {} ({:.1}s), weights {} bytes",
+                            m.method,
+                            m.seconds,
+                            m.weights()
+                        );
+                        if let Some(f) = &file
+                            && let Err(e) = serde_json::to_vec(&m)
+                                .map_err(std::io::Error::other)
+                                .and_then(|b| std::fs::write(f, b))
+                        {
+                            tracing::warn!("not keeping the memory model at {}: {e}", f.display());
+                        }
+                        Arc::new(m)
+                    }
+                };
+                if let Some(k) = key {
+                    measured()
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .insert(k, Arc::clone(&m));
+                }
+                Ok(m)
             })
             .clone()
     }

@@ -4,7 +4,9 @@
 
 mod common;
 
+use common::components::{component, guest_with, module, variant};
 use common::{ALICE, BOB, TestHost, error_code, guest, raw, start_tenants, tenant_token};
+use hapi_host::wasm::compile::{self, DeployError};
 use serde_json::json;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -32,15 +34,6 @@ fn wasm(name: &str) -> Vec<u8> {
     std::fs::read(guest(name)).expect("guest")
 }
 
-/// `name`'s component with a custom section naming `tag`: the same code, other bytes.
-fn variant(name: &str, tag: &str) -> Vec<u8> {
-    let mut bytes = wasm(name);
-    let mut payload = vec![tag.len() as u8];
-    payload.extend_from_slice(tag.as_bytes());
-    section(0, &payload, &mut bytes);
-    bytes
-}
-
 fn files(dir: &Path) -> Vec<String> {
     let mut v: Vec<String> = std::fs::read_dir(dir)
         .map(|d| {
@@ -53,54 +46,21 @@ fn files(dir: &Path) -> Vec<String> {
     v
 }
 
-fn leb(mut n: usize, out: &mut Vec<u8>) {
-    loop {
-        let byte = (n & 0x7f) as u8;
-        n >>= 7;
-        if n == 0 {
-            out.push(byte);
-            return;
-        }
-        out.push(byte | 0x80);
-    }
-}
-
-fn section(id: u8, body: &[u8], out: &mut Vec<u8>) {
-    out.push(id);
-    leb(body.len(), out);
-    out.extend_from_slice(body);
-}
-
-/// A component holding one core module with one function whose body is `body_bytes` of `nop`s:
-/// valid Wasm that compiles slowly the larger the body.
-fn component_with_body(body_bytes: usize) -> Vec<u8> {
-    let mut module = b"\0asm\x01\0\0\0".to_vec();
-    section(1, &[1, 0x60, 0, 0], &mut module); // one type: [] -> []
-    section(3, &[1, 0], &mut module); // one function of type 0
-    let mut body = vec![0u8]; // no locals
-    body.resize(body_bytes, 0x01); // nop
-    body.push(0x0b); // end
-    let mut code = vec![1u8];
-    leb(body.len(), &mut code);
-    code.extend_from_slice(&body);
-    section(10, &code, &mut module);
-    let mut component = b"\0asm\x0d\0\x01\0".to_vec();
-    section(1, &module, &mut component); // core module section
-    component
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn uploads_that_are_not_granted_components_are_rejected_before_compiling() {
     let h = TestHost::start().await;
-    let limit = hapi_host::wasm::compile::MAX_FUNCTION_BODY;
+    let limit = compile::MAX_FUNCTION_BODY;
     for (body, needle) in [
         (b"hello".to_vec(), "not WebAssembly"),
         (b"\0asm\x01\0\0\0".to_vec(), "core Wasm module"),
         (b"\0asm\x0d\0\x01\0garbage".to_vec(), "does not validate"),
         (wasm("fs-reader"), "wasi:filesystem/preopens@0.2.6"),
         // Within the body limit but not the world: no `run`.
-        (component_with_body(1000), "exports no `run`"),
-        (component_with_body(limit + 1), "a function body of"),
+        (component(&[module(1, 1000)]), "exports no `run`"),
+        (
+            guest_with("hostile", &[module(1, limit + 16)]),
+            "a function body of",
+        ),
     ] {
         let started = Instant::now();
         let (code, message) = error_code(put(&h, ALICE, "mine", body).await, 422).await;
@@ -298,4 +258,82 @@ async fn compiled_code_is_kept_per_tenant() {
     assert!(!mine.is_empty() && mine == theirs, "{mine:?} {theirs:?}");
     assert_eq!(delete(&h, &tenant_token(0), "a").await.status(), 204);
     assert_eq!(files(&state.join("compiled/t1")), theirs, "t1's code stays");
+}
+
+/// Every bound of the pre-compile check, obeyed and violated, on components built to sit just
+/// within and just past it.
+#[test]
+fn the_code_bounds_are_checked_before_compiling() {
+    let allowed = hapi_host::wasm::invoke::allowed_imports(Default::default());
+    let check = |bytes: &[u8]| compile::check(bytes, "t", &allowed);
+    let too = |r: Result<compile::Checked, DeployError>, needle: &str| match r {
+        Err(DeployError::TooComplex(m)) => assert!(m.contains(needle), "{m}"),
+        other => panic!("{needle}: {other:?}"),
+    };
+    // The largest body.
+    let body = compile::MAX_FUNCTION_BODY;
+    let ok = check(&guest_with("hostile", &[module(1, body - 16)])).expect("within");
+    assert!(ok.largest_body <= body);
+    too(
+        check(&guest_with("hostile", &[module(1, body + 16)])),
+        "a function body of",
+    );
+    // All code together: 16 bodies just under the body bound are over 8 MiB.
+    let per = compile::MAX_CODE_BYTES / 16;
+    check(&guest_with("hostile", &[module(15, per)])).expect("15/16 of the code bound");
+    too(
+        check(&guest_with("hostile", &[module(17, per)])),
+        "bytes of code",
+    );
+    // Functions.
+    let n = compile::MAX_FUNCTIONS - 2_000;
+    check(&guest_with("hostile", &[module(n, 8)])).expect("within the function bound");
+    too(
+        check(&guest_with(
+            "hostile",
+            &[module(compile::MAX_FUNCTIONS + 1, 8)],
+        )),
+        "functions",
+    );
+    // Modules.
+    let small = module(1, 8);
+    let room = compile::MAX_MODULES - check(&wasm("hostile")).expect("hostile").modules;
+    check(&guest_with("hostile", &vec![small.clone(); room])).expect("within the module bound");
+    too(
+        check(&guest_with(
+            "hostile",
+            &vec![small; compile::MAX_MODULES + 1],
+        )),
+        "modules",
+    );
+}
+
+/// The compile queue, all tenants together (`MAX_COMPILE_QUEUE`): uploads past it are answered
+/// 429 `deploy_busy` at once, the rest are compiled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_compile_queue_is_bounded() {
+    let max = hapi_host::functions::MAX_COMPILE_QUEUE;
+    let tenants = max + 4;
+    let h = start_tenants(|store, state| {
+        common::tenants_policy(store, state, "", tenants, &["resnet18"], |_| {
+            "deploy = true".into()
+        })
+    })
+    .await;
+    // Each upload takes a while to compile: all arrive while the first are still compiling.
+    let bytes = guest_with("hostile", &[module(4, 250_000)]);
+    let uploads = (0..tenants).map(|t| {
+        let (h, bytes) = (&h, bytes.clone());
+        async move {
+            put(h, &tenant_token(t), "big", bytes)
+                .await
+                .status()
+                .as_u16()
+        }
+    });
+    let statuses = futures::future::join_all(uploads).await;
+    let created = statuses.iter().filter(|&&s| s == 201).count();
+    let busy = statuses.iter().filter(|&&s| s == 429).count();
+    assert_eq!(created + busy, tenants, "{statuses:?}");
+    assert!(busy >= 1 && created >= max, "{statuses:?}");
 }

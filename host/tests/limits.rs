@@ -363,3 +363,102 @@ async fn a_trapping_guest_gets_a_clear_error() {
     assert_eq!(code, "bad_output", "{message}");
     others_still_served(&h).await;
 }
+
+/// The host's instance slots (`MAX_INSTANCES`, all tenants together): invocations past them get
+/// 429 `busy` with `Retry-After`, never a server error, and the host serves on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn instance_slots_obeyed_and_violated() {
+    use hapi_host::wasm::engine::MAX_INSTANCES;
+    let tenants = (MAX_INSTANCES as usize).div_ceil(64) + 1;
+    let h = common::start_tenants(|store, state| {
+        let mut text = common::tenants_policy(
+            store,
+            state,
+            "max_connections = 2048\nmax_connections_per_client = 2048",
+            tenants,
+            &["resnet18"],
+            |_| "concurrency = 64\nqueue = 0\ncapabilities = [\"clocks\"]".into(),
+        );
+        text.push('\n');
+        for t in 0..tenants {
+            text = text.replace(
+                &format!("[tenants.t{t}.functions]\n"),
+                &format!(
+                    "[tenants.t{t}.functions]\nsleeper = \"{}\"\n",
+                    common::guest("sleeper").display()
+                ),
+            );
+        }
+        text
+    })
+    .await;
+    let sleep =
+        json!({"bucket": "b", "keys": [], "model": "m", "split": 0, "options": {"ms": "1500"}});
+    let calls = (0..tenants * 64).map(|i| {
+        let h = &h;
+        let body = sleep.clone();
+        async move {
+            h.invoke(&common::tenant_token(i % tenants), "sleeper", body)
+                .await
+        }
+    });
+    let responses = futures::future::join_all(calls).await;
+    let mut counts = std::collections::BTreeMap::new();
+    for r in &responses {
+        *counts.entry(r.status().as_u16()).or_insert(0usize) += 1;
+    }
+    eprintln!("{} calls at once: {counts:?}", tenants * 64);
+    assert!(counts.keys().all(|&s| s == 200 || s == 429), "{counts:?}");
+    assert!(
+        counts.get(&429).copied().unwrap_or(0) >= 1,
+        "the slots never ran out: {counts:?}"
+    );
+    assert!(
+        counts.get(&200).copied().unwrap_or(0) >= MAX_INSTANCES as usize / 2,
+        "{counts:?}"
+    );
+    for r in responses.into_iter().filter(|r| r.status() == 429) {
+        assert_eq!(r.headers().get("retry-after").expect("Retry-After"), "1");
+        let (code, _) = error_code(r, 429).await;
+        assert_eq!(code, "busy");
+    }
+    let back = raw(h
+        .invoke(
+            &common::tenant_token(0),
+            "sleeper",
+            json!({"bucket": "b", "keys": [], "model": "m", "split": 0, "options": {"ms": "1"}}),
+        )
+        .await)
+    .await;
+    assert_eq!(back.len(), 8);
+}
+
+/// The guest's stack (wasmtime's bound on Wasm's own stack, within the host's fiber stack):
+/// recursion within it returns, recursion past it is a trap, and the host serves on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stack_limit_obeyed_and_violated() {
+    let h = TestHost::start().await;
+    let out = raw(h
+        .invoke(
+            TIGHT,
+            "hostile",
+            hostile("recurse", &[("depth", "1000")], &[]),
+        )
+        .await)
+    .await;
+    assert_eq!(
+        u64::from_le_bytes(out.try_into().expect("8 bytes")),
+        1000 * 1001 / 2
+    );
+    let resp = h
+        .invoke(
+            TIGHT,
+            "hostile",
+            hostile("recurse", &[("depth", "100000000")], &[]),
+        )
+        .await;
+    let (code, message) = error_code(resp, 422).await;
+    assert_eq!(code, "function_trapped", "{message}");
+    assert!(message.contains("stack"), "{message}");
+    others_still_served(&h).await;
+}

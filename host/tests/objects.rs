@@ -257,3 +257,41 @@ async fn s3_store_conforms_and_serves_the_whole_pushdown_path() {
     assert_eq!(s3_shape, local_shape);
     assert_eq!(s3, local);
 }
+
+/// The listing bounds, obeyed and violated, on the local store: at most `MAX_LIST` entries come
+/// back however many match, and a listing that would visit more entries than its bound fails
+/// instead of walking on.
+#[tokio::test]
+async fn listing_bounds_obeyed_and_violated() {
+    use hapi_host::store::MAX_LIST;
+    let tmp = tempfile::tempdir().expect("tmp");
+    let dir = tmp.path().join("datasets/fashion-mnist/many");
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    let n = MAX_LIST as usize + 1;
+    for i in 0..n {
+        std::fs::write(dir.join(format!("{i:06}")), b"").expect("write");
+    }
+    let store =
+        Arc::new(Store::open(&StoreLocation::Local(tmp.path().to_path_buf())).expect("store"));
+    let o = Scoped::new(tenant(), store);
+    let all = o
+        .list("datasets", "fashion-mnist/many/", u32::MAX)
+        .await
+        .expect("list");
+    assert_eq!(all.len(), MAX_LIST as usize, "capped");
+    assert_eq!(all[0].key, "fashion-mnist/many/000000");
+    assert_eq!(
+        all.last().map(|m| m.key.as_str()),
+        Some("fashion-mnist/many/009999"),
+        "the smallest keys, in order"
+    );
+    assert!(
+        o.list_within("datasets", "fashion-mnist/", 10, n + 10)
+            .await
+            .is_ok()
+    );
+    assert_eq!(
+        o.list_within("datasets", "fashion-mnist/", 10, n - 1).await,
+        Err(ObjectError::TooLarge((n - 1) as u64))
+    );
+}

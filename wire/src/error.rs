@@ -78,14 +78,14 @@ pub enum ErrorCode {
     InferenceFailed,
     /// The segment cannot fit the device's memory budget even alone.
     DoesNotFitDevice,
-    // 429
+    // 429: backpressure; retry after `Retry-After`.
     /// The tenant has its `concurrency` invocations running and its `queue` full.
     Busy,
     /// The host's compile queue holds the tenant's previous upload still.
     DeployBusy,
-    // 503
-    /// The device has no room now; retry after `Retry-After`.
+    /// The device has no room now, or the model is still loading (its first use).
     DeviceBusy,
+    // 503
     /// The object store failed.
     StoreUnavailable,
     /// The host is shutting down.
@@ -122,8 +122,8 @@ impl ErrorCode {
             | C::BadObject
             | C::InferenceFailed
             | C::DoesNotFitDevice => 422,
-            C::Busy | C::DeployBusy => 429,
-            C::DeviceBusy | C::StoreUnavailable | C::ShuttingDown => 503,
+            C::Busy | C::DeployBusy | C::DeviceBusy => 429,
+            C::StoreUnavailable | C::ShuttingDown => 503,
             C::HostFault | C::Unknown => 500,
         }
     }

@@ -5,6 +5,7 @@
 //! so that a fresh clone on a warm machine is ready in seconds.
 
 mod jobs;
+mod layout;
 mod setup;
 mod sh;
 
@@ -32,6 +33,12 @@ commands:
                      split choice against every split: storage and compute tiers in two
                      network namespaces over a tc-shaped veth pair, one core each (needs
                      root); table, target/eval-split/summary.json and split-choice.svg
+  layout [crate]     the module graph of host/src (or the crate's src/); fails on an import
+                     cycle (part of `test`)
+  soak [--tenants N] [--minutes M]
+                     well-behaved tenants in closed loops beside hostile ones against one
+                     hapi-host: 5xx count, per-tenant p50/p99 against solo, resident set over
+                     time (table, target/bench/soak.json)
   env                print the environment (LIBTORCH, HAPI_MODELS, ...) as shell exports
 
 environment:
@@ -50,6 +57,8 @@ fn main() -> ExitCode {
         Some("bench") => bench(&args[1..]),
         Some("demo") => jobs::demo(&args[1..]),
         Some("eval-split") => jobs::eval_split(&args[1..]),
+        Some("layout") => layout::run(&workspace(), &args[1..]),
+        Some("soak") => soak(&args[1..]),
         Some("-h" | "--help" | "help") | None => {
             print!("{USAGE}");
             Ok(())
@@ -77,6 +86,8 @@ fn test(args: &[String]) -> Result<(), String> {
     env.build_guests()?;
     let guests = env.workspace.join("guest-fns");
     if lint {
+        sh::step("module layout (no import cycles)");
+        layout::run(&env.workspace, &[])?;
         sh::step("cargo fmt --check");
         env.cargo(&["fmt", "--all", "--check"])?;
         sh::step("cargo clippy");
@@ -94,6 +105,30 @@ fn test(args: &[String]) -> Result<(), String> {
     sh::step("cargo test");
     env.cargo(&["test", "--workspace"])?;
     Ok(())
+}
+
+/// The workspace: the directory above this crate's (cargo runs xtask from anywhere in it).
+fn workspace() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn soak(args: &[String]) -> Result<(), String> {
+    let env = setup::run()?;
+    env.build_guests()?;
+    let out = env.workspace.join("target/bench");
+    let out = out.to_string_lossy().into_owned();
+    let mut cmd = vec![
+        "bench",
+        "--package",
+        "hapi-host",
+        "--bench",
+        "soak",
+        "--",
+        "--out",
+        &out,
+    ];
+    cmd.extend(args.iter().map(String::as_str));
+    env.cargo(&cmd)
 }
 
 fn bench(args: &[String]) -> Result<(), String> {

@@ -11,7 +11,8 @@
 //! (load every graph of option `graphs`, comma-separated, and keep them), `list` (list option
 //! `prefix`), `panic`, `bad-output` (dimensions that do not match the data), `long-error`
 //! (fail with a `bytes`-byte message), `wide-output` (a tensor of `rank` dimensions of 1 and
-//! one byte), `claim-io` (claim a store failure that did not happen).
+//! one byte), `claim-io` (claim a store failure that did not happen), `recurse` (recurse `depth`
+//! calls deep).
 
 #[allow(clippy::too_many_arguments)] // generated bindings
 mod bindings {
@@ -156,6 +157,10 @@ impl Guest for Hostile {
                 ty: ElementType::U8,
                 data: vec![1],
             }),
+            "recurse" => {
+                let sum = recurse(number(&inv, "depth")?);
+                Ok(bytes_out(sum.to_le_bytes().to_vec()))
+            }
             "claim-io" => Err(Error::Object(objects::ObjectError::Io(
                 "the disk is on fire".into(),
             ))),
@@ -176,6 +181,15 @@ impl Guest for Hostile {
             other => Err(Error::BadRequest(format!("unknown mode `{other}`"))),
         }
     }
+}
+
+/// Recursion the optimiser cannot turn into a loop: every call takes a frame of Wasm's own
+/// stack (the one the host bounds), none of the guest's memory.
+fn recurse(depth: u64) -> u64 {
+    if depth == 0 {
+        return 0;
+    }
+    std::hint::black_box(recurse(std::hint::black_box(depth - 1))).wrapping_add(depth)
 }
 
 bindings::export!(Hostile with_types_in bindings);

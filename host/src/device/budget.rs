@@ -216,32 +216,40 @@ impl Budget {
             let notified = self.notify.notified();
             let mut notified = std::pin::pin!(notified);
             notified.as_mut().enable();
-            let waited = match self.try_pin(name, weights) {
+            let loading = || {
+                DeviceError::Busy(format!(
+                    "model `{name}` is being loaded on this host (its first use, or after it \
+                     was unloaded to make room); retry shortly"
+                ))
+            };
+            match self.try_pin(name, weights) {
                 Attempt::Pinned(pin) => return Ok(pin),
                 Attempt::Load => {
-                    // The host's own work: the caller's deadline is held meanwhile. The load
-                    // finishes (and its slot is settled) even if this caller goes away.
-                    let _hold = deadline.hold();
-                    let loaded = self.start_load(models, name, weights).await;
-                    match loaded {
-                        Ok(Ok(())) => continue,
-                        Ok(Err(e)) => return Err(e),
-                        Err(e) => return Err(DeviceError::Failed(format!("loading worker: {e}"))),
+                    // The load finishes (and its slot is settled) even if this caller gives up
+                    // at its deadline; a later call finds the model loaded.
+                    let load = self.start_load(models, name, weights);
+                    match deadline.run(load).await {
+                        Ok(Ok(Ok(()))) => {}
+                        Ok(Ok(Err(e))) => return Err(e),
+                        Ok(Err(e)) => {
+                            return Err(DeviceError::Failed(format!("loading worker: {e}")));
+                        }
+                        Err(_) => return Err(loading()),
                     }
                 }
-                // Another call loads it: the host's own work, as if this call loaded it.
                 Attempt::Loading => {
-                    let _hold = deadline.hold();
-                    deadline.run(notified).await
+                    if deadline.run(notified).await.is_err() {
+                        return Err(loading());
+                    }
                 }
-                // No room until other calls finish: that wait is the caller's.
-                Attempt::NoRoom => deadline.run(notified).await,
-            };
-            if waited.is_err() {
-                return Err(DeviceError::Busy(format!(
-                    "model `{name}` could not be loaded within the time limit: the device's \
-                     memory is held by other calls; retry later"
-                )));
+                Attempt::NoRoom => {
+                    if deadline.run(notified).await.is_err() {
+                        return Err(DeviceError::Busy(format!(
+                            "model `{name}` could not be loaded within the time limit: the \
+                             device's memory is held by other calls; retry later"
+                        )));
+                    }
+                }
             }
         }
     }

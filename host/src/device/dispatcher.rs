@@ -15,7 +15,7 @@ use crate::account::{Charge, Deadline};
 use crate::device::batch::{self, Dest};
 use crate::device::budget::{Budget, Pin, Reservation};
 use crate::device::job::{Input, Ran};
-use crate::device::schedule::{Fair, Pending, fill};
+use crate::device::schedule::{Fair, JOIN_SLOWDOWN, Pending, fill};
 use crate::device::stats::Stats;
 use crate::device::types::{DeviceConfig, DeviceError};
 use hapi_wire::profile::SegmentCost;
@@ -180,10 +180,6 @@ impl Shared {
     pub fn shutdown(&self) {
         lock(&self.incoming).shutdown = true;
         self.arrived.notify_all();
-    }
-
-    pub fn is_shut_down(&self) -> bool {
-        lock(&self.incoming).shutdown
     }
 }
 
@@ -356,16 +352,24 @@ impl Dispatcher {
     fn dispatch(&mut self) -> Option<Duration> {
         // Tenants with work, oldest work first; the leader is the one with the least virtual
         // time.
-        let mut backlogged: Vec<(Instant, Arc<str>)> = self
+        let mut backlogged: Vec<(Instant, Arc<str>, i64)> = self
             .queues
             .iter()
             .filter_map(|(t, q)| {
                 let head = self.calls.get(q.front()?)?;
-                Some((head.enqueued, Arc::clone(t)))
+                let work = q
+                    .iter()
+                    .filter_map(|id| self.calls.get(id))
+                    .map(Call::left)
+                    .sum();
+                Some((head.enqueued, Arc::clone(t), work))
             })
             .collect();
-        backlogged.sort();
-        let leader = Arc::clone(self.fair.leader(backlogged.iter().map(|(_, t)| t))?);
+        backlogged.sort_by_key(|a| a.0);
+        let leader = Arc::clone(
+            self.fair
+                .leader(backlogged.iter().map(|(_, t, work)| (t, *work)))?,
+        );
         let head = *self.queues.get(&leader)?.front()?;
         let (key, cost) = {
             let c = self.calls.get(&head)?;
@@ -373,7 +377,7 @@ impl Dispatcher {
             ((m.to_string(), a, b), c.cost.clone())
         };
         // Every tenant's calls for this segment: the leader first, then by virtual time.
-        let mut order: Vec<Arc<str>> = backlogged.into_iter().map(|(_, t)| t).collect();
+        let mut order: Vec<Arc<str>> = backlogged.into_iter().map(|(_, t, _)| t).collect();
         order.sort_by(|a, b| {
             (*a != leader)
                 .cmp(&(*b != leader))
@@ -435,7 +439,11 @@ impl Dispatcher {
         if waiting < cap && now < due {
             return Some(due - now);
         }
-        let slices = fill(&pending, cap, cost.seconds(cap) / cap as f64);
+        let joined_cap = |led: i64| {
+            let allowed = cost.seconds(led) * (1.0 + JOIN_SLOWDOWN);
+            cost.batch_within(allowed, cap)
+        };
+        let slices = fill(&pending, cap, cost.seconds(cap) / cap as f64, joined_cap);
         let picked: Vec<(u64, i64)> = slices
             .iter()
             .filter_map(|s| Some((*ids.get(s.tenant)?.get(s.call)?, s.take)))

@@ -55,20 +55,21 @@ impl<K: Eq + Hash + Clone> Fair<K> {
         self.vtime.retain(|k, _| keep(k));
     }
 
-    /// The candidate that leads next: least virtual time; among equals, the first given
-    /// (callers list candidates oldest work first).
-    pub fn leader<'a>(&self, candidates: impl Iterator<Item = &'a K>) -> Option<&'a K>
+    /// The candidate that leads next: least virtual time; among equals, the one with the least
+    /// work waiting (a tenant that just arrived beside a busy one goes first), then the first
+    /// given. Candidates come with their waiting samples.
+    pub fn leader<'a>(&self, candidates: impl Iterator<Item = (&'a K, i64)>) -> Option<&'a K>
     where
         K: 'a,
     {
-        let mut best: Option<(&K, f64)> = None;
-        for c in candidates {
+        let mut best: Option<(&K, f64, i64)> = None;
+        for (c, work) in candidates {
             let v = self.vtime(c);
-            if best.is_none_or(|(_, b)| v < b) {
-                best = Some((c, v));
+            if best.is_none_or(|(_, bv, bw)| v < bv || (v == bv && work < bw)) {
+                best = Some((c, v, work));
             }
         }
-        best.map(|(k, _)| k)
+        best.map(|(k, _, _)| k)
     }
 }
 
@@ -89,13 +90,25 @@ pub struct Slice {
     pub take: i64,
 }
 
+/// How much longer than the leader's own samples alone a batch may run because others joined
+/// it: pooling buys throughput where a larger batch is cheaper per sample, and must not make the
+/// leader (often a tenant with small calls) wait much for other tenants' samples.
+pub const JOIN_SLOWDOWN: f64 = 0.5;
+
 /// Fills one batch of at most `cap` samples led by `pending[0]` (the tenant with the least
 /// virtual time): the leader takes as much of its oldest calls as fits; every other tenant with
 /// work for the same segment may then add samples, but only as many as keep its virtual time,
 /// at `per_sample` estimated device seconds a sample, no later than the leader's after this
-/// batch. Pooling thus never lets a tenant get ahead of its weight's share: one that used more
-/// joins nobody's batch until the others have caught up.
-pub fn fill(pending: &[Pending], cap: i64, per_sample: f64) -> Vec<Slice> {
+/// batch, and only while the batch stays within `joined_cap(leader's samples)` samples (the
+/// dispatcher allows [`JOIN_SLOWDOWN`] more time than the leader's samples alone). Pooling thus
+/// never lets a tenant get ahead of its weight's share (one that used more joins nobody's batch
+/// until the others have caught up) nor makes a leader wait long for its batch mates.
+pub fn fill(
+    pending: &[Pending],
+    cap: i64,
+    per_sample: f64,
+    joined_cap: impl Fn(i64) -> i64,
+) -> Vec<Slice> {
     let mut out = Vec::new();
     let Some(leader) = pending.first() else {
         return out;
@@ -120,6 +133,7 @@ pub fn fill(pending: &[Pending], cap: i64, per_sample: f64) -> Vec<Slice> {
         took
     };
     let led = take_from(0, &leader.calls, i64::MAX, &mut room);
+    room = room.min((joined_cap(led) - led).max(0));
     let lw = f64::from(leader.weight.max(1));
     // Without an estimate of a sample's time, every tenant counts as level with the leader.
     let known = per_sample.is_finite() && per_sample > 0.0;
@@ -157,19 +171,19 @@ mod tests {
     #[test]
     fn the_leader_fills_what_it_can_and_others_join_only_up_to_its_virtual_time() {
         // Level tenants: a light leader with 4 samples; a heavy one adds as many.
-        let s = fill(&[p(1, 0.0, &[4]), p(1, 0.0, &[192])], 32, 0.01);
+        let s = fill(&[p(1, 0.0, &[4]), p(1, 0.0, &[192])], 32, 0.01, |_| 32);
         assert_eq!((took(&s, 0), took(&s, 1)), (4, 4));
         // Weight 2: twice as many.
-        let s = fill(&[p(1, 0.0, &[4]), p(2, 0.0, &[192])], 32, 0.01);
+        let s = fill(&[p(1, 0.0, &[4]), p(2, 0.0, &[192])], 32, 0.01, |_| 32);
         assert_eq!(took(&s, 1), 8);
         // A tenant 0.3 s ahead joins nobody's 4-sample (0.04 s) batch.
-        let s = fill(&[p(1, 0.0, &[4]), p(1, 0.3, &[192])], 32, 0.01);
+        let s = fill(&[p(1, 0.0, &[4]), p(1, 0.3, &[192])], 32, 0.01, |_| 32);
         assert_eq!((took(&s, 0), took(&s, 1)), (4, 0));
         // ... and one 0.02 s ahead adds 2.
-        let s = fill(&[p(1, 0.0, &[4]), p(1, 0.02, &[192])], 32, 0.01);
+        let s = fill(&[p(1, 0.0, &[4]), p(1, 0.02, &[192])], 32, 0.01, |_| 32);
         assert_eq!(took(&s, 1), 2);
         // A heavy leader takes the whole cap from its oldest calls.
-        let s = fill(&[p(1, 0.0, &[10, 192]), p(1, 0.0, &[4])], 16, 0.01);
+        let s = fill(&[p(1, 0.0, &[10, 192]), p(1, 0.0, &[4])], 16, 0.01, |_| 16);
         assert_eq!((took(&s, 0), took(&s, 1)), (16, 0));
         assert_eq!(
             s[0],
@@ -188,10 +202,15 @@ mod tests {
             }
         );
         // Alone, a tenant fills the batch (work-conserving).
-        let s = fill(&[p(1, 0.0, &[8, 8, 8, 8])], 20, 0.01);
+        let s = fill(&[p(1, 0.0, &[8, 8, 8, 8])], 20, 0.01, |_| 20);
         assert_eq!(took(&s, 0), 20);
-        assert!(fill(&[], 8, 0.01).is_empty());
-        assert!(fill(&[p(1, 0.0, &[3])], 0, 0.01).is_empty());
+        assert!(fill(&[], 8, 0.01, |_| 8).is_empty());
+        assert!(fill(&[p(1, 0.0, &[3])], 0, 0.01, |_| 0).is_empty());
+        // Joiners stop where the batch would run too long for the leader.
+        let s = fill(&[p(1, 0.0, &[4]), p(1, 0.0, &[192])], 32, 0.01, |led| {
+            led * 3 / 2
+        });
+        assert_eq!((took(&s, 0), took(&s, 1)), (4, 2));
     }
 
     /// Simulates the device: two tenants always have work, one in calls of 192 samples, one in
@@ -205,13 +224,15 @@ mod tests {
         let mut used = [0.0f64; 2];
         let per_sample = 0.001;
         for _ in 0..20_000 {
-            let leader = *fair.leader([0usize, 1].iter()).expect("work");
+            let leader = *fair
+                .leader([(&0usize, left[0]), (&1, left[1])].into_iter())
+                .expect("work");
             let other = 1 - leader;
             let pending = [
                 p(w[leader], fair.vtime(&leader), &[left[leader]]),
                 p(w[other], fair.vtime(&other), &[left[other]]),
             ];
-            let s = fill(&pending, 32, per_sample);
+            let s = fill(&pending, 32, per_sample, |_| 32);
             for sl in &s {
                 let t = if sl.tenant == 0 { leader } else { other };
                 let part = per_sample * sl.take as f64;
@@ -246,9 +267,19 @@ mod tests {
         // `c` was idle: it does not get 10 s of credit over `a`.
         fair.arrive(&"c", ["a", "b"].iter());
         assert_eq!(fair.vtime(&"c"), 10.0);
-        assert_eq!(fair.leader(["b", "c", "a"].iter()), Some(&"c"));
+        let work = [("b", 1), ("c", 1), ("a", 1)];
+        assert_eq!(fair.leader(work.iter().map(|(k, w)| (k, *w))), Some(&"c"));
         fair.charge(&"c", 0.5, 1);
-        assert_eq!(fair.leader(["b", "c", "a"].iter()), Some(&"a"));
+        assert_eq!(fair.leader(work.iter().map(|(k, w)| (k, *w))), Some(&"a"));
+        // Level tenants: the one with less work waiting leads.
+        let mut level: Fair<&str> = Fair::default();
+        level.charge(&"heavy", 1.0, 1);
+        level.arrive(&"light", ["heavy"].iter());
+        let work = [("heavy", 150), ("light", 2)];
+        assert_eq!(
+            level.leader(work.iter().map(|(k, w)| (k, *w))),
+            Some(&"light")
+        );
         // A tenant that used more than the floor keeps its own virtual time.
         fair.arrive(&"b", ["a"].iter());
         assert_eq!(fair.vtime(&"b"), 12.0);

@@ -7,7 +7,9 @@ use crate::Host;
 use crate::account::text::bounded;
 use crate::http::errors::{ApiError, Fault};
 use crate::http::extract::Operator;
+use crate::http::server::Connections;
 use crate::http::{functions, invoke, models};
+use axum::Extension;
 use axum::Router;
 use axum::body::Body;
 use axum::extract::{DefaultBodyLimit, Request, State};
@@ -115,7 +117,8 @@ fn json_response(status: StatusCode, body: &ErrorBody) -> Response {
 }
 
 /// The API over `host`. Bodies are read by the handlers, each with its own limit and timeout.
-pub fn router(host: Arc<Host>) -> Router {
+/// `/metrics` reports `conns`, the connections the server counts.
+pub fn router(host: Arc<Host>, conns: Arc<Connections>) -> Router {
     Router::new()
         .route("/v1/invoke/{function}", post(invoke::invoke))
         .route("/v1/functions", get(functions::list))
@@ -135,6 +138,7 @@ pub fn router(host: Arc<Host>) -> Router {
             )
         })
         .layer(DefaultBodyLimit::disable())
+        .layer(Extension(conns))
         .layer(middleware::from_fn(request_id))
         .with_state(host)
 }
@@ -150,13 +154,26 @@ pub fn metrics_router(host: Arc<Host>) -> Router {
         .with_state(host)
 }
 
-async fn operator_metrics(state: State<Arc<Host>>, _: Operator) -> Response {
-    metrics(state).await
+async fn operator_metrics(
+    state: State<Arc<Host>>,
+    _: Operator,
+    conns: Option<Extension<Arc<Connections>>>,
+) -> Response {
+    metrics(state, conns).await
 }
 
-async fn metrics(State(host): State<Arc<Host>>) -> Response {
+async fn metrics(
+    State(host): State<Arc<Host>>,
+    conns: Option<Extension<Arc<Connections>>>,
+) -> Response {
     let mut text = host.metrics.render();
     host.device().render_metrics(&mut text);
+    if let Some(Extension(c)) = conns {
+        text.push_str(&format!(
+            "# HELP hapi_http_connections Open connections.\n# TYPE hapi_http_connections gauge\nhapi_http_connections {}\n",
+            c.open()
+        ));
+    }
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
         Body::from(text),

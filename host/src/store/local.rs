@@ -5,7 +5,6 @@
 //! cannot exist here (a name too long for the file system, a key below an object) are
 //! `NotFound`; an escape is `Denied`; only real I/O failures are `Io`.
 
-use super::MAX_LIST_VISITS;
 use super::error::{ObjectError, ObjectMeta, Smallest};
 use crate::account::text::quote;
 use cap_std::ambient_authority;
@@ -117,6 +116,7 @@ impl Local {
         bucket: &str,
         prefix: &str,
         limit: usize,
+        max_visits: usize,
         keep: Arc<dyn Fn(&str) -> bool + Send + Sync>,
     ) -> Result<Vec<ObjectMeta>, ObjectError> {
         let (root, bucket, prefix) = (
@@ -149,8 +149,8 @@ impl Local {
             while let Some((d, path)) = stack.pop() {
                 for entry in d.entries().map_err(|e| map(&path, e))? {
                     visits += 1;
-                    if visits > MAX_LIST_VISITS {
-                        return Err(ObjectError::TooLarge(MAX_LIST_VISITS as u64));
+                    if visits > max_visits {
+                        return Err(ObjectError::TooLarge(max_visits as u64));
                     }
                     let entry = entry.map_err(|e| map(&path, e))?;
                     let Ok(name) = entry.file_name().into_string() else {

@@ -64,17 +64,18 @@ impl Store {
     }
 
     /// At most `limit` objects whose keys start with `prefix` and pass `keep`, in key order,
-    /// after visiting at most [`MAX_LIST_VISITS`] entries.
+    /// after visiting at most `visits` entries (else `TooLarge(visits)`).
     pub async fn list(
         &self,
         bucket: &str,
         prefix: &str,
         limit: usize,
+        visits: usize,
         keep: std::sync::Arc<dyn Fn(&str) -> bool + Send + Sync>,
     ) -> Result<Vec<ObjectMeta>, ObjectError> {
         match self {
-            Store::Local(l) => l.list(bucket, prefix, limit, keep).await,
-            Store::S3(s) => s.list(bucket, prefix, limit, keep).await,
+            Store::Local(l) => l.list(bucket, prefix, limit, visits, keep).await,
+            Store::S3(s) => s.list(bucket, prefix, limit, visits, keep).await,
         }
     }
 }

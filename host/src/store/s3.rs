@@ -1,6 +1,5 @@
 //! An S3 service, through `object_store`, one client per bucket.
 
-use super::MAX_LIST_VISITS;
 use super::error::{ObjectError, ObjectMeta, Smallest};
 use crate::account::text::quote;
 use crate::policy::S3Settings;
@@ -114,6 +113,7 @@ impl S3 {
         bucket: &str,
         prefix: &str,
         limit: usize,
+        max_visits: usize,
         keep: Arc<dyn Fn(&str) -> bool + Send + Sync>,
     ) -> Result<Vec<ObjectMeta>, ObjectError> {
         let client = self.client(bucket)?;
@@ -128,8 +128,8 @@ impl S3 {
         let mut visits = 0usize;
         while let Some(m) = stream.next().await {
             visits += 1;
-            if visits > MAX_LIST_VISITS {
-                return Err(ObjectError::TooLarge(MAX_LIST_VISITS as u64));
+            if visits > max_visits {
+                return Err(ObjectError::TooLarge(max_visits as u64));
             }
             let m = m.map_err(|e| map(prefix, e))?;
             let k = m.location.as_ref();

@@ -3,7 +3,7 @@
 
 use super::error::{ObjectError, ObjectMeta};
 use super::keys::{check_key, check_prefix};
-use super::{MAX_LIST, Store};
+use super::{MAX_LIST, MAX_LIST_VISITS, Store};
 use crate::account::text::quote;
 use crate::policy::{Grant, Tenant};
 use std::sync::Arc;
@@ -116,18 +116,30 @@ impl Scoped {
     }
 
     /// Objects under `prefix` within the grants, in key order, at most `limit` (and
-    /// [`MAX_LIST`]).
+    /// [`MAX_LIST`]), after visiting at most [`MAX_LIST_VISITS`] entries.
     pub async fn list(
         &self,
         bucket: &str,
         prefix: &str,
         limit: u32,
     ) -> Result<Vec<ObjectMeta>, ObjectError> {
+        self.list_within(bucket, prefix, limit, MAX_LIST_VISITS)
+            .await
+    }
+
+    /// [`Scoped::list`] with another bound on the entries visited.
+    pub async fn list_within(
+        &self,
+        bucket: &str,
+        prefix: &str,
+        limit: u32,
+        visits: usize,
+    ) -> Result<Vec<ObjectMeta>, ObjectError> {
         self.authorise(bucket, prefix, true)?;
         let (tenant, b) = (Arc::clone(&self.tenant), bucket.to_string());
         let keep = Arc::new(move |k: &str| check_key(k).is_ok() && granted(&tenant, &b, k, false));
         self.store
-            .list(bucket, prefix, limit.min(MAX_LIST) as usize, keep)
+            .list(bucket, prefix, limit.min(MAX_LIST) as usize, visits, keep)
             .await
     }
 }

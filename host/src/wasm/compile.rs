@@ -46,6 +46,8 @@ pub enum DeployError {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Checked {
     pub imports: Vec<String>,
+    /// Core modules and nested components.
+    pub modules: usize,
     pub functions: usize,
     pub code_bytes: usize,
     pub largest_body: usize,
@@ -66,11 +68,12 @@ pub fn check(bytes: &[u8], tenant: &str, allowed: &[&str]) -> Result<Checked, De
         .map_err(|e| DeployError::Invalid(e.to_string()))?;
     let mut info = Checked {
         imports: Vec::new(),
+        modules: 0,
         functions: 0,
         code_bytes: 0,
         largest_body: 0,
     };
-    let (mut depth, mut modules, mut exports_run) = (0i64, 0usize, false);
+    let (mut depth, mut exports_run) = (0i64, false);
     let too = |what: String| Err(DeployError::TooComplex(what));
     for payload in Parser::new(0).parse_all(bytes) {
         let payload = payload.map_err(|e| DeployError::Invalid(e.to_string()))?;
@@ -80,8 +83,8 @@ pub fn check(bytes: &[u8], tenant: &str, allowed: &[&str]) -> Result<Checked, De
             }
             Payload::ModuleSection { .. } | Payload::ComponentSection { .. } => {
                 depth += 1;
-                modules += 1;
-                if modules > MAX_MODULES {
+                info.modules += 1;
+                if info.modules > MAX_MODULES {
                     return too(format!("more than {MAX_MODULES} modules and components"));
                 }
             }

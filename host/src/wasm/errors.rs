@@ -42,6 +42,9 @@ pub enum InvokeError {
     /// The object store failed.
     #[error("the object store failed: {0}")]
     Store(String),
+    /// The host has no instance slot free (all tenants' invocations together): backpressure.
+    #[error("the host runs as many invocations as it can ({0}); retry shortly")]
+    Capacity(String),
     /// The host's own fault (details for the log).
     #[error("{0}")]
     HostFault(String),
@@ -69,6 +72,7 @@ impl InvokeError {
                 DeviceError::Failed(_) => ErrorCode::HostFault,
             },
             InvokeError::Store(_) => ErrorCode::StoreUnavailable,
+            InvokeError::Capacity(_) => ErrorCode::Busy,
             InvokeError::HostFault(_) => ErrorCode::HostFault,
         }
     }
@@ -86,6 +90,9 @@ impl InvokeError {
 pub fn classify_trap(e: wasmtime::Error, limit: Duration) -> InvokeError {
     if let Some(stop) = e.downcast_ref::<Stop>() {
         return InvokeError::Stopped(stop.clone());
+    }
+    if let Some(full) = e.downcast_ref::<wasmtime::PoolConcurrencyLimitError>() {
+        return InvokeError::Capacity(full.to_string());
     }
     if let Some(wasmtime::Trap::Interrupt) = e.downcast_ref::<wasmtime::Trap>() {
         return InvokeError::TimeLimit(limit);

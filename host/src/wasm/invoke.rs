@@ -387,20 +387,26 @@ async fn run(
         last_object_failure: data.objects.last_failure.take(),
     };
     let result = match called {
-        Err(expired) => Err(InvokeError::Stopped(Stop::Time {
-            limit: expired.limit,
-            during: "in a host call",
-        })),
-        // A guest that trapped on a failure the host answers for (it unwrapped a device
-        // refusal or a store error) gets the host's answer; limits stay the tenant's.
-        Ok(Err(trap)) => Err(match classify_trap(trap, limits.timeout) {
-            InvokeError::Trapped(m) => match (witness.device, witness.store_fault) {
-                (Some(d), _) => InvokeError::Device(d),
-                (None, Some(fault)) => InvokeError::Store(fault),
-                (None, None) => InvokeError::Trapped(m),
-            },
-            other => other,
+        Err(expired) => Err(match witness.device {
+            Some(d) => InvokeError::Device(d),
+            None => InvokeError::Stopped(Stop::Time {
+                limit: expired.limit,
+                during: "in a host call",
+            }),
         }),
+        // A guest that ended after a failure the host answers for (it trapped on a device
+        // refusal, or ran into its deadline while the host was busy loading a model) gets the
+        // host's answer; a store failure likewise, if the guest trapped on it.
+        Ok(Err(trap)) => Err(
+            match (witness.device, classify_trap(trap, limits.timeout)) {
+                (Some(d), _) => InvokeError::Device(d),
+                (None, InvokeError::Trapped(m)) => match witness.store_fault {
+                    Some(fault) => InvokeError::Store(fault),
+                    None => InvokeError::Trapped(m),
+                },
+                (None, other) => other,
+            },
+        ),
         Ok(Ok(Err(guest))) => Err(guest_error(guest, witness)),
         Ok(Ok(Ok(out))) => encode(out, limits.max_output, &meta),
     };

@@ -50,3 +50,34 @@ impl ResourceLimiter for Limiter {
         Ok(true)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn memory_growth_is_charged_and_tables_are_bounded() {
+        let account = Account::new(1 << 20);
+        let mut l = Limiter {
+            account: Arc::clone(&account),
+        };
+        assert!(matches!(l.memory_growing(0, 1 << 19, None), Ok(true)));
+        assert!(matches!(l.memory_growing(1 << 19, 1 << 20, None), Ok(true)));
+        assert_eq!(account.used(), 1 << 20);
+        let e = l
+            .memory_growing(1 << 20, (1 << 20) + 65536, None)
+            .expect_err("over the limit");
+        assert!(e.to_string().contains("guest memory"), "{e}");
+        assert!(matches!(
+            l.table_growing(0, MAX_TABLE_ELEMENTS, None),
+            Ok(true)
+        ));
+        let e = l
+            .table_growing(0, MAX_TABLE_ELEMENTS + 1, None)
+            .expect_err("over the table bound");
+        assert!(
+            matches!(e.downcast_ref::<Stop>(), Some(Stop::Table(_))),
+            "{e}"
+        );
+    }
+}

@@ -89,6 +89,7 @@ pub fn write_store(store: &Path) {
     }
 }
 
+pub mod components;
 pub mod seaweed;
 
 pub fn policy_text(store: &Path, state: &Path) -> String {
@@ -231,13 +232,14 @@ impl TestHost {
             .await
             .expect("bind");
         let url = format!("http://{}", listener.local_addr().expect("addr"));
-        let router = http::router(Arc::clone(&host));
+        let conns = Arc::new(Connections::default());
+        let router = http::router(Arc::clone(&host), Arc::clone(&conns));
         let settings = host.policy().host.http.clone();
         tokio::spawn(http::serve(
             listener,
             router,
             settings,
-            Arc::new(Connections::default()),
+            conns,
             std::future::pending(),
         ));
         Self {

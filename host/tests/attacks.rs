@@ -1,0 +1,1299 @@
+//! The hostile suite: every class of attack on tenant isolation, each against a real
+//! `hapi-host` process, each followed (or accompanied) by a light tenant's calls.
+//!
+//! For every attack it checks what the host promises an operator: no 5xx caused by a client or
+//! a guest; the host's resident set grows by at most twice the attacker's memory limit plus
+//! 64 MiB (plus the device budget where the attack loads models, which the budget bounds); no
+//! call outlives its time limit by more than 0.5 s; the light tenant's median latency stays
+//! within 3x its solo median; no connection is held past the timeouts. It prints a table of
+//! what it saw (run with `--nocapture`).
+
+mod common;
+
+use common::components::{guest_with, module, section};
+use common::{guest, raw, sample_key};
+use hapi_host::policy::hash_token;
+use hapi_tests::HostProcess;
+use serde_json::{Value, json};
+use std::path::Path;
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const VICTIM: &str = "victim-token";
+const ATTACKER: &str = "attacker-token";
+const HEAVY: &str = "heavy-token";
+const OPERATOR: &str = "operator-token";
+const MIB: u64 = 1 << 20;
+const ATTACKER_MEMORY: u64 = 128 * MIB;
+const ATTACKER_TIMEOUT: Duration = Duration::from_secs(1);
+const HEAVY_MEMORY: u64 = 512 * MIB;
+const HEAVY_CONCURRENCY: u64 = 4;
+const BUDGET: u64 = 256 * MIB;
+const HEADER_TIMEOUT: Duration = Duration::from_secs(2);
+const BODY_TIMEOUT: Duration = Duration::from_secs(2);
+const IDLE_TIMEOUT: Duration = Duration::from_secs(3);
+const PER_CLIENT: usize = 64;
+/// Slack on time limits and timeouts the host promises.
+const LATE: Duration = Duration::from_millis(500);
+
+fn policy(dir: &Path, store: &Path, budget: u64) -> String {
+    format!(
+        r#"
+[host]
+listen = "127.0.0.1:0"
+store = "{store}"
+models = "{models}"
+state = "{state}"
+device = "cpu"
+memory_budget = "{budget}B"
+operator_token_sha256 = "{operator}"
+header_timeout = "{header}ms"
+body_timeout = "{body}ms"
+idle_timeout = "{idle}ms"
+max_connections = 512
+max_connections_per_client = {per_client}
+
+[tenants.victim]
+token_sha256 = "{victim}"
+grants = [{{ bucket = "datasets", prefix = "fashion-mnist/" }}]
+models = ["resnet18", "efficientnet_lite0"]
+memory = "256MiB"
+timeout = "30s"
+deploy = true
+[tenants.victim.functions]
+feature-extract = "{fe}"
+
+[tenants.attacker]
+token_sha256 = "{attacker}"
+grants = [{{ bucket = "datasets", prefix = "fashion-mnist/" }}]
+models = ["resnet18", "efficientnet_lite0", "alexnet", "vgg11"]
+memory = "{attacker_memory}B"
+timeout = "{attacker_timeout}ms"
+max_output = "64KiB"
+concurrency = 1
+queue = 8
+deploy = true
+capabilities = ["clocks"]
+[tenants.attacker.functions]
+hostile = "{hostile}"
+sleeper = "{sleeper}"
+
+[tenants.heavy]
+token_sha256 = "{heavy}"
+grants = [{{ bucket = "datasets", prefix = "fashion-mnist/" }}]
+models = ["resnet18"]
+memory = "{heavy_memory}B"
+timeout = "120s"
+max_output = "512MiB"
+concurrency = {heavy_concurrency}
+[tenants.heavy.functions]
+hostile = "{hostile}"
+"#,
+        store = store.display(),
+        models = hapi_model::models_dir().display(),
+        state = dir.join("state").display(),
+        operator = hash_token(OPERATOR),
+        header = HEADER_TIMEOUT.as_millis(),
+        body = BODY_TIMEOUT.as_millis(),
+        idle = IDLE_TIMEOUT.as_millis(),
+        per_client = PER_CLIENT,
+        victim = hash_token(VICTIM),
+        attacker = hash_token(ATTACKER),
+        heavy = hash_token(HEAVY),
+        attacker_memory = ATTACKER_MEMORY,
+        attacker_timeout = ATTACKER_TIMEOUT.as_millis(),
+        heavy_memory = HEAVY_MEMORY,
+        heavy_concurrency = HEAVY_CONCURRENCY,
+        fe = guest("feature-extract").display(),
+        hostile = guest("hostile").display(),
+        sleeper = guest("sleeper").display(),
+    )
+}
+
+/// The host process's memory, from /proc.
+struct Rss(u32);
+
+impl Rss {
+    fn field(&self, name: &str) -> u64 {
+        let status =
+            std::fs::read_to_string(format!("/proc/{}/status", self.0)).unwrap_or_default();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .map_or(0, |kb| kb * 1024)
+    }
+
+    fn now(&self) -> u64 {
+        self.field("VmRSS:")
+    }
+
+    fn peak(&self) -> u64 {
+        self.field("VmHWM:")
+    }
+
+    fn reset_peak(&self) {
+        let _ = std::fs::write(format!("/proc/{}/clear_refs", self.0), "5");
+    }
+}
+
+/// What an attack got back.
+#[derive(Debug, Clone)]
+struct Outcome {
+    status: u16,
+    code: String,
+    took: Duration,
+    note: String,
+}
+
+impl Outcome {
+    fn of(status: u16, code: &str, took: Duration) -> Self {
+        Self {
+            status,
+            code: code.to_string(),
+            took,
+            note: String::new(),
+        }
+    }
+
+    fn note(mut self, note: impl Into<String>) -> Self {
+        self.note = note.into();
+        self
+    }
+}
+
+struct Row {
+    class: u8,
+    attack: String,
+    outcome: Outcome,
+    growth: u64,
+    bound: u64,
+    limit: Option<Duration>,
+    victim_ms: f64,
+    ratio: f64,
+}
+
+struct Suite {
+    host: HostProcess,
+    rss: Rss,
+    client: reqwest::Client,
+    solo_ms: f64,
+    rows: std::sync::Mutex<Vec<Row>>,
+}
+
+fn hostile(mode: &str, extra: &[(&str, &str)], keys: &[&str]) -> Value {
+    let mut options = serde_json::Map::new();
+    options.insert("mode".into(), mode.into());
+    for (k, v) in extra {
+        options.insert((*k).into(), (*v).into());
+    }
+    json!({"bucket": "datasets", "keys": keys, "model": "resnet18", "split": 0, "options": options})
+}
+
+fn victim_body() -> Value {
+    json!({"bucket": "datasets", "keys": [sample_key(0), sample_key(1)], "model": "resnet18", "split": 4})
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+impl Suite {
+    async fn call(&self, token: &str, function: &str, body: Value) -> (Outcome, Vec<u8>) {
+        let started = Instant::now();
+        let resp = self
+            .client
+            .post(format!("{}/v1/invoke/{function}", self.host.url))
+            .bearer_auth(token)
+            .json(&body)
+            .send()
+            .await
+            .expect("request");
+        let status = resp.status().as_u16();
+        let bytes = resp.bytes().await.map(|b| b.to_vec()).unwrap_or_default();
+        let took = started.elapsed();
+        let code = if status == 200 {
+            "ok".to_string()
+        } else {
+            let v: Value = serde_json::from_slice(&bytes).unwrap_or_else(|_| {
+                panic!("{status}: not JSON: {}", String::from_utf8_lossy(&bytes))
+            });
+            v["code"].as_str().unwrap_or("?").to_string()
+        };
+        (Outcome::of(status, &code, took), bytes)
+    }
+
+    async fn attack(&self, function: &str, body: Value) -> Outcome {
+        self.call(ATTACKER, function, body).await.0
+    }
+
+    /// One victim call: it must succeed.
+    async fn victim(&self) -> f64 {
+        self.victim_timed().await.0
+    }
+
+    /// One victim call and its Server-Timing.
+    async fn victim_timed(&self) -> (f64, hapi_wire::ServerTiming) {
+        let started = Instant::now();
+        let resp = self
+            .client
+            .post(format!("{}/v1/invoke/feature-extract", self.host.url))
+            .bearer_auth(VICTIM)
+            .json(&victim_body())
+            .send()
+            .await
+            .expect("request");
+        let timing = resp
+            .headers()
+            .get("server-timing")
+            .and_then(|v| v.to_str().ok())
+            .map(hapi_wire::ServerTiming::parse)
+            .unwrap_or_default();
+        let status = resp.status().as_u16();
+        let body = resp.bytes().await.unwrap_or_default();
+        assert_eq!(
+            status,
+            200,
+            "the victim was not served: {}",
+            String::from_utf8_lossy(&body)
+        );
+        (started.elapsed().as_secs_f64() * 1e3, timing)
+    }
+
+    async fn victim_median(&self, n: usize) -> f64 {
+        let mut v = Vec::with_capacity(n);
+        for _ in 0..n {
+            v.push(self.victim().await);
+        }
+        median(v)
+    }
+
+    /// Runs `attack` while the victim calls in a closed loop; the victim's median meanwhile.
+    async fn beside<F: Future<Output = Outcome>>(&self, attack: F) -> (Outcome, f64) {
+        let done = std::sync::atomic::AtomicBool::new(false);
+        let attack = async {
+            let o = attack.await;
+            done.store(true, std::sync::atomic::Ordering::Release);
+            o
+        };
+        let victim = async {
+            // Let the attack get going first.
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let (mut v, mut t) = (Vec::new(), Vec::new());
+            while !done.load(std::sync::atomic::Ordering::Acquire) || v.len() < 5 {
+                let (ms, timing) = self.victim_timed().await;
+                v.push(ms);
+                t.push(timing);
+            }
+            let stage = |f: fn(&hapi_wire::ServerTiming) -> f64| {
+                median(t.iter().map(|x| f(x) * 1e3).collect())
+            };
+            eprintln!(
+                "   victim beside it: {} calls, medians: decode {:.1} ms, queue {:.1} ms, compute {:.1} ms, total {:.1} ms",
+                v.len(),
+                stage(|x| x.decode),
+                stage(|x| x.queue),
+                stage(|x| x.compute),
+                stage(|x| x.total)
+            );
+            median(v)
+        };
+        tokio::join!(attack, victim)
+    }
+
+    /// Records a row: runs `f`, measures the host's resident-set growth over its baseline,
+    /// then the victim, and checks every promise.
+    async fn row<F: Future<Output = (Outcome, Option<f64>)>>(
+        &self,
+        class: u8,
+        attack: &str,
+        bound: u64,
+        limit: Option<Duration>,
+        f: F,
+    ) {
+        let base = self.rss.now();
+        self.rss.reset_peak();
+        let (outcome, during) = f.await;
+        let growth = self.rss.peak().saturating_sub(base);
+        let victim_ms = match during {
+            Some(ms) => ms,
+            None => self.victim_median(5).await,
+        };
+        let ratio = victim_ms / self.solo_ms;
+        eprintln!(
+            "{class:>2} {attack}: {} {} in {:.2}s {}; +{:.0} MiB (bound {:.0}); victim {victim_ms:.0} ms ({ratio:.2}x)",
+            outcome.status,
+            outcome.code,
+            outcome.took.as_secs_f64(),
+            outcome.note,
+            growth as f64 / MIB as f64,
+            bound as f64 / MIB as f64
+        );
+        assert!(outcome.status < 500, "{attack}: a 5xx: {outcome:?}");
+        assert!(
+            growth <= bound,
+            "{attack}: the host grew by {} MiB, over {} MiB",
+            growth / MIB,
+            bound / MIB
+        );
+        if let Some(limit) = limit {
+            assert!(
+                outcome.took <= limit + LATE,
+                "{attack}: took {:?} for a {limit:?} limit",
+                outcome.took
+            );
+        }
+        assert!(
+            ratio <= 3.0,
+            "{attack}: the victim's median {victim_ms:.0} ms is {ratio:.2}x its solo {:.0} ms",
+            self.solo_ms
+        );
+        self.rows.lock().expect("rows").push(Row {
+            class,
+            attack: attack.to_string(),
+            outcome,
+            growth,
+            bound,
+            limit,
+            victim_ms,
+            ratio,
+        });
+    }
+
+    async fn metric(&self, name: &str) -> f64 {
+        let text = self
+            .client
+            .get(format!("{}/metrics", self.host.url))
+            .bearer_auth(OPERATOR)
+            .send()
+            .await
+            .expect("metrics")
+            .text()
+            .await
+            .expect("text");
+        text.lines()
+            .filter(|l| l.starts_with(name))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+
+    fn table(&self) {
+        eprintln!(
+            "\n| class | attack | status, code | time (limit) | host RSS growth (bound) | light tenant median (x solo {:.0} ms) |",
+            self.solo_ms
+        );
+        eprintln!("|---|---|---|---|---|---|");
+        for r in self.rows.lock().expect("rows").iter() {
+            eprintln!(
+                "| {} | {} | {} `{}`{} | {:.2} s{} | {:.0} MiB ({:.0}) | {:.0} ms ({:.2}x) |",
+                r.class,
+                r.attack,
+                r.outcome.status,
+                r.outcome.code,
+                if r.outcome.note.is_empty() {
+                    String::new()
+                } else {
+                    format!(", {}", r.outcome.note)
+                },
+                r.outcome.took.as_secs_f64(),
+                r.limit
+                    .map_or(String::new(), |l| format!(" ({:.1} s)", l.as_secs_f64())),
+                r.growth as f64 / MIB as f64,
+                r.bound as f64 / MIB as f64,
+                r.victim_ms,
+                r.ratio
+            );
+        }
+    }
+}
+
+/// Sends `raw` on `n` connections from `source` addresses and keeps them open; returns them.
+async fn hold(addr: &str, sources: &[[u8; 4]], n: usize, raw: &[u8]) -> Vec<tokio::net::TcpStream> {
+    let mut held = Vec::new();
+    for i in 0..n {
+        let src = sources[i % sources.len()];
+        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+        socket
+            .bind(std::net::SocketAddr::from((src, 0)))
+            .expect("bind a loopback source");
+        let Ok(mut s) = socket.connect(addr.parse().expect("addr")).await else {
+            continue;
+        };
+        if s.write_all(raw).await.is_ok() {
+            held.push(s);
+        }
+    }
+    held
+}
+
+/// Sends `request` on a fresh connection and reads the whole response: its status and body.
+async fn raw_request(addr: &str, request: &str) -> (u16, String) {
+    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    s.write_all(request.as_bytes()).await.expect("write");
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut out)).await;
+    let text = String::from_utf8_lossy(&out).into_owned();
+    let status = text
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = text
+        .split("\r\n\r\n")
+        .nth(1)
+        .unwrap_or_default()
+        .to_string();
+    (status, body)
+}
+
+/// How many of `conns` the host has closed (a read sees EOF or an error), waiting up to `wait`.
+async fn closed(conns: &mut [tokio::net::TcpStream], wait: Duration) -> usize {
+    let deadline = Instant::now() + wait;
+    let mut closed = 0;
+    for s in conns.iter_mut() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let mut buf = vec![0u8; 4096];
+        loop {
+            match tokio::time::timeout(left.max(Duration::from_millis(1)), s.read(&mut buf)).await {
+                Ok(Ok(0)) | Ok(Err(_)) => {
+                    closed += 1;
+                    break;
+                }
+                Ok(Ok(_)) => continue, // a response (408): read on to the close
+                Err(_) => break,
+            }
+        }
+    }
+    closed
+}
+
+/// The tests here run one at a time: each measures a host process's memory and latency.
+fn serial() -> &'static tokio::sync::Mutex<()> {
+    static M: std::sync::OnceLock<tokio::sync::Mutex<()>> = std::sync::OnceLock::new();
+    M.get_or_init(|| tokio::sync::Mutex::new(()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_hostile_tenant_cannot_break_isolation() {
+    let _one = serial().lock().await;
+    let dir = tempfile::tempdir().expect("tmp");
+    let store = dir.path().join("store");
+    common::write_store(&store);
+    // The large-call attacks read 192 objects; the samples are small PNGs.
+    let policy_path = dir.path().join("policy.toml");
+    std::fs::write(&policy_path, policy(dir.path(), &store, BUDGET)).expect("policy");
+    let binary = Path::new(env!("CARGO_BIN_EXE_hapi-host"));
+    let host = HostProcess::serve(binary, &policy_path, "127.0.0.1:0");
+    let rss = Rss(host.child.id());
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(16)
+        .build()
+        .expect("client");
+    let mut s = Suite {
+        host,
+        rss,
+        client,
+        solo_ms: 0.0,
+        rows: std::sync::Mutex::default(),
+    };
+    // Warm: the victim's model is loaded and measured; the attacker's guests instantiated once.
+    for _ in 0..3 {
+        s.victim().await;
+    }
+    let mut solo = Vec::new();
+    for _ in 0..9 {
+        solo.push(s.victim_timed().await);
+    }
+    s.solo_ms = median(solo.iter().map(|x| x.0).collect());
+    let stage = |f: fn(&hapi_wire::ServerTiming) -> f64| {
+        median(solo.iter().map(|x| f(&x.1) * 1e3).collect())
+    };
+    eprintln!(
+        "victim solo median: {:.1} ms (decode {:.1}, queue {:.1}, compute {:.1})",
+        s.solo_ms,
+        stage(|x| x.decode),
+        stage(|x| x.queue),
+        stage(|x| x.compute)
+    );
+    let addr = s.host.url.trim_start_matches("http://").to_string();
+    let bound = 2 * ATTACKER_MEMORY + 64 * MIB;
+    let limit = Some(ATTACKER_TIMEOUT);
+
+    // 1. Files outside a tenant's reach.
+    s.row(
+        1,
+        "DELETE /v1/functions/..%2Fvictim%2Ffeature-extract",
+        bound,
+        None,
+        async {
+            let started = Instant::now();
+            let resp = s
+                .client
+                .delete(format!(
+                    "{}/v1/functions/..%2Fvictim%2Ffeature-extract",
+                    s.host.url
+                ))
+                .bearer_auth(ATTACKER)
+                .send()
+                .await
+                .expect("delete");
+            let status = resp.status().as_u16();
+            let v: Value = resp.json().await.expect("JSON");
+            (
+                Outcome::of(status, v["code"].as_str().unwrap_or("?"), started.elapsed()),
+                None,
+            )
+        },
+    )
+    .await;
+
+    // 2. Host memory beyond the tenant's limit.
+    s.row(2, "guest allocates 1 GiB", bound, limit, async {
+        (
+            s.attack("hostile", hostile("alloc", &[("bytes", "1073741824")], &[]))
+                .await,
+            None,
+        )
+    })
+    .await;
+    s.row(
+        2,
+        "64 tensors of 4 MiB kept in the host",
+        bound,
+        limit,
+        async {
+            (
+                s.attack(
+                    "hostile",
+                    hostile("tensors", &[("count", "64"), ("bytes", "4194304")], &[]),
+                )
+                .await,
+                None,
+            )
+        },
+    )
+    .await;
+    s.row(
+        2,
+        "112 graph names of 8 MiB, error values kept",
+        bound,
+        limit,
+        async {
+            (
+                s.attack(
+                    "hostile",
+                    hostile("names", &[("count", "112"), ("bytes", "8388608")], &[]),
+                )
+                .await,
+                None,
+            )
+        },
+    )
+    .await;
+    s.row(2, "10 tensors of 8M dimensions kept", bound, limit, async {
+        (
+            s.attack(
+                "hostile",
+                hostile("dims", &[("count", "10"), ("rank", "8000000")], &[]),
+            )
+            .await,
+            None,
+        )
+    })
+    .await;
+    let input = (64 * 3 * 224 * 224 * 4).to_string();
+    s.row(
+        2,
+        "compute of 64 samples (205 MB of output)",
+        bound,
+        limit,
+        async {
+            (
+                s.attack(
+                    "hostile",
+                    hostile(
+                        "graph",
+                        &[
+                            ("graph", "resnet18[0..1]"),
+                            ("dims", "64,3,224,224"),
+                            ("bytes", &input),
+                        ],
+                        &[],
+                    ),
+                )
+                .await,
+                None,
+            )
+        },
+    )
+    .await;
+    let small = (8 * 3 * 224 * 224 * 4).to_string();
+    s.row(
+        2,
+        "outputs of 40 computes kept, pooled beside the victim",
+        bound,
+        limit,
+        async {
+            let (o, v) = s
+                .beside(s.attack(
+                    "hostile",
+                    hostile(
+                        "graph",
+                        &[
+                            ("graph", "resnet18[0..4]"),
+                            ("dims", "8,3,224,224"),
+                            ("bytes", &small),
+                            ("count", "40"),
+                        ],
+                        &[],
+                    ),
+                ))
+                .await;
+            (o, Some(v))
+        },
+    )
+    .await;
+    s.row(
+        2,
+        "8 memory bombs at once (concurrency 1)",
+        bound,
+        Some(8 * ATTACKER_TIMEOUT),
+        async {
+            let started = Instant::now();
+            let bombs = (0..8).map(|_| {
+                s.attack(
+                    "hostile",
+                    hostile("tensors", &[("count", "64"), ("bytes", "4194304")], &[]),
+                )
+            });
+            let all = futures::future::join_all(bombs).await;
+            let worst = all
+                .iter()
+                .max_by_key(|o| o.status)
+                .cloned()
+                .expect("outcomes");
+            let codes: Vec<&str> = all.iter().map(|o| o.code.as_str()).collect();
+            (
+                Outcome::of(worst.status, &worst.code, started.elapsed())
+                    .note(format!("{codes:?}")),
+                None,
+            )
+        },
+    )
+    .await;
+
+    // 3. Time beyond the tenant's limit, inside host calls too.
+    s.row(3, "endless loop", bound, limit, async {
+        (s.attack("hostile", hostile("loop", &[], &[])).await, None)
+    })
+    .await;
+    s.row(3, "8 s sleep in a host call (wasi:clocks)", bound, limit, async {
+        (s.attack("sleeper", json!({"bucket": "b", "keys": [], "model": "m", "split": 0, "options": {"ms": "8000"}})).await, None)
+    })
+    .await;
+    let big = (32 * 3 * 224 * 224 * 4).to_string();
+    s.row(
+        3,
+        "one compute of 32 samples through all of resnet18",
+        bound,
+        limit,
+        async {
+            (
+                s.attack(
+                    "hostile",
+                    hostile(
+                        "graph",
+                        &[
+                            ("graph", "resnet18[0..15]"),
+                            ("dims", "32,3,224,224"),
+                            ("bytes", &big),
+                        ],
+                        &[],
+                    ),
+                )
+                .await,
+                None,
+            )
+        },
+    )
+    .await;
+
+    // 4. The device cannot stall.
+    s.row(
+        4,
+        "a model that can never fit (vgg11, 507 MiB, on a 256 MiB budget)",
+        bound,
+        limit,
+        async {
+            (
+                s.attack(
+                    "hostile",
+                    hostile(
+                        "graph",
+                        &[
+                            ("graph", "vgg11[0..1]"),
+                            ("dims", "1,3,224,224"),
+                            ("bytes", "602112"),
+                        ],
+                        &[],
+                    ),
+                )
+                .await,
+                None,
+            )
+        },
+    )
+    .await;
+
+    // 5. Fairness by device time.
+    let heavy_input = (48 * 3 * 224 * 224 * 4).to_string();
+    s.row(
+        5,
+        "flood: 4 x 48-sample calls at a time, for 6 s",
+        HEAVY_CONCURRENCY * 2 * HEAVY_MEMORY + 64 * MIB,
+        None,
+        async {
+            let until = Instant::now() + Duration::from_secs(6);
+            let flood = async {
+                let started = Instant::now();
+                let loops = (0..HEAVY_CONCURRENCY).map(|_| async {
+                    let mut n = 0;
+                    while Instant::now() < until {
+                        let (o, _) = s
+                            .call(
+                                HEAVY,
+                                "hostile",
+                                hostile(
+                                    "graph",
+                                    &[
+                                        ("graph", "resnet18[0..4]"),
+                                        ("dims", "48,3,224,224"),
+                                        ("bytes", &heavy_input),
+                                    ],
+                                    &[],
+                                ),
+                            )
+                            .await;
+                        assert_eq!(o.status, 200, "{o:?}");
+                        n += 1;
+                    }
+                    n
+                });
+                let calls: usize = futures::future::join_all(loops).await.into_iter().sum();
+                Outcome::of(200, "ok", started.elapsed()).note(format!("{calls} calls"))
+            };
+            let (o, v) = s.beside(flood).await;
+            (o, Some(v))
+        },
+    )
+    .await;
+    let huge = (192 * 3 * 224 * 224 * 4).to_string();
+    s.row(
+        5,
+        "one call of 192 samples",
+        2 * HEAVY_MEMORY + 64 * MIB,
+        None,
+        async {
+            let (o, v) = s
+                .beside(async {
+                    s.call(
+                        HEAVY,
+                        "hostile",
+                        hostile(
+                            "graph",
+                            &[
+                                ("graph", "resnet18[0..4]"),
+                                ("dims", "192,3,224,224"),
+                                ("bytes", &huge),
+                            ],
+                            &[],
+                        ),
+                    )
+                    .await
+                    .0
+                })
+                .await;
+            (o, Some(v))
+        },
+    )
+    .await;
+
+    // 6. Device memory charged where it is used.
+    s.row(
+        6,
+        "loads alexnet, lite0 and resnet18 graphs (256 MiB budget)",
+        BUDGET + bound,
+        limit,
+        async {
+            let evicted = s.metric("hapi_device_evictions_total").await;
+            let o = s
+                .attack(
+                    "hostile",
+                    hostile(
+                        "graphs",
+                        &[(
+                            "graphs",
+                            "alexnet[0..2],efficientnet_lite0[0..2],resnet18[0..2]",
+                        )],
+                        &[],
+                    ),
+                )
+                .await;
+            let weights = s.metric("hapi_device_weights_bytes").await;
+            assert!(
+                weights <= BUDGET as f64,
+                "weights {weights} over the budget"
+            );
+            let now = s.metric("hapi_device_evictions_total").await;
+            let note = format!(
+                "weights {:.0} MiB, {} evictions",
+                weights / MIB as f64,
+                now - evicted
+            );
+            (o.note(note), None)
+        },
+    )
+    .await;
+
+    // 7. Output caps count everything.
+    s.row(
+        7,
+        "a tensor of 8M dimensions and 1 byte of data",
+        bound,
+        limit,
+        async {
+            let (o, body) = s
+                .call(
+                    ATTACKER,
+                    "hostile",
+                    hostile("wide-output", &[("rank", "8000000")], &[]),
+                )
+                .await;
+            assert!(body.len() < 2048, "a {} byte body", body.len());
+            (o.note(format!("{} byte body", body.len())), None)
+        },
+    )
+    .await;
+    s.row(7, "a 24 MiB error message", bound, limit, async {
+        let (o, body) = s
+            .call(
+                ATTACKER,
+                "hostile",
+                hostile("long-error", &[("bytes", "25165824")], &[]),
+            )
+            .await;
+        assert!(body.len() <= 8192, "a {} byte body", body.len());
+        (o.note(format!("{} byte body", body.len())), None)
+    })
+    .await;
+
+    // 8. Client mistakes are 4xx or empty results.
+    let long_segment = format!("fashion-mnist/{}.png", "a".repeat(300));
+    s.row(8, "a key with a 300-byte segment", bound, limit, async {
+        (
+            s.attack("hostile", hostile("read", &[], &[&long_segment]))
+                .await,
+            None,
+        )
+    })
+    .await;
+    s.row(8, "a key below an object", bound, limit, async {
+        (
+            s.attack(
+                "hostile",
+                hostile("read", &[], &["fashion-mnist/small.bin/x"]),
+            )
+            .await,
+            None,
+        )
+    })
+    .await;
+    let offset = (u64::MAX - 5).to_string();
+    s.row(8, "get-range at offset 2^64 - 6", bound, limit, async {
+        (
+            s.attack(
+                "hostile",
+                hostile(
+                    "range",
+                    &[("offset", &offset), ("length", "100")],
+                    &["fashion-mnist/small.bin"],
+                ),
+            )
+            .await,
+            None,
+        )
+    })
+    .await;
+    let prefix = format!("fashion-mnist/{}/", "p".repeat(300));
+    s.row(
+        8,
+        "list under a 300-byte prefix segment",
+        bound,
+        limit,
+        async {
+            (
+                s.attack("hostile", hostile("list", &[("prefix", &prefix)], &[]))
+                    .await,
+                None,
+            )
+        },
+    )
+    .await;
+    s.row(
+        8,
+        "a guest that claims a store failure",
+        bound,
+        limit,
+        async {
+            (
+                s.attack("hostile", hostile("claim-io", &[], &[])).await,
+                None,
+            )
+        },
+    )
+    .await;
+
+    // 9. HTTP edges.
+    let sources: Vec<[u8; 4]> = (2..=6).map(|i| [127, 0, 0, i]).collect();
+    let withheld = format!(
+        "POST /v1/invoke/hostile HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {ATTACKER}\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{{"
+    );
+    s.row(
+        9,
+        "300 connections withholding their body",
+        64 * MIB,
+        Some(BODY_TIMEOUT),
+        async {
+            let started = Instant::now();
+            let mut conns = hold(&addr, &sources, 300, withheld.as_bytes()).await;
+            let health = s
+                .client
+                .get(format!("{}/healthz", s.host.url))
+                .send()
+                .await
+                .expect("healthz")
+                .status();
+            assert_eq!(health, 200);
+            let victim = s.victim_median(3).await;
+            let n = conns.len();
+            let gone = closed(&mut conns, BODY_TIMEOUT + LATE + Duration::from_secs(1)).await;
+            assert_eq!(gone, n, "{gone} of {n} closed");
+            (
+                Outcome::of(408, "request_timeout", started.elapsed())
+                    .note(format!("{gone}/{n} closed")),
+                Some(victim),
+            )
+        },
+    )
+    .await;
+    s.row(
+        9,
+        "300 connections with half-sent headers",
+        64 * MIB,
+        Some(HEADER_TIMEOUT),
+        async {
+            let started = Instant::now();
+            let mut conns = hold(
+                &addr,
+                &sources,
+                300,
+                b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: ",
+            )
+            .await;
+            let victim = s.victim_median(3).await;
+            let n = conns.len();
+            let gone = closed(&mut conns, HEADER_TIMEOUT + LATE + Duration::from_secs(1)).await;
+            assert_eq!(gone, n, "{gone} of {n} closed");
+            (
+                Outcome::of(0, "closed", started.elapsed()).note(format!("{gone}/{n} closed")),
+                Some(victim),
+            )
+        },
+    )
+    .await;
+    s.row(
+        9,
+        "200 connections from one address",
+        64 * MIB,
+        None,
+        async {
+            let started = Instant::now();
+            let conns = hold(&addr, &[[127, 0, 0, 7]], 200, b"").await;
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let open = s.metric("hapi_http_connections").await as usize;
+            assert!(open <= PER_CLIENT + 16, "{open} connections open");
+            let victim = s.victim_median(3).await;
+            drop(conns);
+            (
+                Outcome::of(0, "capped", started.elapsed()).note(format!("{open} open of 200")),
+                Some(victim),
+            )
+        },
+    )
+    .await;
+    s.row(9, "a client that reads none of a 200 MB response", 2 * HEAVY_MEMORY + 64 * MIB, None, async {
+        let started = Instant::now();
+        let req = format!(
+            "POST /v1/invoke/hostile HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {HEAVY}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{}",
+            hostile("output", &[("bytes", "200000000")], &[]).to_string().len(),
+            hostile("output", &[("bytes", "200000000")], &[])
+        );
+        let mut conns = hold(&addr, &[[127, 0, 0, 8]], 1, req.as_bytes()).await;
+        // Never read: the host gives up after the idle timeout.
+        tokio::time::sleep(IDLE_TIMEOUT + Duration::from_secs(2)).await;
+        let mut buf = vec![0u8; 1 << 20];
+        let mut got = 0usize;
+        loop {
+            match tokio::time::timeout(Duration::from_secs(5), conns[0].read(&mut buf)).await {
+                Ok(Ok(0)) | Ok(Err(_)) | Err(_) => break,
+                Ok(Ok(n)) => got += n,
+            }
+        }
+        assert!(got < 200_000_000, "the whole response came through: {got}");
+        (Outcome::of(200, "dropped", started.elapsed()).note(format!("{} MB read, then closed", got / 1_000_000)), None)
+    })
+    .await;
+    s.row(9, "405, 413, bad path, no route, metrics without the operator", 64 * MIB, None, async {
+        let started = Instant::now();
+        let url = &s.host.url;
+        let checks = [
+            (s.client.get(format!("{url}/v1/invoke/hostile")).bearer_auth(ATTACKER), 405, "method_not_allowed"),
+            (s.client.post(format!("{url}/v1/invoke/a%FF%FEb")).bearer_auth(ATTACKER).body("{}"), 400, "bad_name"),
+            (s.client.get(format!("{url}/nothing/here")), 404, "no_route"),
+            (s.client.get(format!("{url}/metrics")), 401, "unauthenticated"),
+            (s.client.get(format!("{url}/metrics")).bearer_auth(ATTACKER), 403, "forbidden"),
+            (s.client.get(format!("{url}/v1/functions")).header("authorization", format!("bEaReR {ATTACKER}")), 200, ""),
+        ];
+        for (req, status, code) in checks {
+            let resp = req.send().await.expect("request");
+            assert_eq!(resp.status().as_u16(), status, "{code}");
+            if !code.is_empty() {
+                let v: Value = resp.json().await.expect("a JSON error");
+                assert_eq!(v["code"], code);
+            }
+        }
+        // A body declared over the invoke limit: refused before it is read.
+        let (status, body) = raw_request(
+            &addr,
+            &format!("POST /v1/invoke/hostile HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {ATTACKER}\r\nContent-Length: 5000000\r\nConnection: close\r\n\r\n"),
+        )
+        .await;
+        assert_eq!(status, 413, "{body}");
+        assert!(body.contains("\"body_too_large\""), "{body}");
+        (Outcome::of(400, "json", started.elapsed()).note("all JSON, with codes"), None)
+    })
+    .await;
+
+    // 10. The deploy path.
+    let put = |token: &'static str, name: String, body: Vec<u8>| {
+        let client = s.client.clone();
+        let url = format!("{}/v1/functions/{name}", s.host.url);
+        async move {
+            let started = Instant::now();
+            let resp = client
+                .put(url)
+                .bearer_auth(token)
+                .body(body)
+                .send()
+                .await
+                .expect("put");
+            let status = resp.status().as_u16();
+            let v: Value = resp.json().await.unwrap_or(Value::Null);
+            Outcome::of(
+                status,
+                v["code"].as_str().unwrap_or("ok"),
+                started.elapsed(),
+            )
+        }
+    };
+    let bomb = guest_with("hostile", &[module(3, 7_000_000)]);
+    s.row(
+        10,
+        "a 21 MB component of three 7 MB function bodies",
+        bound,
+        None,
+        async { (put(ATTACKER, "bomb".into(), bomb.clone()).await, None) },
+    )
+    .await;
+    let heavy_code = guest_with(
+        "hostile",
+        &[module(
+            15,
+            hapi_host::wasm::compile::MAX_FUNCTION_BODY - 100,
+        )],
+    );
+    let hostile_bytes = std::fs::read(guest("hostile")).expect("hostile");
+    let solo_deploy = put(VICTIM, "mine".into(), hostile_bytes.clone()).await;
+    assert_eq!(solo_deploy.status, 201, "{solo_deploy:?}");
+    s.row(
+        10,
+        "6 uploads of 7.5 MB of code at once, beside another tenant's deploy",
+        bound,
+        None,
+        async {
+            let started = Instant::now();
+            let bombs = (0..6).map(|i| put(ATTACKER, format!("big{i}"), heavy_code.clone()));
+            let victim_deploy = async {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                // Other bytes than before (a custom section), so that they are compiled again.
+                let mut fresh = hostile_bytes.clone();
+                section(0, b"\x05fresh", &mut fresh);
+                put(VICTIM, "mine".into(), fresh).await
+            };
+            let (all, mine) = tokio::join!(futures::future::join_all(bombs), victim_deploy);
+            assert_eq!(mine.status, 201, "{mine:?}");
+            let codes: Vec<String> = all
+                .iter()
+                .map(|o| format!("{} {}", o.status, o.code))
+                .collect();
+            let worst = all
+                .iter()
+                .max_by_key(|o| o.status)
+                .cloned()
+                .expect("outcomes");
+            let note = format!(
+                "{codes:?}; the other tenant's deploy {:.2} s (alone {:.2} s)",
+                mine.took.as_secs_f64(),
+                solo_deploy.took.as_secs_f64()
+            );
+            (
+                Outcome::of(worst.status, &worst.code, started.elapsed()).note(note),
+                None,
+            )
+        },
+    )
+    .await;
+
+    // 11. A reload keeps admission: concurrency 1 holds across SIGHUP.
+    s.row(11, "3 calls on concurrency 1 across a SIGHUP", bound, Some(3 * ATTACKER_TIMEOUT), async {
+        let started = Instant::now();
+        let sleep = || s.attack("sleeper", json!({"bucket": "b", "keys": [], "model": "m", "split": 0, "options": {"ms": "600"}}));
+        let hup = async {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            // SAFETY: kill(2) on the child this test owns.
+            unsafe { libc::kill(s.host.child.id() as i32, libc::SIGHUP) };
+        };
+        let (a, b, c, ()) = tokio::join!(sleep(), sleep(), sleep(), hup);
+        for o in [&a, &b, &c] {
+            assert_eq!(o.status, 200, "{o:?}");
+        }
+        let took = started.elapsed();
+        assert!(took >= Duration::from_millis(1800), "ran at once: {took:?}");
+        (Outcome::of(200, "ok", took).note("one at a time"), None)
+    })
+    .await;
+
+    // 12. Policy values are checked.
+    s.row(
+        12,
+        "`hapi-host check` on a policy with batch_window = \"1h\"",
+        64 * MIB,
+        None,
+        async {
+            let started = Instant::now();
+            let text = std::fs::read_to_string(&policy_path)
+                .expect("policy")
+                .replace("memory_budget =", "batch_window = \"1h\"\nmemory_budget =");
+            let bad = dir.path().join("bad.toml");
+            std::fs::write(&bad, text).expect("write");
+            let out = std::process::Command::new(binary)
+                .args(["check", "--policy"])
+                .arg(&bad)
+                .output()
+                .expect("check");
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(!out.status.success());
+            assert!(
+                err.contains("host.batch_window") && err.contains("line 8"),
+                "{err}"
+            );
+            (
+                Outcome::of(0, "refused", started.elapsed())
+                    .note("names host.batch_window, line 8"),
+                None,
+            )
+        },
+    )
+    .await;
+
+    s.table();
+    let rss = s.rss.now();
+    eprintln!("host resident set at the end: {} MiB", rss / MIB);
+}
+
+/// Class 4 at the segment level: with adaptation on, one sample of a segment that can never fit
+/// the budget is refused at once; the device serves a segment that fits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_segment_that_can_never_fit_is_refused_on_a_real_host() {
+    let _one = serial().lock().await;
+    let dir = tempfile::tempdir().expect("tmp");
+    let store = dir.path().join("store");
+    common::write_store(&store);
+    let policy_path = dir.path().join("policy.toml");
+    let binary = Path::new(env!("CARGO_BIN_EXE_hapi-host"));
+    // Measure lite0's memory model on a first host, then size a budget from it.
+    std::fs::write(&policy_path, policy(dir.path(), &store, BUDGET)).expect("policy");
+    let probe = HostProcess::serve(binary, &policy_path, "127.0.0.1:0");
+    let client = reqwest::Client::new();
+    let profile: Value = client
+        .get(format!(
+            "{}/v1/models/efficientnet_lite0/profile",
+            probe.url
+        ))
+        .bearer_auth(VICTIM)
+        .send()
+        .await
+        .expect("profile")
+        .json()
+        .await
+        .expect("json");
+    drop(probe);
+    let m: hapi_wire::profile::ModelMemory =
+        serde_json::from_value(profile["memory"].clone()).expect("memory model");
+    let short = m.segment(0..2).run_bytes(1);
+    let long = m.segment(0..7).run_bytes(1);
+    let budget = m.weights() + short.max(m.one_sample_peak()) + 1;
+    assert!(
+        m.weights() + long > budget,
+        "the long segment fits: {long} for {budget}"
+    );
+    std::fs::write(&policy_path, policy(dir.path(), &store, budget)).expect("policy");
+    let host = HostProcess::serve(binary, &policy_path, "127.0.0.1:0");
+    let body = |split: u32| json!({"bucket": "datasets", "keys": [sample_key(0)], "model": "efficientnet_lite0", "split": split});
+    let invoke = |split: u32| {
+        client
+            .post(format!("{}/v1/invoke/feature-extract", host.url))
+            .bearer_auth(VICTIM)
+            .json(&body(split))
+            .send()
+    };
+    // Warm (load and measure), then the segment that never fits, then one that does.
+    let _ = raw(invoke(2).await.expect("warm")).await;
+    let started = Instant::now();
+    let resp = invoke(7).await.expect("request");
+    assert_eq!(resp.status(), 422);
+    let v: Value = resp.json().await.expect("json");
+    assert_eq!(v["code"], "does_not_fit_device", "{v}");
+    let refused_in = started.elapsed();
+    let started = Instant::now();
+    let resp = invoke(2).await.expect("request");
+    assert_eq!(resp.status(), 200);
+    eprintln!(
+        " 4 one sample of lite0[0..7) on a {budget} B budget: 422 does_not_fit_device in {:.3} s; lite0[0..2) then served in {:.3} s",
+        refused_in.as_secs_f64(),
+        started.elapsed().as_secs_f64()
+    );
+    // SIGTERM still stops the host promptly.
+    let mut host = host;
+    // SAFETY: kill(2) on the child this test owns.
+    unsafe { libc::kill(host.child.id() as i32, libc::SIGTERM) };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while host.child.try_wait().expect("wait").is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "hapi-host did not stop after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

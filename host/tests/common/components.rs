@@ -1,0 +1,77 @@
+//! Components built byte by byte for the deploy-path tests: valid Wasm of a chosen shape (many
+//! or large functions, many modules), and the test guests with extra sections.
+
+use super::guest;
+
+pub fn leb(mut n: usize, out: &mut Vec<u8>) {
+    loop {
+        let byte = (n & 0x7f) as u8;
+        n >>= 7;
+        if n == 0 {
+            out.push(byte);
+            return;
+        }
+        out.push(byte | 0x80);
+    }
+}
+
+/// Appends a section (`id`, then the LEB128 length, then `body`).
+pub fn section(id: u8, body: &[u8], out: &mut Vec<u8>) {
+    out.push(id);
+    leb(body.len(), out);
+    out.extend_from_slice(body);
+}
+
+/// A core module of `functions` functions `() -> ()` with one i32 local, each about
+/// `body_bytes` of `local.get 0; i32.const 1; i32.add; local.set 0` repeated: valid code that
+/// makes a compiler work in proportion to its size.
+pub fn module(functions: usize, body_bytes: usize) -> Vec<u8> {
+    let mut module = b"\0asm\x01\0\0\0".to_vec();
+    section(1, &[1, 0x60, 0, 0], &mut module);
+    let mut funcs = Vec::new();
+    leb(functions, &mut funcs);
+    funcs.extend(std::iter::repeat_n(0u8, functions));
+    section(3, &funcs, &mut module);
+    let step = [0x20, 0x00, 0x41, 0x01, 0x6a, 0x21, 0x00];
+    let mut body = vec![1u8, 1, 0x7f]; // one local of type i32
+    while body.len() + step.len() < body_bytes {
+        body.extend_from_slice(&step);
+    }
+    body.push(0x0b);
+    let mut code = Vec::new();
+    leb(functions, &mut code);
+    for _ in 0..functions {
+        leb(body.len(), &mut code);
+        code.extend_from_slice(&body);
+    }
+    section(10, &code, &mut module);
+    module
+}
+
+/// A component made of these core modules and nothing else (no imports, no exports).
+pub fn component(modules: &[Vec<u8>]) -> Vec<u8> {
+    let mut component = b"\0asm\x0d\0\x01\0".to_vec();
+    for m in modules {
+        section(1, m, &mut component);
+    }
+    component
+}
+
+/// Guest `name`'s component with `modules` added: still a valid pushdown function, which costs
+/// what the modules cost to check and compile.
+pub fn guest_with(name: &str, modules: &[Vec<u8>]) -> Vec<u8> {
+    let mut bytes = std::fs::read(guest(name)).expect("guest");
+    for m in modules {
+        section(1, m, &mut bytes);
+    }
+    bytes
+}
+
+/// Guest `name`'s component with a custom section naming `tag`: the same code, other bytes.
+pub fn variant(name: &str, tag: &str) -> Vec<u8> {
+    let mut bytes = std::fs::read(guest(name)).expect("guest");
+    let mut payload = vec![tag.len() as u8];
+    payload.extend_from_slice(tag.as_bytes());
+    section(0, &payload, &mut bytes);
+    bytes
+}

@@ -18,7 +18,7 @@
 mod common;
 
 use common::components::{guest_with, module};
-use common::{guest, sample_key, write_store};
+use common::{guest, hostile, proc_memory, sample_key, write_store};
 use hapi_host::policy::hash_token;
 use hapi_tests::HostProcess;
 use serde_json::{Value, json};
@@ -99,22 +99,13 @@ max_connections_per_client = 1024
             _ => ("128MiB", "1s", 2),
         };
         p.push_str(&format!(
-            "\n[tenants.{kind}]\ntoken_sha256 = \"{}\"\ngrants = [{{ bucket = \"datasets\", prefix = \"fashion-mnist/\" }}]\nmodels = [\"resnet18\"]\nmemory = \"{memory}\"\ntimeout = \"{timeout}\"\nconcurrency = {concurrency}\nqueue = 2\nmax_output = \"64KiB\"\ndeploy = true\ncapabilities = [\"clocks\"]\n[tenants.{kind}.functions]\nhostile = \"{}\"\nsleeper = \"{}\"\n",
+            "\n[tenants.{kind}]\ntoken_sha256 = \"{}\"\ngrants = [{{ bucket = \"datasets\", prefix = \"fashion-mnist/\" }}]\nmodels = [\"resnet18\"]\nmemory = \"{memory}\"\ntimeout = \"{timeout}\"\nconcurrency = {concurrency}\nqueue = 2\nmax_output = \"64KiB\"\ndeploy = true\ncapabilities = [\"clocks\", \"random\"]\n[tenants.{kind}.functions]\nhostile = \"{}\"\nsleeper = \"{}\"\n",
             hash_token(&token(kind)),
             hostile.display(),
             sleeper.display()
         ));
     }
     p
-}
-
-fn hostile(mode: &str, extra: &[(&str, &str)]) -> Value {
-    let mut options = serde_json::Map::new();
-    options.insert("mode".into(), mode.into());
-    for (k, v) in extra {
-        options.insert((*k).into(), (*v).into());
-    }
-    json!({"bucket": "datasets", "keys": [], "model": "resnet18", "split": 0, "options": options})
 }
 
 fn good_body(i: usize) -> Value {
@@ -213,19 +204,23 @@ impl Load<'_> {
                             ("dims", "48,3,224,224"),
                             ("bytes", &input48),
                         ],
+                        &[],
                     );
                     let calls = (0..4).map(|_| self.invoke(kind, "hostile", &body));
                     futures::future::join_all(calls).await;
                 }
                 "memory" => {
                     let b = if n.is_multiple_of(2) {
-                        hostile("tensors", &[("count", "64"), ("bytes", "4194304")])
+                        hostile("tensors", &[("count", "64"), ("bytes", "4194304")], &[])
                     } else {
-                        hostile("alloc", &[("bytes", "1073741824")])
+                        hostile("alloc", &[("bytes", "1073741824")], &[])
                     };
                     self.invoke(kind, "hostile", &b).await;
                 }
-                "loop" => self.invoke(kind, "hostile", &hostile("loop", &[])).await,
+                "loop" => {
+                    self.invoke(kind, "hostile", &hostile("loop", &[], &[]))
+                        .await
+                }
                 "sleep" => {
                     let b = json!({"bucket": "b", "keys": [], "model": "m", "split": 0, "options": {"ms": "8000"}});
                     self.invoke(kind, "sleeper", &b).await;
@@ -238,6 +233,7 @@ impl Load<'_> {
                             ("dims", "192,3,224,224"),
                             ("bytes", &input192),
                         ],
+                        &[],
                     );
                     self.invoke(kind, "hostile", &b).await;
                 }
@@ -276,26 +272,15 @@ impl Load<'_> {
                 }
                 _ => {
                     let b = if n.is_multiple_of(2) {
-                        hostile("wide-output", &[("rank", "8000000")])
+                        hostile("wide-output", &[("rank", "8000000")], &[])
                     } else {
-                        hostile("long-error", &[("bytes", "25165824")])
+                        hostile("long-error", &[("bytes", "25165824")], &[])
                     };
                     self.invoke(kind, "hostile", &b).await;
                 }
             }
         }
     }
-}
-
-fn rss(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("VmRSS:"))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        })
-        .map_or(0, |kb| kb * 1024)
 }
 
 fn quantile(v: &mut [f64], q: f64) -> f64 {
@@ -374,7 +359,7 @@ async fn main() {
             samples
                 .lock()
                 .expect("samples")
-                .push((started.elapsed().as_secs_f64(), rss(pid)));
+                .push((started.elapsed().as_secs_f64(), proc_memory(pid, "VmRSS:")));
             tokio::time::sleep(Duration::from_secs(1)).await;
         }
     };

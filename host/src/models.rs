@@ -36,10 +36,11 @@ pub struct Models {
     kept: Option<PathBuf>,
 }
 
-/// Memory models measured in this process, by key.
-fn measured() -> &'static Mutex<HashMap<String, Arc<ModelMemory>>> {
-    static M: OnceLock<Mutex<HashMap<String, Arc<ModelMemory>>>> = OnceLock::new();
-    M.get_or_init(Mutex::default)
+/// Memory models of this process, by key: hosts in one process (tests, benches) measure a
+/// model once between them, the others waiting for it.
+fn measured(key: &str) -> Slot<ModelMemory> {
+    static M: OnceLock<Mutex<HashMap<String, Slot<ModelMemory>>>> = OnceLock::new();
+    Models::slot(M.get_or_init(Mutex::default), key)
 }
 
 impl Models {
@@ -111,55 +112,54 @@ impl Models {
     /// (concurrent callers wait) and kept.
     pub fn memory(&self, name: &str, pkg: &ModelPackage) -> Result<Arc<ModelMemory>, String> {
         Self::slot(&self.memory, name)
-            .get_or_init(|| {
-                let key = self.memory_key(name);
-                let file = key
-                    .as_ref()
-                    .zip(self.kept.as_ref())
-                    .map(|(k, dir)| dir.join(format!("{k}.json")));
-                if let Some(k) = &key
-                    && let Some(m) = measured()
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .get(k)
-                {
-                    return Ok(Arc::clone(m));
-                }
-                let kept = file
-                    .as_ref()
-                    .and_then(|f| std::fs::read(f).ok())
-                    .and_then(|b| serde_json::from_slice::<ModelMemory>(&b).ok())
-                    .filter(|m| m.layers.len() == pkg.num_layers());
-                let m = match kept {
-                    Some(m) => Arc::new(m),
-                    None => {
-                        let m =
-                            memory::measure(pkg).map_err(|e| format!("measuring `{name}`: {e}"))?;
-                        tracing::info!(
-                            "memory model of `{name}`: {} ({:.1}s), weights {} bytes",
-                            m.method,
-                            m.seconds,
-                            m.weights()
-                        );
-                        if let Some(f) = &file
-                            && let Err(e) = serde_json::to_vec(&m)
-                                .map_err(std::io::Error::other)
-                                .and_then(|b| std::fs::write(f, b))
-                        {
-                            tracing::warn!("not keeping the memory model at {}: {e}", f.display());
-                        }
-                        Arc::new(m)
-                    }
-                };
-                if let Some(k) = key {
-                    measured()
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .insert(k, Arc::clone(&m));
-                }
-                Ok(m)
+            .get_or_init(|| match self.memory_key(name) {
+                Some(key) => measured(&key)
+                    .get_or_init(|| self.kept_or_measured(name, &key, pkg))
+                    .clone(),
+                None => self.measure(name, pkg),
             })
             .clone()
+    }
+
+    /// The memory model kept on disk under `key`, else measured and kept there.
+    fn kept_or_measured(
+        &self,
+        name: &str,
+        key: &str,
+        pkg: &ModelPackage,
+    ) -> Result<Arc<ModelMemory>, String> {
+        let file = self
+            .kept
+            .as_ref()
+            .map(|dir| dir.join(format!("{key}.json")));
+        let kept = file
+            .as_ref()
+            .and_then(|f| std::fs::read(f).ok())
+            .and_then(|b| serde_json::from_slice::<ModelMemory>(&b).ok())
+            .filter(|m| m.layers.len() == pkg.num_layers());
+        if let Some(m) = kept {
+            return Ok(Arc::new(m));
+        }
+        let m = self.measure(name, pkg)?;
+        if let Some(f) = &file
+            && let Err(e) = serde_json::to_vec(m.as_ref())
+                .map_err(std::io::Error::other)
+                .and_then(|b| std::fs::write(f, b))
+        {
+            tracing::warn!("not keeping the memory model at {}: {e}", f.display());
+        }
+        Ok(m)
+    }
+
+    fn measure(&self, name: &str, pkg: &ModelPackage) -> Result<Arc<ModelMemory>, String> {
+        let m = memory::measure(pkg).map_err(|e| format!("measuring `{name}`: {e}"))?;
+        tracing::info!(
+            "memory model of `{name}`: {} ({:.1}s), weights {} bytes",
+            m.method,
+            m.seconds,
+            m.weights()
+        );
+        Ok(Arc::new(m))
     }
 
     /// Per-layer time per sample and output bytes on this host's device, measured on `pkg`

@@ -11,7 +11,7 @@
 mod common;
 
 use common::components::{guest_with, module, section};
-use common::{guest, raw, sample_key};
+use common::{guest, hostile, proc_memory, raw, sample_key};
 use hapi_host::policy::hash_token;
 use hapi_tests::HostProcess;
 use serde_json::{Value, json};
@@ -73,7 +73,7 @@ max_output = "64KiB"
 concurrency = 1
 queue = 8
 deploy = true
-capabilities = ["clocks"]
+capabilities = ["clocks", "random"]
 [tenants.attacker.functions]
 hostile = "{hostile}"
 sleeper = "{sleeper}"
@@ -114,22 +114,12 @@ hostile = "{hostile}"
 struct Rss(u32);
 
 impl Rss {
-    fn field(&self, name: &str) -> u64 {
-        let status =
-            std::fs::read_to_string(format!("/proc/{}/status", self.0)).unwrap_or_default();
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-            .map_or(0, |kb| kb * 1024)
-    }
-
     fn now(&self) -> u64 {
-        self.field("VmRSS:")
+        proc_memory(self.0, "VmRSS:")
     }
 
     fn peak(&self) -> u64 {
-        self.field("VmHWM:")
+        proc_memory(self.0, "VmHWM:")
     }
 
     fn reset_peak(&self) {
@@ -179,15 +169,6 @@ struct Suite {
     client: reqwest::Client,
     solo_ms: f64,
     rows: std::sync::Mutex<Vec<Row>>,
-}
-
-fn hostile(mode: &str, extra: &[(&str, &str)], keys: &[&str]) -> Value {
-    let mut options = serde_json::Map::new();
-    options.insert("mode".into(), mode.into());
-    for (k, v) in extra {
-        options.insert((*k).into(), (*v).into());
-    }
-    json!({"bucket": "datasets", "keys": keys, "model": "resnet18", "split": 0, "options": options})
 }
 
 fn victim_body() -> Value {
@@ -548,86 +529,112 @@ async fn a_hostile_tenant_cannot_break_isolation() {
     )
     .await;
 
-    // 2. Host memory beyond the tenant's limit.
-    s.row(2, "guest allocates 1 GiB", bound, limit, async {
-        (
-            s.attack("hostile", hostile("alloc", &[("bytes", "1073741824")], &[]))
-                .await,
-            None,
-        )
-    })
-    .await;
-    s.row(
-        2,
-        "64 tensors of 4 MiB kept in the host",
-        bound,
-        limit,
-        async {
-            (
-                s.attack(
-                    "hostile",
-                    hostile("tensors", &[("count", "64"), ("bytes", "4194304")], &[]),
-                )
-                .await,
-                None,
-            )
-        },
-    )
-    .await;
-    s.row(
-        2,
-        "112 graph names of 8 MiB, error values kept",
-        bound,
-        limit,
-        async {
-            (
-                s.attack(
-                    "hostile",
-                    hostile("names", &[("count", "112"), ("bytes", "8388608")], &[]),
-                )
-                .await,
-                None,
-            )
-        },
-    )
-    .await;
-    s.row(2, "10 tensors of 8M dimensions kept", bound, limit, async {
-        (
-            s.attack(
-                "hostile",
-                hostile("dims", &[("count", "10"), ("rank", "8000000")], &[]),
-            )
-            .await,
-            None,
-        )
-    })
-    .await;
+    // 2-4, 8: single calls of the attacker, each a row: class, attack, function, body.
     let input = (64 * 3 * 224 * 224 * 4).to_string();
-    s.row(
-        2,
-        "compute of 64 samples (205 MB of output)",
-        bound,
-        limit,
-        async {
-            (
-                s.attack(
-                    "hostile",
-                    hostile(
-                        "graph",
-                        &[
-                            ("graph", "resnet18[0..1]"),
-                            ("dims", "64,3,224,224"),
-                            ("bytes", &input),
-                        ],
-                        &[],
-                    ),
-                )
-                .await,
-                None,
-            )
-        },
-    )
-    .await;
+    let big = (32 * 3 * 224 * 224 * 4).to_string();
+    let long_segment = format!("fashion-mnist/{}.png", "a".repeat(300));
+    let offset = (u64::MAX - 5).to_string();
+    let prefix = format!("fashion-mnist/{}/", "p".repeat(300));
+    let graph = |name: &str, dims: &str, bytes: &str| {
+        hostile(
+            "graph",
+            &[("graph", name), ("dims", dims), ("bytes", bytes)],
+            &[],
+        )
+    };
+    let single: Vec<(u8, &str, &str, Value)> = vec![
+        (
+            2,
+            "guest allocates 1 GiB",
+            "hostile",
+            hostile("alloc", &[("bytes", "1073741824")], &[]),
+        ),
+        (
+            2,
+            "64 tensors of 4 MiB kept in the host",
+            "hostile",
+            hostile("tensors", &[("count", "64"), ("bytes", "4194304")], &[]),
+        ),
+        (
+            2,
+            "112 graph names of 8 MiB, error values kept",
+            "hostile",
+            hostile("names", &[("count", "112"), ("bytes", "8388608")], &[]),
+        ),
+        (
+            2,
+            "10 tensors of 8M dimensions kept",
+            "hostile",
+            hostile("dims", &[("count", "10"), ("rank", "8000000")], &[]),
+        ),
+        (
+            2,
+            "compute of 64 samples (205 MB of output)",
+            "hostile",
+            graph("resnet18[0..1]", "64,3,224,224", &input),
+        ),
+        (3, "endless loop", "hostile", hostile("loop", &[], &[])),
+        (
+            3,
+            "8 s sleep in a host call (wasi:clocks)",
+            "sleeper",
+            json!({"bucket": "b", "keys": [], "model": "m", "split": 0, "options": {"ms": "8000"}}),
+        ),
+        (
+            3,
+            "one compute of 32 samples through all of resnet18",
+            "hostile",
+            graph("resnet18[0..15]", "32,3,224,224", &big),
+        ),
+        (
+            4,
+            "a model that can never fit (vgg11, 507 MiB, on a 256 MiB budget)",
+            "hostile",
+            graph("vgg11[0..1]", "1,3,224,224", "602112"),
+        ),
+        (
+            8,
+            "a key with a 300-byte segment",
+            "hostile",
+            hostile("read", &[], &[&long_segment]),
+        ),
+        (
+            8,
+            "a key below an object",
+            "hostile",
+            hostile("read", &[], &["fashion-mnist/small.bin/x"]),
+        ),
+        (
+            8,
+            "get-range at offset 2^64 - 6",
+            "hostile",
+            hostile(
+                "range",
+                &[("offset", &offset), ("length", "100")],
+                &["fashion-mnist/small.bin"],
+            ),
+        ),
+        (
+            8,
+            "list under a 300-byte prefix segment",
+            "hostile",
+            hostile("list", &[("prefix", &prefix)], &[]),
+        ),
+        (
+            8,
+            "a guest that claims a store failure",
+            "hostile",
+            hostile("claim-io", &[], &[]),
+        ),
+    ];
+    for (class, attack, function, body) in single {
+        s.row(class, attack, bound, limit, async {
+            (s.attack(function, body).await, None)
+        })
+        .await;
+    }
+
+    // 2. Host memory: held across many calls, and many bombs at once.
     let small = (8 * 3 * 224 * 224 * 4).to_string();
     s.row(
         2,
@@ -677,69 +684,6 @@ async fn a_hostile_tenant_cannot_break_isolation() {
             (
                 Outcome::of(worst.status, &worst.code, started.elapsed())
                     .note(format!("{codes:?}")),
-                None,
-            )
-        },
-    )
-    .await;
-
-    // 3. Time beyond the tenant's limit, inside host calls too.
-    s.row(3, "endless loop", bound, limit, async {
-        (s.attack("hostile", hostile("loop", &[], &[])).await, None)
-    })
-    .await;
-    s.row(3, "8 s sleep in a host call (wasi:clocks)", bound, limit, async {
-        (s.attack("sleeper", json!({"bucket": "b", "keys": [], "model": "m", "split": 0, "options": {"ms": "8000"}})).await, None)
-    })
-    .await;
-    let big = (32 * 3 * 224 * 224 * 4).to_string();
-    s.row(
-        3,
-        "one compute of 32 samples through all of resnet18",
-        bound,
-        limit,
-        async {
-            (
-                s.attack(
-                    "hostile",
-                    hostile(
-                        "graph",
-                        &[
-                            ("graph", "resnet18[0..15]"),
-                            ("dims", "32,3,224,224"),
-                            ("bytes", &big),
-                        ],
-                        &[],
-                    ),
-                )
-                .await,
-                None,
-            )
-        },
-    )
-    .await;
-
-    // 4. The device cannot stall.
-    s.row(
-        4,
-        "a model that can never fit (vgg11, 507 MiB, on a 256 MiB budget)",
-        bound,
-        limit,
-        async {
-            (
-                s.attack(
-                    "hostile",
-                    hostile(
-                        "graph",
-                        &[
-                            ("graph", "vgg11[0..1]"),
-                            ("dims", "1,3,224,224"),
-                            ("bytes", "602112"),
-                        ],
-                        &[],
-                    ),
-                )
-                .await,
                 None,
             )
         },
@@ -886,72 +830,6 @@ async fn a_hostile_tenant_cannot_break_isolation() {
         assert!(body.len() <= 8192, "a {} byte body", body.len());
         (o.note(format!("{} byte body", body.len())), None)
     })
-    .await;
-
-    // 8. Client mistakes are 4xx or empty results.
-    let long_segment = format!("fashion-mnist/{}.png", "a".repeat(300));
-    s.row(8, "a key with a 300-byte segment", bound, limit, async {
-        (
-            s.attack("hostile", hostile("read", &[], &[&long_segment]))
-                .await,
-            None,
-        )
-    })
-    .await;
-    s.row(8, "a key below an object", bound, limit, async {
-        (
-            s.attack(
-                "hostile",
-                hostile("read", &[], &["fashion-mnist/small.bin/x"]),
-            )
-            .await,
-            None,
-        )
-    })
-    .await;
-    let offset = (u64::MAX - 5).to_string();
-    s.row(8, "get-range at offset 2^64 - 6", bound, limit, async {
-        (
-            s.attack(
-                "hostile",
-                hostile(
-                    "range",
-                    &[("offset", &offset), ("length", "100")],
-                    &["fashion-mnist/small.bin"],
-                ),
-            )
-            .await,
-            None,
-        )
-    })
-    .await;
-    let prefix = format!("fashion-mnist/{}/", "p".repeat(300));
-    s.row(
-        8,
-        "list under a 300-byte prefix segment",
-        bound,
-        limit,
-        async {
-            (
-                s.attack("hostile", hostile("list", &[("prefix", &prefix)], &[]))
-                    .await,
-                None,
-            )
-        },
-    )
-    .await;
-    s.row(
-        8,
-        "a guest that claims a store failure",
-        bound,
-        limit,
-        async {
-            (
-                s.attack("hostile", hostile("claim-io", &[], &[])).await,
-                None,
-            )
-        },
-    )
     .await;
 
     // 9. HTTP edges.

@@ -7,7 +7,7 @@
 mod common;
 
 use common::{
-    SAMPLES, TestHost, features, sample_key, start_tenants, tenant_token, tenants_policy,
+    SAMPLES, TestHost, features, raw, sample_key, start_tenants, tenant_token, tenants_policy,
 };
 use hapi_wire::profile::{ModelMemory, SegmentCost};
 use serde_json::{Value, json};
@@ -267,7 +267,7 @@ async fn no_call_outlives_its_limit_waiting_for_the_device() {
     // Warm: the model is loaded before the load starts.
     let mut first = body(0, 1);
     first["split"] = json!(freeze);
-    features(h.invoke(&token(0), "feature-extract", first).await).await;
+    features(h.warm(&token(0), "feature-extract", first).await).await;
     // Eight tenants' 8 images each take longer than 1 s together: waiting for the device
     // counts, so calls end with `time_limit_exceeded` at their deadline, never much later.
     let calls = (0..TENANTS).map(|t| {
@@ -388,5 +388,90 @@ async fn a_first_load_that_outlasts_the_limit_is_answered_429_and_goes_on() {
     eprintln!(
         "alexnet: served {:?} after its first call",
         started.elapsed()
+    );
+}
+
+/// A libtorch error inside a device batch (here: a package whose layer 1 is another layer's
+/// TorchScript, so running it fails) fails that batch's call with 500 `host_fault` and a request
+/// id, with no internals in the body; the dispatcher serves the next call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_failing_batch_is_a_host_fault_with_a_request_id_and_the_device_serves_on() {
+    let _one = serial().lock().await;
+    let tmp = tempfile::tempdir().expect("tmp");
+    let (models, state) = (tmp.path().join("models"), tmp.path().join("state"));
+    let source = hapi_model::models_dir().join("resnet18");
+    let broken = models.join("resnet18");
+    std::fs::create_dir_all(&broken).expect("mkdir");
+    for entry in std::fs::read_dir(&source).expect("package") {
+        let path = entry.expect("entry").path();
+        let name = path.file_name().expect("name").to_owned();
+        std::fs::copy(&path, broken.join(name)).expect("copy");
+    }
+    let graph = |name: &str, dims: &str, bytes: usize| {
+        json!({"bucket": "datasets", "keys": [], "model": "resnet18", "split": 0,
+               "options": {"mode": "graph", "graph": name, "dims": dims, "bytes": bytes.to_string()}})
+    };
+    let policy = |store: &std::path::Path| {
+        common::policy_text(store, &state)
+            .replace(
+                &hapi_model::models_dir().display().to_string(),
+                &models.display().to_string(),
+            )
+            .replace(
+                "models = [\"efficientnet_lite0\", \"resnet18\"]",
+                "models = [\"resnet18\"]",
+            )
+    };
+    // A healthy host measures the package's memory model and keeps it in the state directory.
+    {
+        let h = start_tenants(|store, _| policy(store)).await;
+        assert_eq!(
+            raw(h
+                .warm(
+                    common::ALICE,
+                    "hostile",
+                    graph("resnet18[0..2]", "1,3,224,224", 602_112)
+                )
+                .await)
+            .await,
+            1u32.to_le_bytes(),
+            "one output tensor (usize is 32-bit in the guest)"
+        );
+    }
+    // Layer 1 (a BatchNorm over 64 channels) becomes layer 8 (a block over 128 channels).
+    std::fs::copy(broken.join("08_layer3_0.pt"), broken.join("01_bn1.pt")).expect("swap");
+    let h = start_tenants(|store, _| policy(store)).await;
+    let resp = h
+        .invoke(
+            common::ALICE,
+            "hostile",
+            graph("resnet18[0..2]", "1,3,224,224", 602_112),
+        )
+        .await;
+    let id = resp
+        .headers()
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+        .expect("x-request-id")
+        .to_string();
+    let (code, message) = common::error_code(resp, 500).await;
+    assert_eq!(code, "host_fault", "{message}");
+    assert!(message.contains(&id), "{message}");
+    assert!(
+        !message.contains("channels") && !message.contains("torch"),
+        "internals leaked: {message}"
+    );
+    assert!(metric(&h, "hapi_device_faults").await >= 1.0);
+    // The device serves on: layer 0 alone is fine.
+    assert_eq!(
+        raw(h
+            .invoke(
+                common::ALICE,
+                "hostile",
+                graph("resnet18[0..1]", "1,3,224,224", 602_112)
+            )
+            .await)
+        .await,
+        1u32.to_le_bytes()
     );
 }

@@ -144,7 +144,7 @@ async fn health_and_metrics() {
     assert_eq!(health.status(), 200);
     let body =
         json!({"bucket": "datasets", "keys": [sample_key(0)], "model": "resnet18", "split": 1});
-    let resp = h.invoke(ALICE, "feature-extract", body).await;
+    let resp = h.warm(ALICE, "feature-extract", body).await;
     assert_eq!(
         resp.status(),
         200,

@@ -33,7 +33,7 @@ async fn wasm_features_equal_native_features_for_first_middle_and_freeze_splits(
     ] {
         for split in splits {
             let resp = h
-                .invoke(
+                .warm(
                     ALICE,
                     "feature-extract",
                     json!({"bucket": "datasets", "keys": keys, "model": model, "split": split}),
@@ -78,7 +78,7 @@ async fn wasm_features_equal_native_features_for_first_middle_and_freeze_splits(
 async fn split_zero_returns_the_preprocessed_images() {
     let h = TestHost::start().await;
     let resp = h
-        .invoke(
+        .warm(
             ALICE,
             "feature-extract",
             json!({"bucket": "datasets", "keys": [sample_key(0)], "model": "resnet18", "split": 0}),

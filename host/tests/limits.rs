@@ -3,18 +3,9 @@
 
 mod common;
 
-use common::{BOB, CLOCKY, TIGHT, TestHost, error_code, raw};
-use serde_json::{Value, json};
+use common::{BOB, CLOCKY, TIGHT, TestHost, error_code, hostile, raw};
+use serde_json::json;
 use std::time::{Duration, Instant};
-
-fn hostile(mode: &str, extra: &[(&str, &str)], keys: &[&str]) -> Value {
-    let mut options = serde_json::Map::new();
-    options.insert("mode".into(), mode.into());
-    for (k, v) in extra {
-        options.insert((*k).into(), (*v).into());
-    }
-    json!({"bucket": "datasets", "keys": keys, "model": "resnet18", "split": 0, "options": options})
-}
 
 /// Bob reads his own object: the host still serves other tenants.
 async fn others_still_served(h: &TestHost) {
@@ -271,6 +262,23 @@ async fn time_limit_holds_inside_a_blocking_host_call() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_bytes_are_bounded_per_call() {
+    let h = TestHost::start().await;
+    let random = |len: u64| json!({"bucket": "b", "keys": [], "model": "resnet18", "split": 0, "options": {"random": len.to_string()}});
+    let limit = hapi_host::wasm::limits::MAX_RANDOM_BYTES;
+    // `clocky` is granted `random`: one call may ask for up to MAX_RANDOM_BYTES...
+    let got = raw(h.invoke(CLOCKY, "sleeper", random(limit)).await).await;
+    assert_eq!(u64::from_le_bytes(got.try_into().expect("8 bytes")), limit);
+    // ...and no more: the host allocates nothing for a larger request and ends the call.
+    for len in [limit + 1, u64::MAX] {
+        let (code, message) = error_code(h.invoke(CLOCKY, "sleeper", random(len)).await, 422).await;
+        assert_eq!(code, "function_trapped", "{message}");
+        assert!(message.contains("exceeds limit"), "{message}");
+    }
+    others_still_served(&h).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn object_byte_caps_obeyed() {
     let h = TestHost::start().await;
     // 1 KiB object under the 2 KiB object cap; 3 x 1 KiB = the 3 KiB invocation cap.
@@ -377,7 +385,7 @@ async fn instance_slots_obeyed_and_violated() {
             "max_connections = 2048\nmax_connections_per_client = 2048",
             tenants,
             &["resnet18"],
-            |_| "concurrency = 64\nqueue = 0\ncapabilities = [\"clocks\"]".into(),
+            |_| "concurrency = 64\nqueue = 0\ncapabilities = [\"clocks\", \"random\"]".into(),
         );
         text.push('\n');
         for t in 0..tenants {
@@ -461,4 +469,62 @@ async fn stack_limit_obeyed_and_violated() {
     assert_eq!(code, "function_trapped", "{message}");
     assert!(message.contains("stack"), "{message}");
     others_still_served(&h).await;
+}
+
+/// The time limit holds inside a large compute, pooled or not: the call ends at its deadline
+/// (the device drops its slices or its thread stops between them) and the host serves on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn time_limit_holds_inside_a_large_compute_pooled_or_not() {
+    for pool in [true, false] {
+        let h = common::start_tenants(|store, state| {
+            common::tenants_policy(
+                store,
+                state,
+                &format!("pool = {pool}"),
+                1,
+                &["resnet18"],
+                |_| String::new(),
+            )
+            .replace("timeout = \"120s\"", "timeout = \"1s\"")
+        })
+        .await;
+        // Warm, then 96 images through every layer of ResNet-18: several seconds of compute.
+        let one = json!({"bucket": "datasets", "keys": [common::sample_key(0)], "model": "resnet18", "split": 15});
+        assert_eq!(
+            h.warm(&common::tenant_token(0), "feature-extract", one.clone())
+                .await
+                .status(),
+            200
+        );
+        let keys: Vec<String> = (0..96)
+            .map(|i| common::sample_key(common::SAMPLES[i % 6]))
+            .collect();
+        let large = json!({"bucket": "datasets", "keys": keys, "model": "resnet18", "split": 15});
+        let started = Instant::now();
+        let resp = h
+            .invoke(&common::tenant_token(0), "feature-extract", large)
+            .await;
+        let took = started.elapsed();
+        let (code, message) = error_code(resp, 422).await;
+        assert_eq!(code, "time_limit_exceeded", "pool = {pool}: {message}");
+        assert!(
+            took < Duration::from_millis(1500),
+            "pool = {pool}: {took:?}"
+        );
+        assert_eq!(
+            h.invoke(&common::tenant_token(0), "feature-extract", one)
+                .await
+                .status(),
+            200
+        );
+        // The abandoned call's last slice ends within a slice's time; then nothing is held.
+        let until = Instant::now() + Duration::from_secs(2);
+        while h.host.device().memory().reserved > 0 {
+            assert!(
+                Instant::now() < until,
+                "pool = {pool}: memory left reserved"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
 }

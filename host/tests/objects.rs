@@ -250,10 +250,9 @@ async fn s3_store_conforms_and_serves_the_whole_pushdown_path() {
     let local_host = TestHost::start().await;
     let keys: Vec<String> = SAMPLES.iter().map(|&i| sample_key(i)).collect();
     let body = json!({"bucket": "datasets", "keys": keys, "model": "resnet18", "split": 6});
-    let (s3_shape, s3) =
-        features(s3_host.invoke(ALICE, "feature-extract", body.clone()).await).await;
+    let (s3_shape, s3) = features(s3_host.warm(ALICE, "feature-extract", body.clone()).await).await;
     let (local_shape, local) =
-        features(local_host.invoke(ALICE, "feature-extract", body).await).await;
+        features(local_host.warm(ALICE, "feature-extract", body).await).await;
     assert_eq!(s3_shape, local_shape);
     assert_eq!(s3, local);
 }

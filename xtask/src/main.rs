@@ -113,6 +113,12 @@ fn workspace() -> PathBuf {
 }
 
 fn soak(args: &[String]) -> Result<(), String> {
+    host_bench("soak", args)
+}
+
+/// Runs `hapi-host`'s bench `name` (after building the guests) with `--out target/bench` and
+/// `args`.
+fn host_bench(name: &str, args: &[String]) -> Result<(), String> {
     let env = setup::run()?;
     env.build_guests()?;
     let out = env.workspace.join("target/bench");
@@ -122,7 +128,7 @@ fn soak(args: &[String]) -> Result<(), String> {
         "--package",
         "hapi-host",
         "--bench",
-        "soak",
+        name,
         "--",
         "--out",
         &out,
@@ -170,24 +176,7 @@ fn bench(args: &[String]) -> Result<(), String> {
                 &json,
             ])
         }
-        Some("pooling") => {
-            let env = setup::run()?;
-            env.build_guests()?;
-            let out = env.workspace.join("target/bench");
-            let out = out.to_string_lossy().into_owned();
-            let mut cmd = vec![
-                "bench",
-                "--package",
-                "hapi-host",
-                "--bench",
-                "pooling",
-                "--",
-                "--out",
-                &out,
-            ];
-            cmd.extend(args[1..].iter().map(String::as_str));
-            env.cargo(&cmd)
-        }
+        Some("pooling") => host_bench("pooling", &args[1..]),
         Some(other) => Err(format!(
             "unknown benchmark `{other}` (known: models, host, pooling)"
         )),

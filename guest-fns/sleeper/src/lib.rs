@@ -1,7 +1,9 @@
-//! Test guest: sleeps for option `ms` milliseconds through `wasi:clocks` (std's
-//! `thread::sleep` subscribes to the monotonic clock and blocks on the pollable, a host call
-//! that waits), then returns how long it slept by its own clock. It imports `wasi:clocks`, so
-//! only tenants granted `clocks` may deploy it.
+//! Test guest for the grantable WASI interfaces. With option `ms`, it sleeps that many
+//! milliseconds through `wasi:clocks` (std's `thread::sleep` subscribes to the monotonic clock
+//! and blocks on the pollable, a host call that waits), then returns how long it slept by its
+//! own clock. With option `random`, it asks `wasi:random` for that many bytes in one call and
+//! returns how many it got. It imports `wasi:clocks` and `wasi:random`, so only tenants granted
+//! both may run it.
 
 #[allow(clippy::too_many_arguments)] // generated bindings
 mod bindings {
@@ -13,6 +15,23 @@ mod bindings {
     });
 }
 
+/// `wasi:random@0.2.0`'s interface (as wasi-libc links it), declared here because the
+/// project's WIT (`../../wit`) does not carry the package.
+mod random {
+    wit_bindgen::generate!({
+        inline: "
+            package wasi:random@0.2.0;
+            interface random {
+                get-random-bytes: func(len: u64) -> list<u8>;
+                get-random-u64: func() -> u64;
+            }
+            world imports {
+                import random;
+            }
+        ",
+    });
+}
+
 use bindings::hapi::pushdown::types::ElementType;
 use bindings::{Error, Guest, Invocation, TensorOut};
 use std::time::{Duration, Instant};
@@ -21,12 +40,23 @@ struct Sleeper;
 
 impl Guest for Sleeper {
     fn run(inv: Invocation) -> Result<TensorOut, Error> {
-        let ms: u64 = inv
-            .options
-            .iter()
-            .find(|(k, _)| k == "ms")
-            .and_then(|(_, v)| v.parse().ok())
-            .ok_or_else(|| Error::BadRequest("option `ms` (a number) is required".into()))?;
+        let number = |key: &str| -> Option<u64> {
+            inv.options
+                .iter()
+                .find(|(k, _)| k == key)
+                .and_then(|(_, v)| v.parse().ok())
+        };
+        if let Some(len) = number("random") {
+            let got = random::wasi::random::random::get_random_bytes(len).len() as u64;
+            return Ok(TensorOut {
+                dimensions: vec![8],
+                ty: ElementType::U8,
+                data: got.to_le_bytes().to_vec(),
+            });
+        }
+        let ms = number("ms").ok_or_else(|| {
+            Error::BadRequest("option `ms` or `random` (a number) is required".into())
+        })?;
         let started = Instant::now();
         std::thread::sleep(Duration::from_millis(ms));
         let slept = started.elapsed().as_millis() as u64;

@@ -61,19 +61,25 @@ impl Account {
         self.peak.load(Ordering::Acquire)
     }
 
+    /// `used + bytes`, if that stays within the limit.
+    fn within(&self, used: u64, bytes: u64, what: &'static str) -> Result<u64, OverLimit> {
+        let total = used.saturating_add(bytes);
+        if total > self.limit {
+            return Err(OverLimit {
+                what,
+                need: bytes,
+                total,
+                limit: self.limit,
+            });
+        }
+        Ok(total)
+    }
+
     /// Adds `bytes` if the total stays within the limit.
     fn add(&self, bytes: u64, what: &'static str) -> Result<(), OverLimit> {
         let mut used = self.used.load(Ordering::Acquire);
         loop {
-            let total = used.saturating_add(bytes);
-            if total > self.limit {
-                return Err(OverLimit {
-                    what,
-                    need: bytes,
-                    total,
-                    limit: self.limit,
-                });
-            }
+            let total = self.within(used, bytes, what)?;
             match self
                 .used
                 .compare_exchange_weak(used, total, Ordering::AcqRel, Ordering::Acquire)
@@ -109,16 +115,7 @@ impl Account {
     /// the guest must hold it in its own memory afterwards, so a value larger than what is
     /// left can never be delivered, and is refused before the host allocates it.
     pub fn check_incoming(&self, bytes: u64, what: &'static str) -> Result<(), OverLimit> {
-        let total = self.used().saturating_add(bytes);
-        if total > self.limit {
-            return Err(OverLimit {
-                what,
-                need: bytes,
-                total,
-                limit: self.limit,
-            });
-        }
-        Ok(())
+        self.within(self.used(), bytes, what).map(drop)
     }
 }
 

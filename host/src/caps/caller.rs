@@ -11,9 +11,14 @@ pub struct Caller {
     pub deadline: Arc<Deadline>,
 }
 
-/// Why a host call stops the guest (a trap): the host's limits, not the guest's errors.
+/// Why a host call stops the guest (a trap): the host's limits and the host's own answers, not
+/// the guest's errors. A guest cannot carry on past any of them: the host answers the request.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Stop {
+    /// The device refused the call (no room now, never fits, shutting down) or failed; the
+    /// host answers with that.
+    #[error("{0}")]
+    Device(crate::device::DeviceError),
     /// Guest memory plus what the host holds went over the memory limit.
     #[error("{0}")]
     Memory(String),

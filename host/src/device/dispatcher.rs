@@ -73,53 +73,25 @@ pub struct Call {
     pub deadline: Arc<Deadline>,
     pub reply: oneshot::Sender<Result<Ran, DeviceError>>,
     pub enqueued: Instant,
+    /// How far the device has got with it.
+    pub progress: Progress,
+}
+
+/// What the device has done of a call.
+#[derive(Debug, Default)]
+pub struct Progress {
     taken: i64,
     device: Duration,
     batches: u32,
 }
 
 impl Call {
-    #[allow(clippy::too_many_arguments)]
-    pub fn new(
-        tenant: Arc<str>,
-        weight: u32,
-        pin: Pin,
-        range: Range<usize>,
-        cost: SegmentCost,
-        input: Input,
-        out_shape: Vec<i64>,
-        output: Vec<u8>,
-        out_charge: Charge,
-        held: Option<Reservation>,
-        deadline: Arc<Deadline>,
-        reply: oneshot::Sender<Result<Ran, DeviceError>>,
-    ) -> Self {
-        Self {
-            tenant,
-            weight,
-            pin,
-            range,
-            cost,
-            input,
-            out_shape,
-            output,
-            out_charge,
-            held,
-            deadline,
-            reply,
-            enqueued: Instant::now(),
-            taken: 0,
-            device: Duration::ZERO,
-            batches: 0,
-        }
-    }
-
     fn key(&self) -> (&str, usize, usize) {
         (self.pin.model.name(), self.range.start, self.range.end)
     }
 
     fn left(&self) -> i64 {
-        self.input.n - self.taken
+        self.input.n - self.progress.taken
     }
 
     /// The caller gave up on it.
@@ -136,9 +108,9 @@ impl Call {
             output: self.output,
             charge: self.out_charge,
             dims,
-            queued: self.enqueued.elapsed().saturating_sub(self.device),
-            device: self.device,
-            batches: self.batches,
+            queued: self.enqueued.elapsed().saturating_sub(self.progress.device),
+            device: self.progress.device,
+            batches: self.progress.batches,
         };
         (ran, self.reply)
     }
@@ -490,7 +462,7 @@ impl Dispatcher {
             for (id, take) in picked {
                 let c = &self.calls[id];
                 let sb = c.input.sample_bytes();
-                let (from, n) = (c.taken as usize * sb, *take as usize * sb);
+                let (from, n) = (c.progress.taken as usize * sb, *take as usize * sb);
                 inputs.push(c.input.bytes.get(from..from + n).unwrap_or_default());
             }
             let mut dests: Vec<Dest<'_>> = outputs
@@ -518,10 +490,10 @@ impl Dispatcher {
                 continue;
             };
             c.output = out;
-            c.taken += take;
+            c.progress.taken += take;
             let share = took.mul_f64(*take as f64 / size.max(1) as f64);
-            c.device += share;
-            c.batches += 1;
+            c.progress.device += share;
+            c.progress.batches += 1;
             let (tenant, weight) = (Arc::clone(&c.tenant), c.weight);
             self.fair.charge(&tenant, share.as_secs_f64(), weight);
         }

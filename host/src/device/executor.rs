@@ -8,7 +8,7 @@
 use crate::account::Deadline;
 use crate::device::batch::{self, Dest};
 use crate::device::budget::{Budget, Pin};
-use crate::device::dispatcher::{Call, Shared, lock};
+use crate::device::dispatcher::{Call, Progress, Shared, lock};
 use crate::device::job::{Job, Ran};
 use crate::device::types::{DeviceConfig, DeviceError};
 use crate::models::Models;
@@ -180,8 +180,8 @@ impl Device {
         let _counted = InProgress::enter(&self.shared, &tenant);
         if config.pool {
             let (reply, answer) = tokio::sync::oneshot::channel();
-            let call = Call::new(
-                Arc::clone(&tenant),
+            let call = Call {
+                tenant: Arc::clone(&tenant),
                 weight,
                 pin,
                 range,
@@ -191,9 +191,11 @@ impl Device {
                 output,
                 out_charge,
                 held,
-                Arc::clone(&deadline),
+                deadline: Arc::clone(&deadline),
                 reply,
-            );
+                enqueued: Instant::now(),
+                progress: Progress::default(),
+            };
             if self.shared.submit(call).is_err() {
                 return Err(DeviceError::ShuttingDown);
             }

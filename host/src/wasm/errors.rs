@@ -1,9 +1,10 @@
 //! Every way an invocation can fail, and the one place where traps, the guest's own errors and
 //! what the host saw during the call are classified into the wire contract's error codes.
 //!
-//! The host answers for what it saw: a device refusal or fault, or a store failure, decides the
-//! answer when the guest failed after it; a guest that reports a store failure the host never
-//! saw gets `function_error` (422), not a server error.
+//! The host answers for what it saw: a device refusal or fault stops the guest (a typed trap,
+//! [`Stop::Device`]) and is the answer; a store failure decides the answer when the guest failed
+//! after it; a guest that reports a store failure the host never saw gets `function_error`
+//! (422), not a server error.
 
 use crate::account::text::{bounded, quote};
 use crate::bindings::GuestError;
@@ -55,6 +56,7 @@ impl InvokeError {
     pub fn code(&self) -> ErrorCode {
         match self {
             InvokeError::Guest { code, .. } => *code,
+            InvokeError::Stopped(Stop::Device(d)) => InvokeError::Device(d.clone()).code(),
             InvokeError::Stopped(Stop::Memory(_)) => ErrorCode::MemoryLimitExceeded,
             InvokeError::Stopped(Stop::Table(_)) => ErrorCode::TableLimitExceeded,
             InvokeError::Stopped(Stop::Time { .. }) | InvokeError::TimeLimit(_) => {
@@ -89,7 +91,10 @@ impl InvokeError {
 /// A trap or host-call error that ended the guest.
 pub fn classify_trap(e: wasmtime::Error, limit: Duration) -> InvokeError {
     if let Some(stop) = e.downcast_ref::<Stop>() {
-        return InvokeError::Stopped(stop.clone());
+        return match stop {
+            Stop::Device(d) => InvokeError::Device(d.clone()),
+            other => InvokeError::Stopped(other.clone()),
+        };
     }
     if let Some(full) = e.downcast_ref::<wasmtime::PoolConcurrencyLimitError>() {
         return InvokeError::Capacity(full.to_string());
@@ -110,19 +115,16 @@ pub fn classify_trap(e: wasmtime::Error, limit: Duration) -> InvokeError {
     InvokeError::Trapped(bounded(format!("{e:#}")))
 }
 
-/// What the host saw during the invocation, which decides the answer when the guest failed.
+/// What the host saw of the store during the invocation, which decides the answer when the
+/// guest failed.
 #[derive(Debug, Default)]
 pub struct Witness {
-    pub device: Option<DeviceError>,
     pub store_fault: Option<String>,
     pub last_object_failure: Option<(Failure, String)>,
 }
 
 /// The guest's typed error, judged against what the host saw.
 pub fn guest_error(e: GuestError, seen: Witness) -> InvokeError {
-    if let Some(d) = seen.device {
-        return InvokeError::Device(d);
-    }
     let key_of = |kind: Failure| {
         seen.last_object_failure
             .as_ref()

@@ -382,29 +382,20 @@ async fn run(
         .await;
     let data = store.data_mut();
     let witness = Witness {
-        device: data.nn.refusal.take(),
         store_fault: data.objects.store_fault.take(),
         last_object_failure: data.objects.last_failure.take(),
     };
     let result = match called {
-        Err(expired) => Err(match witness.device {
-            Some(d) => InvokeError::Device(d),
-            None => InvokeError::Stopped(Stop::Time {
-                limit: expired.limit,
-                during: "in a host call",
-            }),
-        }),
-        // A guest that ended after a failure the host answers for (it trapped on a device
-        // refusal, or ran into its deadline while the host was busy loading a model) gets the
-        // host's answer; a store failure likewise, if the guest trapped on it.
+        Err(expired) => Err(InvokeError::Stopped(Stop::Time {
+            limit: expired.limit,
+            during: "in a host call",
+        })),
+        // A guest that trapped on a store failure (it unwrapped the error) gets the host's
+        // answer for the store.
         Ok(Err(trap)) => Err(
-            match (witness.device, classify_trap(trap, limits.timeout)) {
-                (Some(d), _) => InvokeError::Device(d),
-                (None, InvokeError::Trapped(m)) => match witness.store_fault {
-                    Some(fault) => InvokeError::Store(fault),
-                    None => InvokeError::Trapped(m),
-                },
-                (None, other) => other,
+            match (classify_trap(trap, limits.timeout), witness.store_fault) {
+                (InvokeError::Trapped(_), Some(fault)) => InvokeError::Store(fault),
+                (other, _) => other,
             },
         ),
         Ok(Ok(Err(guest))) => Err(guest_error(guest, witness)),

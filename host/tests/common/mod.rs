@@ -147,7 +147,7 @@ hostile = "{hostile}"
 token_sha256 = "{clocky}"
 models = ["resnet18"]
 timeout = "1s"
-capabilities = ["clocks"]
+capabilities = ["clocks", "random"]
 [tenants.clocky.functions]
 sleeper = "{sleeper}"
 "#,
@@ -265,6 +265,32 @@ impl TestHost {
             .expect("text")
     }
 
+    /// Invokes until the call succeeds: for a first call, which a short time limit may end
+    /// while the model loads (429 `device_busy`) or while a loaded machine is slow (422
+    /// `time_limit_exceeded`); the load goes on meanwhile. Gives up after two minutes.
+    pub async fn warm(
+        &self,
+        token: &str,
+        function: &str,
+        body: serde_json::Value,
+    ) -> reqwest::Response {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+        loop {
+            let resp = self.invoke(token, function, body.clone()).await;
+            let retry =
+                matches!(resp.status().as_u16(), 422 | 429) && std::time::Instant::now() < deadline;
+            if !retry {
+                return resp;
+            }
+            let text = resp.text().await.unwrap_or_default();
+            assert!(
+                text.contains("device_busy") || text.contains("time_limit_exceeded"),
+                "{text}"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        }
+    }
+
     pub async fn invoke(
         &self,
         token: &str,
@@ -319,4 +345,27 @@ pub async fn features(resp: reqwest::Response) -> (Vec<usize>, Vec<f32>) {
 /// The bytes of a u8 `features` tensor.
 pub async fn raw(resp: reqwest::Response) -> Vec<u8> {
     tensor(resp).await.1
+}
+
+/// An invocation of the hostile guest: its `mode`, more options, and `keys` of bucket
+/// `datasets` (model and split are not used by it).
+pub fn hostile(mode: &str, extra: &[(&str, &str)], keys: &[&str]) -> serde_json::Value {
+    let mut options = serde_json::Map::new();
+    options.insert("mode".into(), mode.into());
+    for (k, v) in extra {
+        options.insert((*k).into(), (*v).into());
+    }
+    serde_json::json!({"bucket": "datasets", "keys": keys, "model": "resnet18", "split": 0, "options": options})
+}
+
+/// A memory field of `/proc/<pid>/status` (`VmRSS:`, `VmHWM:`), in bytes (0 where unknown).
+pub fn proc_memory(pid: u32, field: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix(field))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb * 1024)
 }

@@ -27,8 +27,6 @@ pub struct NnCtx {
     /// Time waiting for the device (memory, batch mates, other tenants' turns, a model's
     /// first load).
     pub queue_time: Duration,
-    /// The device's refusal or fault, if one happened: the host answers for it.
-    pub refusal: Option<DeviceError>,
 }
 
 impl NnCtx {
@@ -39,7 +37,6 @@ impl NnCtx {
             models,
             compute_time: Duration::ZERO,
             queue_time: Duration::ZERO,
-            refusal: None,
         }
     }
 }
@@ -97,11 +94,10 @@ fn wit_type(t: ElemType) -> TensorType {
 fn wit_code(c: Code) -> ErrorCode {
     match c {
         Code::InvalidArgument => ErrorCode::InvalidArgument,
-        Code::RuntimeError | Code::Busy => ErrorCode::RuntimeError,
+        Code::RuntimeError => ErrorCode::RuntimeError,
         Code::TooLarge => ErrorCode::TooLarge,
         Code::NotFound => ErrorCode::NotFound,
         Code::Security => ErrorCode::Security,
-        Code::Timeout => ErrorCode::Timeout,
     }
 }
 
@@ -129,31 +125,17 @@ impl NnView<'_> {
         Ok(Err(r))
     }
 
-    /// The device refused or failed: the host answers for it, whatever the guest does next.
-    fn refused<T>(&mut self, e: DeviceError) -> Answer<T> {
-        let code = match &e {
-            DeviceError::TooLarge(_) => Code::TooLarge,
-            DeviceError::Busy(_) | DeviceError::ShuttingDown => Code::Busy,
-            _ => Code::RuntimeError,
-        };
-        let message = match &e {
-            DeviceError::Failed(_) => "the device failed (a host fault, logged)".to_string(),
-            other => other.to_string(),
-        };
-        self.ctx.refusal.get_or_insert(e);
-        self.error(code, message)
-    }
-
-    /// Waits on the device's answer: a deadline or a memory limit stops the guest.
+    /// The device did not run a call: the guest stops there. Its deadline or memory limit is
+    /// the tenant's; a refusal or a fault is the host's answer to the request.
     fn device_error<T>(&mut self, e: DeviceError) -> Answer<T> {
-        match e {
-            DeviceError::Expired(limit) => Err(trap(Stop::Time {
+        Err(match e {
+            DeviceError::Expired(limit) => trap(Stop::Time {
                 limit,
                 during: "while waiting for or running on the device",
-            })),
-            DeviceError::Memory(over) => Err(trap(over)),
-            other => self.refused(other),
-        }
+            }),
+            DeviceError::Memory(over) => trap(over),
+            other => trap(Stop::Device(other)),
+        })
     }
 }
 

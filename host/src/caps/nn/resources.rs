@@ -38,8 +38,6 @@ pub enum Code {
     TooLarge,
     NotFound,
     Security,
-    Timeout,
-    Busy,
 }
 
 /// A loaded graph: layers `range` of model `model`, whose input has `input_shape` per sample.

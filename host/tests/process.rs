@@ -1,5 +1,6 @@
 //! The `hapi-host` binary as operators run it: SIGHUP reloads the policy without dropping
-//! in-flight work, SIGTERM finishes in-flight invocations before exiting.
+//! in-flight work, SIGTERM finishes in-flight invocations before exiting, and at its open-file
+//! limit it sheds connections instead of stopping to answer.
 
 mod common;
 
@@ -100,4 +101,120 @@ async fn sighup_reloads_the_policy_and_sigterm_finishes_in_flight_work() {
         std::thread::sleep(Duration::from_millis(50));
     };
     assert!(status.success(), "{status}");
+}
+
+/// The open-file limit an operator's service manager might set; the host keeps 128
+/// descriptors for itself and serves at most the rest as connections.
+const FILES: u64 = 256;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_its_open_file_limit_the_host_sheds_connections_and_recovers() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let store = tmp.path().join("store");
+    std::fs::create_dir_all(&store).expect("mkdir");
+    let text = common::policy_text_for(
+        &format!("store = \"{}\"", store.display()),
+        "header_timeout = \"3s\"",
+        &tmp.path().join("state"),
+    );
+    let policy = tmp.path().join("policy.toml");
+    std::fs::write(&policy, text).expect("policy");
+    let _ = guest("hostile");
+    let server = HostProcess::serve_with(
+        Path::new(env!("CARGO_BIN_EXE_hapi-host")),
+        &policy,
+        "127.0.0.1:0",
+        |command| {
+            use std::os::unix::process::CommandExt;
+            // SAFETY: setrlimit is async-signal-safe and touches only the child.
+            unsafe {
+                command.pre_exec(|| {
+                    let limit = libc::rlimit {
+                        rlim_cur: FILES,
+                        rlim_max: FILES,
+                    };
+                    if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) == 0 {
+                        Ok(())
+                    } else {
+                        Err(std::io::Error::last_os_error())
+                    }
+                });
+            }
+        },
+    );
+    let addr = server.url.trim_start_matches("http://").to_string();
+
+    // More half-sent requests than the host has descriptors.
+    let started = Instant::now();
+    let mut conns = Vec::new();
+    for _ in 0..2 * FILES {
+        let Ok(Ok(mut c)) = tokio::time::timeout(
+            Duration::from_secs(1),
+            tokio::net::TcpStream::connect(&addr),
+        )
+        .await
+        else {
+            continue;
+        };
+        use tokio::io::AsyncWriteExt;
+        if c.write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\n")
+            .await
+            .is_ok()
+        {
+            conns.push(c);
+        }
+    }
+    // Those past the host's share of descriptors were shed at once; the rest are held.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut held = 0;
+    for c in &mut conns {
+        use tokio::io::AsyncReadExt;
+        let mut byte = [0u8; 1];
+        let read = tokio::time::timeout(Duration::from_millis(5), c.read(&mut byte)).await;
+        if read.is_err() {
+            held += 1;
+        }
+    }
+    println!(
+        "{} connections opened in {:?}, {held} held",
+        conns.len(),
+        started.elapsed()
+    );
+    assert!(held > 0 && held <= (FILES - 128) as usize, "{held} held");
+
+    // The header timeout frees them; then everyone is answered again.
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(2))
+        .build()
+        .expect("client");
+    let deadline = started + Duration::from_secs(15);
+    let healthy = loop {
+        let ok = client
+            .get(format!("{}/healthz", server.url))
+            .send()
+            .await
+            .is_ok_and(|r| r.status() == 200);
+        if ok || Instant::now() > deadline {
+            break ok;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(
+        healthy,
+        "/healthz unanswered {:?} after the attack",
+        started.elapsed()
+    );
+    let resp = client
+        .post(format!("{}/v1/invoke/hostile", server.url))
+        .bearer_auth(ALICE)
+        .json(&json!({"bucket": "datasets", "keys": [], "model": "resnet18", "split": 0, "options": {"mode": "output", "bytes": "3"}}))
+        .send()
+        .await
+        .expect("invoke");
+    assert_eq!(raw(resp).await, [7, 7, 7]);
+    println!(
+        "served again {:?} after the attack began",
+        started.elapsed()
+    );
+    drop(conns);
 }

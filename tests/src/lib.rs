@@ -58,10 +58,24 @@ impl HostProcess {
     /// Runs `binary serve --policy <policy> --listen <listen>` and waits for its
     /// `listening on <url>` line.
     pub fn serve(binary: &Path, policy: &Path, listen: &str) -> Self {
-        let mut child = Command::new(binary)
+        Self::serve_with(binary, policy, listen, |_| {})
+    }
+
+    /// [`HostProcess::serve`], with `configure` applied to the command before it is spawned
+    /// (to set resource limits, for example).
+    pub fn serve_with(
+        binary: &Path,
+        policy: &Path,
+        listen: &str,
+        configure: impl FnOnce(&mut Command),
+    ) -> Self {
+        let mut command = Command::new(binary);
+        command
             .args(["serve", "--policy"])
             .arg(policy)
-            .args(["--listen", listen])
+            .args(["--listen", listen]);
+        configure(&mut command);
+        let mut child = command
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()

@@ -1,5 +1,6 @@
-//! `cargo xtask soak [--tenants N] [--minutes M]`: one `hapi-host` process under a mixed load
-//! for a while.
+//! `cargo xtask soak [--tenants N] [--minutes M] [--quiet-neighbours]`: one `hapi-host` process
+//! under a mixed load for a while (with `--quiet-neighbours`, the same well-behaved load alone,
+//! for a baseline).
 //!
 //! Well-behaved tenants (all but eight) each run a closed loop of small feature extractions
 //! (two images, resnet18 layers [0, 4)) with a think time of 0-400 ms. Eight hostile tenants,
@@ -37,6 +38,9 @@ struct Args {
     tenants: usize,
     minutes: f64,
     out: PathBuf,
+    /// `--quiet-neighbours`: the hostile tenants are configured but send nothing, for a
+    /// baseline of the same well-behaved load.
+    quiet: bool,
 }
 
 fn args() -> Args {
@@ -49,6 +53,7 @@ fn args() -> Args {
     Args {
         tenants: get("--tenants").map_or(64, |s| s.parse().expect("--tenants N")),
         minutes: get("--minutes").map_or(10.0, |s| s.parse().expect("--minutes M")),
+        quiet: argv.iter().any(|a| a == "--quiet-neighbours"),
         out: get("--out").map_or_else(
             || PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../target/bench")),
             PathBuf::from,
@@ -118,6 +123,8 @@ struct Log {
     latencies: BTreeMap<String, Vec<f64>>,
     statuses: BTreeMap<String, BTreeMap<u16, u64>>,
     transport_errors: BTreeMap<String, u64>,
+    /// The slow tenant's connections: opened, and closed by the host before the client gave up.
+    slow: (u64, u64),
 }
 
 struct Load<'a> {
@@ -254,8 +261,31 @@ impl Load<'_> {
                             held.push(s);
                         }
                     }
+                    // The host's header and body timeouts are 5 s: by 6 s it has closed them.
                     tokio::time::sleep(Duration::from_secs(6)).await;
-                    drop(held);
+                    let mut closed = 0;
+                    for s in &mut held {
+                        use tokio::io::AsyncReadExt;
+                        let mut buf = [0u8; 512];
+                        // A 408 answer, or none, then the end of the stream.
+                        let end = async {
+                            loop {
+                                match s.read(&mut buf).await {
+                                    Ok(0) | Err(_) => break,
+                                    Ok(_) => {}
+                                }
+                            }
+                        };
+                        if tokio::time::timeout(Duration::from_millis(50), end)
+                            .await
+                            .is_ok()
+                        {
+                            closed += 1;
+                        }
+                    }
+                    let mut log = self.log.lock().expect("log");
+                    log.slow.0 += held.len() as u64;
+                    log.slow.1 += closed;
                 }
                 "deploy" => {
                     let started = Instant::now();
@@ -364,18 +394,15 @@ async fn main() {
         }
     };
     let goods = futures::future::join_all((0..good).map(|i| load.good(i)));
-    let bads = futures::future::join_all(HOSTILE.iter().map(|k| load.hostile(k, &addr)));
+    let bads = futures::future::join_all(
+        HOSTILE
+            .iter()
+            .filter(|_| !a.quiet)
+            .map(|k| load.hostile(k, &addr)),
+    );
     tokio::join!(goods, bads, sampler);
     let samples = samples.into_inner().expect("samples");
-    let metrics = reqwest::Client::new()
-        .get(format!("{url}/metrics"))
-        .bearer_auth(OPERATOR)
-        .send()
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("text");
+    let metrics = common::metrics_text(&reqwest::Client::new(), &url, OPERATOR).await;
     let metric = |name: &str| {
         metrics
             .lines()
@@ -396,6 +423,18 @@ async fn main() {
         .find(|(t, _)| *t >= warm)
         .map_or(0, |(_, r)| *r);
     let end = samples.last().map_or(0, |(_, r)| *r);
+    // One sample moves by ±200 MiB under this load: compare minutes' medians as well.
+    let minute = 60.0_f64.min(run.as_secs_f64() / 10.0);
+    let window_median = |from: f64| {
+        let mut w: Vec<f64> = samples
+            .iter()
+            .filter(|(t, _)| *t >= from && *t < from + minute)
+            .map(|(_, r)| *r as f64)
+            .collect();
+        quantile(&mut w, 0.5) as u64
+    };
+    let first_window = window_median(warm);
+    let last_window = window_median(run.as_secs_f64() - minute);
     let max = samples.iter().map(|(_, r)| *r).max().unwrap_or(0);
     let mib = |b: u64| b as f64 / (1 << 20) as f64;
     let mut good_5xx = 0u64;
@@ -420,9 +459,10 @@ async fn main() {
     }
     let (g50, g99) = (quantile(&mut all_good, 0.5), quantile(&mut all_good, 0.99));
     println!(
-        "\nsoak: {} tenants ({good} well-behaved, {} hostile), {:.1} min",
+        "\nsoak: {} tenants ({good} well-behaved, {} hostile{}), {:.1} min",
         a.tenants,
         HOSTILE.len(),
+        if a.quiet { ", silent" } else { "" },
         run.as_secs_f64() / 60.0
     );
     println!("| tenants | requests | status codes | 5xx | p50 ms (x solo) | p99 ms (x solo) |");
@@ -445,10 +485,23 @@ async fn main() {
         let st = log.statuses.get(kind).cloned().unwrap_or_default();
         let n: u64 = st.values().sum();
         let e5: u64 = st.iter().filter(|(s, _)| **s >= 500).map(|(_, c)| c).sum();
-        println!("| {kind} | {n} | {st:?} | {e5} | | |");
+        if kind == "slow" {
+            let (opened, closed) = log.slow;
+            println!(
+                "| {kind} | {opened} connections | {closed} closed by the host within 6 s | | | |"
+            );
+        } else {
+            println!("| {kind} | {n} | {st:?} | {e5} | | |");
+        }
     }
     println!(
         "\nsolo (one well-behaved tenant alone): p50 {solo_p50:.1} ms, p99 {solo_p99:.1} ms; transport errors of well-behaved tenants: {transport_good}"
+    );
+    println!(
+        "host resident set, medians of {minute:.0} s windows: {:.0} MiB after the warm-up, {:.0} MiB at the end ({:+.0} MiB)",
+        mib(first_window),
+        mib(last_window),
+        mib(last_window) - mib(first_window)
     );
     println!(
         "host resident set: {:.0} MiB after the warm-up ({warm:.0} s), {:.0} MiB at the end ({:+.0} MiB), {:.0} MiB at most; device budget peak {:.0} of {:.0} MiB",
@@ -466,12 +519,20 @@ async fn main() {
         "well_behaved_transport_errors": transport_good,
         "well_behaved_p50_ms": g50, "well_behaved_p99_ms": g99,
         "per_tenant": tenants,
+        "slow_connections": {"opened": log.slow.0, "closed_by_host_within_6s": log.slow.1},
         "hostile_statuses": HOSTILE.iter().map(|k| (k.to_string(), log.statuses.get(*k).cloned().unwrap_or_default())).collect::<BTreeMap<_, _>>(),
-        "rss": {"after_warm_up": after_warm, "end": end, "max": max, "samples": samples},
+        "quiet_neighbours": a.quiet,
+        "rss": {"after_warm_up": after_warm, "end": end, "max": max, "window_seconds": minute,
+                "first_window_median": first_window, "last_window_median": last_window,
+                "samples": samples},
         "device": {"budget": budget, "peak": peak},
     });
     std::fs::create_dir_all(&a.out).expect("out dir");
-    let path = a.out.join("soak.json");
+    let path = a.out.join(if a.quiet {
+        "soak-quiet.json"
+    } else {
+        "soak.json"
+    });
     std::fs::write(&path, serde_json::to_vec_pretty(&report).expect("json")).expect("write");
     println!("wrote {}", path.display());
 }

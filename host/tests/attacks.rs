@@ -343,16 +343,7 @@ impl Suite {
     }
 
     async fn metric(&self, name: &str) -> f64 {
-        let text = self
-            .client
-            .get(format!("{}/metrics", self.host.url))
-            .bearer_auth(OPERATOR)
-            .send()
-            .await
-            .expect("metrics")
-            .text()
-            .await
-            .expect("text");
+        let text = common::metrics_text(&self.client, &self.host.url, OPERATOR).await;
         text.lines()
             .filter(|l| l.starts_with(name))
             .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
@@ -367,10 +358,15 @@ impl Suite {
         eprintln!("|---|---|---|---|---|---|");
         for r in self.rows.lock().expect("rows").iter() {
             eprintln!(
-                "| {} | {} | {} `{}`{} | {:.2} s{} | {:.0} MiB ({:.0}) | {:.0} ms ({:.2}x) |",
+                "| {} | {} | {}`{}`{} | {:.2} s{} | {:.0} MiB ({:.0}) | {:.0} ms ({:.2}x) |",
                 r.class,
                 r.attack,
-                r.outcome.status,
+                // Status 0: the outcome is not one HTTP answer (connections, a CLI).
+                if r.outcome.status == 0 {
+                    String::new()
+                } else {
+                    format!("{} ", r.outcome.status)
+                },
                 r.outcome.code,
                 if r.outcome.note.is_empty() {
                     String::new()

@@ -35,10 +35,11 @@ commands:
                      root); table, target/eval-split/summary.json and split-choice.svg
   layout [crate]     the module graph of host/src (or the crate's src/); fails on an import
                      cycle (part of `test`)
-  soak [--tenants N] [--minutes M]
+  soak [--tenants N] [--minutes M] [--quiet-neighbours]
                      well-behaved tenants in closed loops beside hostile ones against one
                      hapi-host: 5xx count, per-tenant p50/p99 against solo, resident set over
-                     time (table, target/bench/soak.json)
+                     time (table, target/bench/soak.json); --quiet-neighbours: the same
+                     well-behaved load with the hostile tenants silent (soak-quiet.json)
   env                print the environment (LIBTORCH, HAPI_MODELS, ...) as shell exports
 
 environment:

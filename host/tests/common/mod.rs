@@ -254,15 +254,7 @@ impl TestHost {
 
     /// The metrics text, read with the operator's token.
     pub async fn metrics(&self) -> String {
-        self.client
-            .get(format!("{}/metrics", self.url))
-            .bearer_auth(OPERATOR)
-            .send()
-            .await
-            .expect("metrics")
-            .text()
-            .await
-            .expect("text")
+        metrics_text(&self.client, &self.url, OPERATOR).await
     }
 
     /// Invokes until the call succeeds: for a first call, which a short time limit may end
@@ -345,6 +337,19 @@ pub async fn features(resp: reqwest::Response) -> (Vec<usize>, Vec<f32>) {
 /// The bytes of a u8 `features` tensor.
 pub async fn raw(resp: reqwest::Response) -> Vec<u8> {
     tensor(resp).await.1
+}
+
+/// A host's `/metrics` text, read with `operator`'s token.
+pub async fn metrics_text(client: &reqwest::Client, url: &str, operator: &str) -> String {
+    client
+        .get(format!("{url}/metrics"))
+        .bearer_auth(operator)
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text")
 }
 
 /// An invocation of the hostile guest: its `mode`, more options, and `keys` of bucket

@@ -35,16 +35,15 @@ struct Args {
 }
 
 fn args() -> Args {
-    let argv: Vec<String> = std::env::args().collect();
-    let get = |flag: &str| {
-        argv.iter()
-            .position(|a| a == flag)
-            .and_then(|i| argv.get(i + 1).cloned())
-    };
-    let models = get("--models").unwrap_or_else(|| "alexnet:17,efficientnet_lite0:7".into());
+    let argv = common::BenchArgs::from_env();
+    let models = argv
+        .value("--models")
+        .unwrap_or_else(|| "alexnet:17,efficientnet_lite0:7".into());
     Args {
-        fairness_only: argv.iter().any(|a| a == "--fairness-only"),
-        seconds: get("--seconds").map_or(5.0, |s| s.parse().expect("--seconds")),
+        fairness_only: argv.has("--fairness-only"),
+        seconds: argv
+            .value("--seconds")
+            .map_or(5.0, |s| s.parse().expect("--seconds")),
         models: models
             .split(',')
             .map(|m| {
@@ -52,10 +51,7 @@ fn args() -> Args {
                 (name.to_string(), split.parse().expect("split"))
             })
             .collect(),
-        out: get("--out").map_or_else(
-            || PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../target/bench")),
-            PathBuf::from,
-        ),
+        out: argv.out(),
     }
 }
 

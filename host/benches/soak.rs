@@ -44,20 +44,16 @@ struct Args {
 }
 
 fn args() -> Args {
-    let argv: Vec<String> = std::env::args().collect();
-    let get = |flag: &str| {
-        argv.iter()
-            .position(|a| a == flag)
-            .and_then(|i| argv.get(i + 1).cloned())
-    };
+    let argv = common::BenchArgs::from_env();
     Args {
-        tenants: get("--tenants").map_or(64, |s| s.parse().expect("--tenants N")),
-        minutes: get("--minutes").map_or(10.0, |s| s.parse().expect("--minutes M")),
-        quiet: argv.iter().any(|a| a == "--quiet-neighbours"),
-        out: get("--out").map_or_else(
-            || PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../target/bench")),
-            PathBuf::from,
-        ),
+        tenants: argv
+            .value("--tenants")
+            .map_or(64, |s| s.parse().expect("--tenants N")),
+        minutes: argv
+            .value("--minutes")
+            .map_or(10.0, |s| s.parse().expect("--minutes M")),
+        quiet: argv.has("--quiet-neighbours"),
+        out: argv.out(),
     }
 }
 

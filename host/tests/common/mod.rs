@@ -374,3 +374,33 @@ pub fn proc_memory(pid: u32, field: &str) -> u64 {
         })
         .map_or(0, |kb| kb * 1024)
 }
+
+/// A bench's command line (`cargo xtask bench ...` passes `--out` and the user's flags).
+pub struct BenchArgs(Vec<String>);
+
+impl BenchArgs {
+    pub fn from_env() -> Self {
+        Self(std::env::args().collect())
+    }
+
+    /// The word after `flag`'s last occurrence (the user's flags come after xtask's).
+    pub fn value(&self, flag: &str) -> Option<String> {
+        self.0
+            .iter()
+            .rposition(|a| a == flag)
+            .and_then(|i| self.0.get(i + 1).cloned())
+    }
+
+    /// Whether `flag` is there.
+    pub fn has(&self, flag: &str) -> bool {
+        self.0.iter().any(|a| a == flag)
+    }
+
+    /// `--out`, or `target/bench` in the workspace.
+    pub fn out(&self) -> PathBuf {
+        self.value("--out").map_or_else(
+            || PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../target/bench")),
+            PathBuf::from,
+        )
+    }
+}

@@ -31,7 +31,9 @@ pub struct Models {
     device: Device,
     manifests: BTreeMap<String, (PathBuf, Manifest)>,
     profiles: Mutex<HashMap<String, Slot<Vec<LayerProfile>>>>,
-    memory: Mutex<HashMap<String, Slot<ModelMemory>>>,
+    /// What identifies each model's memory model: the package's manifest, the device, the
+    /// measurement.
+    memory_keys: BTreeMap<String, String>,
     /// Where memory models are kept across restarts.
     kept: Option<PathBuf>,
 }
@@ -47,9 +49,19 @@ impl Models {
     /// Reads every package manifest under `dir`; a broken package is an error naming it.
     /// Memory models are kept under `kept` (created if need be).
     pub fn open(dir: &Path, device: Device, kept: Option<PathBuf>) -> anyhow::Result<Self> {
-        let mut manifests = BTreeMap::new();
+        let (mut manifests, mut memory_keys) = (BTreeMap::new(), BTreeMap::new());
         for pkg in list_packages(dir)? {
             let m = Manifest::load(&pkg)?;
+            let file = pkg.join("manifest.json");
+            let bytes = std::fs::read(&file)
+                .map_err(|e| anyhow::anyhow!("reading {}: {e}", file.display()))?;
+            let digest = crate::policy::hash_bytes(&bytes);
+            let key = format!(
+                "{}-{}-{device:?}-v{MEMORY_MODEL_VERSION}",
+                m.name,
+                &digest[..16]
+            );
+            memory_keys.insert(m.name.clone(), key);
             manifests.insert(m.name.clone(), (pkg, m));
         }
         if let Some(k) = &kept {
@@ -59,7 +71,7 @@ impl Models {
             device,
             manifests,
             profiles: Mutex::default(),
-            memory: Mutex::default(),
+            memory_keys,
             kept,
         })
     }
@@ -96,28 +108,15 @@ impl Models {
         Arc::clone(map.entry(name.to_string()).or_default())
     }
 
-    /// What identifies a memory model: the package's manifest, the device, the measurement.
-    fn memory_key(&self, name: &str) -> Option<String> {
-        let (dir, _) = self.manifests.get(name)?;
-        let manifest = std::fs::read(dir.join("manifest.json")).ok()?;
-        let digest = crate::policy::hash_bytes(&manifest);
-        Some(format!(
-            "{name}-{}-{:?}-v{MEMORY_MODEL_VERSION}",
-            &digest[..16],
-            self.device
-        ))
-    }
-
     /// The memory model of `name`: kept (in this process or on disk), else measured on `pkg`
     /// (concurrent callers wait) and kept.
     pub fn memory(&self, name: &str, pkg: &ModelPackage) -> Result<Arc<ModelMemory>, String> {
-        Self::slot(&self.memory, name)
-            .get_or_init(|| match self.memory_key(name) {
-                Some(key) => measured(&key)
-                    .get_or_init(|| self.kept_or_measured(name, &key, pkg))
-                    .clone(),
-                None => self.measure(name, pkg),
-            })
+        let key = self
+            .memory_keys
+            .get(name)
+            .ok_or_else(|| format!("no model `{name}` on this host"))?;
+        measured(key)
+            .get_or_init(|| self.kept_or_measured(name, key, pkg))
             .clone()
     }
 

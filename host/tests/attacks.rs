@@ -459,6 +459,16 @@ async fn closed(conns: &mut [tokio::net::TcpStream], wait: Duration) -> usize {
     closed
 }
 
+/// The host binary under test.
+const BINARY: &str = env!("CARGO_BIN_EXE_hapi-host");
+
+/// Writes the attack policy (device budget `budget`) to `dir/policy.toml` and serves it.
+fn serve(dir: &Path, store: &Path, budget: u64) -> HostProcess {
+    let policy_path = dir.join("policy.toml");
+    std::fs::write(&policy_path, policy(dir, store, budget)).expect("policy");
+    HostProcess::serve(Path::new(BINARY), &policy_path, "127.0.0.1:0")
+}
+
 /// The tests here run one at a time: each measures a host process's memory and latency.
 fn serial() -> &'static tokio::sync::Mutex<()> {
     static M: std::sync::OnceLock<tokio::sync::Mutex<()>> = std::sync::OnceLock::new();
@@ -472,10 +482,7 @@ async fn a_hostile_tenant_cannot_break_isolation() {
     let store = dir.path().join("store");
     common::write_store(&store);
     // The large-call attacks read 192 objects; the samples are small PNGs.
-    let policy_path = dir.path().join("policy.toml");
-    std::fs::write(&policy_path, policy(dir.path(), &store, BUDGET)).expect("policy");
-    let binary = Path::new(env!("CARGO_BIN_EXE_hapi-host"));
-    let host = HostProcess::serve(binary, &policy_path, "127.0.0.1:0");
+    let host = serve(dir.path(), &store, BUDGET);
     let rss = Rss(host.child.id());
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(16)
@@ -1080,12 +1087,12 @@ async fn a_hostile_tenant_cannot_break_isolation() {
         None,
         async {
             let started = Instant::now();
-            let text = std::fs::read_to_string(&policy_path)
+            let text = std::fs::read_to_string(dir.path().join("policy.toml"))
                 .expect("policy")
                 .replace("memory_budget =", "batch_window = \"1h\"\nmemory_budget =");
             let bad = dir.path().join("bad.toml");
             std::fs::write(&bad, text).expect("write");
-            let out = std::process::Command::new(binary)
+            let out = std::process::Command::new(BINARY)
                 .args(["check", "--policy"])
                 .arg(&bad)
                 .output()
@@ -1118,11 +1125,8 @@ async fn a_segment_that_can_never_fit_is_refused_on_a_real_host() {
     let dir = tempfile::tempdir().expect("tmp");
     let store = dir.path().join("store");
     common::write_store(&store);
-    let policy_path = dir.path().join("policy.toml");
-    let binary = Path::new(env!("CARGO_BIN_EXE_hapi-host"));
     // Measure lite0's memory model on a first host, then size a budget from it.
-    std::fs::write(&policy_path, policy(dir.path(), &store, BUDGET)).expect("policy");
-    let probe = HostProcess::serve(binary, &policy_path, "127.0.0.1:0");
+    let probe = serve(dir.path(), &store, BUDGET);
     let client = reqwest::Client::new();
     let profile: Value = client
         .get(format!(
@@ -1146,8 +1150,7 @@ async fn a_segment_that_can_never_fit_is_refused_on_a_real_host() {
         m.weights() + long > budget,
         "the long segment fits: {long} for {budget}"
     );
-    std::fs::write(&policy_path, policy(dir.path(), &store, budget)).expect("policy");
-    let host = HostProcess::serve(binary, &policy_path, "127.0.0.1:0");
+    let host = serve(dir.path(), &store, budget);
     let body = |split: u32| json!({"bucket": "datasets", "keys": [sample_key(0)], "model": "efficientnet_lite0", "split": split});
     let invoke = |split: u32| {
         client

@@ -58,7 +58,7 @@ fn main() -> ExitCode {
         Some("bench") => bench(&args[1..]),
         Some("demo") => jobs::demo(&args[1..]),
         Some("eval-split") => jobs::eval_split(&args[1..]),
-        Some("layout") => layout::run(&workspace(), &args[1..]),
+        Some("layout") => setup::workspace().and_then(|w| layout::run(&w, &args[1..])),
         Some("soak") => soak(&args[1..]),
         Some("-h" | "--help" | "help") | None => {
             print!("{USAGE}");
@@ -106,11 +106,6 @@ fn test(args: &[String]) -> Result<(), String> {
     sh::step("cargo test");
     env.cargo(&["test", "--workspace"])?;
     Ok(())
-}
-
-/// The workspace: the directory above this crate's (cargo runs xtask from anywhere in it).
-fn workspace() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
 fn soak(args: &[String]) -> Result<(), String> {

@@ -117,11 +117,16 @@ impl Env {
     }
 }
 
-pub fn run() -> Result<Env, String> {
-    let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
+/// The workspace: the directory above xtask's (cargo runs xtask from anywhere in it).
+pub fn workspace() -> Result<PathBuf, String> {
+    Ok(Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .ok_or("xtask has no parent directory")?
-        .to_path_buf();
+        .to_path_buf())
+}
+
+pub fn run() -> Result<Env, String> {
+    let workspace = workspace()?;
     let cache = cache_dir()?;
     mkdir(&cache)?;
     link_clone_to_cache(&workspace, &cache)?;

@@ -1,8 +1,8 @@
 //! An invocation's deadline: its time limit counted from when it started, wherever it is (in
 //! the guest, in a host call, waiting for the device or for a model to load). Nothing is
 //! credited: a call never outlives its limit. A wait the host causes (a model's first load, no
-//! room on the device) that runs into the deadline is answered as backpressure (503, retry),
-//! not as the tenant's time limit.
+//! room on the device) that runs into the deadline is answered as backpressure (429
+//! `device_busy` with `Retry-After`), not as the tenant's time limit.
 
 use std::time::{Duration, Instant};
 

@@ -56,7 +56,7 @@ impl InvokeError {
     pub fn code(&self) -> ErrorCode {
         match self {
             InvokeError::Guest { code, .. } => *code,
-            InvokeError::Stopped(Stop::Device(d)) => InvokeError::Device(d.clone()).code(),
+            InvokeError::Stopped(Stop::Device(d)) | InvokeError::Device(d) => device_code(d),
             InvokeError::Stopped(Stop::Memory(_)) => ErrorCode::MemoryLimitExceeded,
             InvokeError::Stopped(Stop::Table(_)) => ErrorCode::TableLimitExceeded,
             InvokeError::Stopped(Stop::Time { .. }) | InvokeError::TimeLimit(_) => {
@@ -65,14 +65,6 @@ impl InvokeError {
             InvokeError::OutputTooLarge { .. } => ErrorCode::OutputTooLarge,
             InvokeError::BadOutput(_) => ErrorCode::BadOutput,
             InvokeError::Trapped(_) => ErrorCode::FunctionTrapped,
-            InvokeError::Device(d) => match d {
-                DeviceError::Busy(_) => ErrorCode::DeviceBusy,
-                DeviceError::TooLarge(_) => ErrorCode::DoesNotFitDevice,
-                DeviceError::ShuttingDown => ErrorCode::ShuttingDown,
-                DeviceError::Expired(_) => ErrorCode::TimeLimitExceeded,
-                DeviceError::Memory(_) => ErrorCode::MemoryLimitExceeded,
-                DeviceError::Failed(_) => ErrorCode::HostFault,
-            },
             InvokeError::Store(_) => ErrorCode::StoreUnavailable,
             InvokeError::Capacity(_) => ErrorCode::Busy,
             InvokeError::HostFault(_) => ErrorCode::HostFault,
@@ -85,6 +77,18 @@ impl InvokeError {
             InvokeError::Guest { key, .. } => key.as_deref(),
             _ => None,
         }
+    }
+}
+
+/// The code of a device's refusal or fault.
+fn device_code(d: &DeviceError) -> ErrorCode {
+    match d {
+        DeviceError::Busy(_) => ErrorCode::DeviceBusy,
+        DeviceError::TooLarge(_) => ErrorCode::DoesNotFitDevice,
+        DeviceError::ShuttingDown => ErrorCode::ShuttingDown,
+        DeviceError::Expired(_) => ErrorCode::TimeLimitExceeded,
+        DeviceError::Memory(_) => ErrorCode::MemoryLimitExceeded,
+        DeviceError::Failed(_) => ErrorCode::HostFault,
     }
 }
 

@@ -4,15 +4,18 @@
 //! both call this crate, so "decode, resize, crop, normalise" means the same thing bit for bit
 //! on either side, and features do not depend on where they were computed.
 //!
-//! The pipeline is the usual ImageNet evaluation transform: decode (JPEG or PNG), resize so the
-//! shorter side is `resize` pixels (bilinear with antialiasing), take the centre `crop` x `crop`
-//! square, scale to [0, 1] and normalise each channel with `(x - mean) / std`, laid out as CHW
-//! f32. Grayscale images become three equal channels; they are resized as one channel and
-//! replicated afterwards, which gives the same values for a third of the work.
+//! The pipeline is the usual ImageNet evaluation transform, as torchvision computes it on a PIL
+//! image: decode (JPEG or PNG), resize so the shorter side is `resize` pixels (Pillow's
+//! bilinear resampling with antialiasing, [`resize`]), take the centre `crop` x `crop` square,
+//! scale to [0, 1] and normalise each channel with `(x - mean) / std`, laid out as CHW f32.
+//! From the same decoded pixels the result equals torchvision's bit for bit. Only the crop
+//! window is resampled. Grayscale images become three equal channels; they are resized as one
+//! channel and replicated afterwards, which gives the same values for a third of the work.
 
-use image::{
-    DynamicImage, GrayImage, ImageFormat, ImageReader, Limits, RgbImage, imageops::FilterType,
-};
+pub mod resize;
+
+use image::{DynamicImage, GrayImage, ImageFormat, ImageReader, Limits, RgbImage};
+pub use resize::Filter;
 use std::io::Cursor;
 
 /// Largest width or height accepted from a stored object. ImageNet photos are about 500 px;
@@ -47,6 +50,27 @@ pub enum PreprocessError {
 }
 
 impl Transform {
+    /// A transform from a model's input description, whose mean and std come as lists (the
+    /// WIT's `input-spec`): each must hold one value per channel.
+    pub fn from_lists(
+        resize: u32,
+        crop: u32,
+        mean: &[f32],
+        std: &[f32],
+    ) -> Result<Self, PreprocessError> {
+        let three = |v: &[f32], what: &str| {
+            <[f32; 3]>::try_from(v).map_err(|_| {
+                PreprocessError::BadTransform(format!("{what} has {} values, expected 3", v.len()))
+            })
+        };
+        Ok(Self {
+            resize,
+            crop,
+            mean: three(mean, "mean")?,
+            std: three(std, "std")?,
+        })
+    }
+
     fn check(&self) -> Result<(), PreprocessError> {
         if self.crop == 0 || self.resize < self.crop {
             return Err(PreprocessError::BadTransform(format!(
@@ -132,56 +156,114 @@ pub fn decode(bytes: &[u8]) -> Result<Decoded, PreprocessError> {
     })
 }
 
-/// Resize (shorter side), centre crop and normalise an image into CHW f32, appended to `out`.
+/// The size torchvision's `Resize(size)` gives a `w` x `h` image: the shorter side becomes
+/// `size` and the longer `int(size * long / short)` (truncated, as Python's `int`).
+pub fn resized_size(w: u32, h: u32, size: u32) -> (u32, u32) {
+    let (short, long) = if w <= h { (w, h) } else { (h, w) };
+    // Exact in f64 (both factors < 2^26) and correctly rounded, like Python's int / int.
+    let new_long = (f64::from(size) * f64::from(long) / f64::from(short.max(1))) as u32;
+    if w <= h {
+        (size, new_long)
+    } else {
+        (new_long, size)
+    }
+}
+
+/// The offset torchvision's `CenterCrop` takes: `int(round((size - crop) / 2.0))`, with
+/// Python's rounding of halves to even.
+pub fn crop_offset(size: u32, crop: u32) -> u32 {
+    let d = size - crop;
+    let half = d / 2;
+    if d % 2 == 1 && half % 2 == 1 {
+        half + 1
+    } else {
+        half
+    }
+}
+
+/// The normalised value of each 8-bit level of each channel: `(v / 255 - mean) / std` in f32,
+/// in the order torchvision's `ToTensor` and `Normalize` compute it.
+fn levels(t: &Transform) -> [[f32; 256]; 3] {
+    let mut lut = [[0f32; 256]; 3];
+    for (c, row) in lut.iter_mut().enumerate() {
+        for (v, x) in row.iter_mut().enumerate() {
+            *x = (v as f32 / 255.0 - t.mean[c]) / t.std[c];
+        }
+    }
+    lut
+}
+
+/// Resize (shorter side, Pillow's bilinear with antialiasing), centre crop and normalise an
+/// image: torchvision's `Resize(resize)`, `CenterCrop(crop)`, `ToTensor()`, `Normalize(mean,
+/// std)` on a PIL image, bit for bit. Calls `emit(channel, index_in_plane, value)` for every
+/// output element, channel by channel.
+fn transform_with(
+    img: &Decoded,
+    t: &Transform,
+    mut emit: impl FnMut(usize, usize, f32),
+) -> Result<(), PreprocessError> {
+    t.check()?;
+    let (w, h) = img.dimensions();
+    let (nw, nh) = resized_size(w, h, t.resize);
+    let crop = t.crop as usize;
+    let win = resize::Window {
+        left: crop_offset(nw, t.crop) as usize,
+        top: crop_offset(nh, t.crop) as usize,
+        width: crop,
+        height: crop,
+    };
+    let (src, out) = ((w as usize, h as usize), (nw as usize, nh as usize));
+    let lut = levels(t);
+    match img {
+        Decoded::Gray(g) => {
+            let px = resize::resize_window::<1>(g.as_raw(), src, out, win, Filter::Bilinear);
+            for (c, lut) in lut.iter().enumerate() {
+                for (i, &v) in px.iter().enumerate() {
+                    emit(c, i, lut[usize::from(v)]);
+                }
+            }
+        }
+        Decoded::Rgb(rgb) => {
+            let px = resize::resize_window::<3>(rgb.as_raw(), src, out, win, Filter::Bilinear);
+            for (c, lut) in lut.iter().enumerate() {
+                for (i, p) in px.chunks_exact(3).enumerate() {
+                    emit(c, i, lut[usize::from(p[c])]);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Resize, centre crop and normalise an image into CHW f32, appended to `out`.
 pub fn transform_into(
     img: &Decoded,
     t: &Transform,
     out: &mut Vec<f32>,
 ) -> Result<(), PreprocessError> {
     t.check()?;
-    let (w, h) = img.dimensions();
-    // Shorter side to `resize`, keeping the aspect ratio (rounded up, at least `crop`).
-    let (nw, nh) = if w <= h {
-        let nh = (u64::from(h) * u64::from(t.resize)).div_ceil(u64::from(w).max(1));
-        (t.resize, u32::try_from(nh).unwrap_or(u32::MAX).max(t.crop))
-    } else {
-        let nw = (u64::from(w) * u64::from(t.resize)).div_ceil(u64::from(h).max(1));
-        (u32::try_from(nw).unwrap_or(u32::MAX).max(t.crop), t.resize)
-    };
-    let left = (nw - t.crop) / 2;
-    let top = (nh - t.crop) / 2;
-    let crop = t.crop as usize;
-    let plane = crop * crop;
     let start = out.len();
-    out.resize(start + 3 * plane, 0.0);
+    let plane = t.crop as usize * t.crop as usize;
+    out.resize(start + t.sample_len(), 0.0);
     let dst = &mut out[start..];
-    match img {
-        Decoded::Gray(g) => {
-            let resized = image::imageops::resize(g, nw, nh, FilterType::Triangle);
-            for y in 0..t.crop {
-                for x in 0..t.crop {
-                    let v = f32::from(resized.get_pixel(left + x, top + y).0[0]) / 255.0;
-                    let i = y as usize * crop + x as usize;
-                    for c in 0..3 {
-                        dst[c * plane + i] = (v - t.mean[c]) / t.std[c];
-                    }
-                }
-            }
-        }
-        Decoded::Rgb(rgb) => {
-            let resized = image::imageops::resize(rgb, nw, nh, FilterType::Triangle);
-            for y in 0..t.crop {
-                for x in 0..t.crop {
-                    let p = resized.get_pixel(left + x, top + y).0;
-                    let i = y as usize * crop + x as usize;
-                    for c in 0..3 {
-                        dst[c * plane + i] = (f32::from(p[c]) / 255.0 - t.mean[c]) / t.std[c];
-                    }
-                }
-            }
-        }
-    }
-    Ok(())
+    transform_with(img, t, |c, i, v| dst[c * plane + i] = v)
+}
+
+/// As [`transform_into`], appending the f32 values as little-endian bytes (the layout of a
+/// wasi-nn FP32 tensor and of safetensors), without an intermediate f32 buffer.
+pub fn transform_into_le_bytes(
+    img: &Decoded,
+    t: &Transform,
+    out: &mut Vec<u8>,
+) -> Result<(), PreprocessError> {
+    t.check()?;
+    let start = out.len();
+    let plane = t.crop as usize * t.crop as usize;
+    out.resize(start + 4 * t.sample_len(), 0);
+    let dst = &mut out[start..];
+    transform_with(img, t, |c, i, v| {
+        dst[4 * (c * plane + i)..][..4].copy_from_slice(&v.to_le_bytes());
+    })
 }
 
 /// Decode and transform one encoded image into CHW f32.
@@ -267,6 +349,18 @@ mod tests {
                 height: 1
             }
         );
+    }
+
+    #[test]
+    fn a_transform_from_lists_needs_three_values_each() {
+        let t = Transform::from_lists(8, 4, &[0.5; 3], &[0.25; 3]).expect("three each");
+        assert_eq!(t, T);
+        let err = Transform::from_lists(8, 4, &[0.5; 2], &[0.25; 3]).expect_err("two means");
+        assert_eq!(
+            err,
+            PreprocessError::BadTransform("mean has 2 values, expected 3".into())
+        );
+        assert!(Transform::from_lists(8, 4, &[0.5; 3], &[]).is_err());
     }
 
     #[test]

@@ -16,6 +16,12 @@ pub fn workspace() -> PathBuf {
         .join("..")
 }
 
+/// scikit-image's sample photos, as `cargo xtask setup` installs them: `$HAPI_PHOTOS`, else
+/// the workspace's `.hapi/photos` link.
+pub fn photos_dir() -> PathBuf {
+    std::env::var_os("HAPI_PHOTOS").map_or_else(|| workspace().join(".hapi/photos"), PathBuf::from)
+}
+
 /// Builds the guests (`guest-fns/`) from source once per test binary; returns the directory
 /// holding `<name>.wasm`.
 pub fn guests() -> &'static Path {

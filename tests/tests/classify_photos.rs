@@ -3,15 +3,8 @@
 
 use hapi_model::{ModelPackage, models_dir};
 use hapi_preprocess::preprocess;
-use std::path::PathBuf;
+use hapi_tests::photos_dir;
 use tch::{Device, Tensor};
-
-fn photos_dir() -> PathBuf {
-    std::env::var_os("HAPI_PHOTOS").map_or_else(
-        || PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../.hapi/photos")),
-        PathBuf::from,
-    )
-}
 
 #[test]
 fn efficientnet_lite0_recognises_real_photos() {

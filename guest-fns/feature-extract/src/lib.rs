@@ -26,7 +26,7 @@ use bindings::hapi::pushdown::objects;
 use bindings::hapi::pushdown::types::{ElementType, ObjectFailure};
 use bindings::wasi::nn::{self, graph, tensor};
 use bindings::{Error, Guest, Invocation, TensorOut};
-use hapi_preprocess::{Transform, decode, transform_into};
+use hapi_preprocess::{Transform, decode, transform_into_le_bytes};
 
 /// Most objects in one invocation. The host caps bytes read and output size as well; this
 /// bounds the preprocessed batch (150,528 f32 per 224x224 sample, about 600 KB).
@@ -55,7 +55,8 @@ impl Guest for FeatureExtract {
             )));
         }
         let transform = transform_of(&info)?;
-        let mut batch = Vec::with_capacity(invocation.keys.len() * transform.sample_len());
+        // The batch is built as the tensor's little-endian bytes directly: no f32 copy.
+        let mut data = Vec::with_capacity(invocation.keys.len() * 4 * transform.sample_len());
         for key in &invocation.keys {
             let bytes = objects::get(&invocation.bucket, key).map_err(Error::Object)?;
             let bad = |reason: String| {
@@ -65,11 +66,11 @@ impl Guest for FeatureExtract {
                 })
             };
             let image = decode(&bytes).map_err(|e| bad(e.to_string()))?;
-            transform_into(&image, &transform, &mut batch).map_err(|e| bad(e.to_string()))?;
+            transform_into_le_bytes(&image, &transform, &mut data)
+                .map_err(|e| bad(e.to_string()))?;
         }
         let crop = transform.crop;
         let dims = vec![invocation.keys.len() as u32, 3, crop, crop];
-        let data: Vec<u8> = batch.iter().flat_map(|v| v.to_le_bytes()).collect();
         if invocation.split == 0 {
             return Ok(TensorOut {
                 dimensions: dims,
@@ -83,27 +84,14 @@ impl Guest for FeatureExtract {
 
 fn transform_of(info: &ModelInfo) -> Result<Transform, Error> {
     let spec = &info.input;
-    let three = |v: &[f32], what: &str| -> Result<[f32; 3], Error> {
-        v.try_into().map_err(|_| {
-            Error::Inference(format!(
-                "model `{}`: {what} has {} values, expected 3",
-                info.name,
-                v.len()
-            ))
-        })
-    };
     if spec.channels != 3 || spec.height != spec.crop || spec.width != spec.crop {
         return Err(Error::Inference(format!(
             "model `{}` takes {}x{}x{} input, which this function does not produce",
             info.name, spec.channels, spec.height, spec.width
         )));
     }
-    Ok(Transform {
-        resize: spec.resize,
-        crop: spec.crop,
-        mean: three(&spec.mean, "mean")?,
-        std: three(&spec.std, "std")?,
-    })
+    Transform::from_lists(spec.resize, spec.crop, &spec.mean, &spec.std)
+        .map_err(|e| Error::Inference(format!("model `{}`: {e}", info.name)))
 }
 
 fn nn_error(what: &str, e: nn::errors::Error) -> Error {

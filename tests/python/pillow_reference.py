@@ -1,0 +1,56 @@
+"""What Pillow and torchvision compute, for the Rust preprocessing's parity tests.
+
+Usage: pillow_reference.py JOBS.json OUT_DIR
+
+JOBS.json is a list of jobs; job i writes OUT_DIR/i.bin:
+  {"op": "decode", "file": F}
+      the image as PIL opens it, converted to RGB: height x width x 3 bytes
+  {"op": "resize", "file": F, "size": [W, H], "filter": "bilinear" | "bicubic"}
+      PIL's Image.resize of the image in its own mode (L or RGB): H x W x bands bytes
+  {"op": "torchvision", "file": F, "resize": R, "crop": C, "mean": [...], "std": [...]}
+      Resize(R), CenterCrop(C), ToTensor(), Normalize(mean, std) on the RGB image:
+      3 x C x C float32, little-endian
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+from torchvision import transforms
+
+FILTERS = {"bilinear": Image.Resampling.BILINEAR, "bicubic": Image.Resampling.BICUBIC}
+
+
+def main() -> None:
+    jobs = json.loads(Path(sys.argv[1]).read_text())
+    out = Path(sys.argv[2])
+    torch.set_num_threads(1)
+    for i, job in enumerate(jobs):
+        img = Image.open(job["file"])
+        if job["op"] == "decode":
+            data = np.asarray(img.convert("RGB"), dtype=np.uint8).tobytes()
+        elif job["op"] == "resize":
+            if img.mode not in ("L", "RGB"):
+                raise SystemExit(f"{job['file']}: mode {img.mode}, expected L or RGB")
+            data = np.asarray(img.resize(tuple(job["size"]), FILTERS[job["filter"]])).tobytes()
+        elif job["op"] == "torchvision":
+            t = transforms.Compose(
+                [
+                    transforms.Resize(job["resize"]),
+                    transforms.CenterCrop(job["crop"]),
+                    transforms.ToTensor(),
+                    transforms.Normalize(job["mean"], job["std"]),
+                ]
+            )
+            x = t(img.convert("RGB"))
+            data = x.numpy().astype("<f4").tobytes()
+        else:
+            raise SystemExit(f"unknown op {job['op']!r}")
+        (out / f"{i}.bin").write_bytes(data)
+
+
+if __name__ == "__main__":
+    main()

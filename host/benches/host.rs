@@ -4,16 +4,20 @@
 //! 2. The same extraction (read, decode, preprocess, layers [0, s)) through the Wasm guest and
 //!    natively in the host process, per request.
 //! 3. The latency breakdown of one HTTP invocation (Server-Timing stages plus HTTP overhead).
+//! 4. Decoding and preprocessing per image, in the guest and natively, for PNG and JPEG at
+//!    Fashion-MNIST size (28x28) and photo size (500x375).
 //!
+//! Steps 2 and 4 run in three rounds; the table gives each round and their median.
 //! Prints a table and writes JSON (path from `--json`, default target/bench/host.json).
 
 #[path = "../tests/common/mod.rs"]
 mod common;
 
-use common::{ALICE, SAMPLES, TestHost, sample_key};
+use common::{ALICE, SAMPLES, sample_key};
 use hapi_model::{ModelPackage, models_dir};
-use hapi_preprocess::preprocess;
+use hapi_preprocess::{Transform, decode, preprocess, transform_into_le_bytes};
 use hapi_wire::InvokeRequest;
+use image::{DynamicImage, ImageFormat};
 use serde_json::json;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -35,6 +39,77 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
+/// `a[i] / b[i]` for each round.
+fn ratios_of(a: &[Duration], b: &[Duration]) -> Vec<f64> {
+    a.iter()
+        .zip(b)
+        .map(|(a, b)| a.as_secs_f64() / b.as_secs_f64())
+        .collect()
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// What the guest does to one object, natively: decode, then preprocess into tensor bytes.
+fn native_decode(bytes: &[u8], t: &Transform, out: &mut Vec<u8>) {
+    out.clear();
+    let img = decode(bytes).expect("decode");
+    transform_into_le_bytes(&img, t, out).expect("preprocess");
+}
+
+struct DecodeRow {
+    image: String,
+    guest: Duration,
+    native: Duration,
+    ratio: f64,
+    round_ratios: Vec<f64>,
+    in_invocation: Duration,
+}
+
+/// The decode cases, written into the store under alice's grant: (name, key, bytes). A
+/// Fashion-MNIST sample (28x28 grayscale) and a real photo (scikit-image's coffee, 600x400,
+/// resized to 500x375), each as PNG and as JPEG (quality 90).
+fn decode_objects(bucket: &std::path::Path) -> Vec<(String, String, Vec<u8>)> {
+    let small =
+        hapi_data::fashion_mnist::encode_png(common::fashion_test().image(0), 28, 28).expect("png");
+    let small = image::load_from_memory(&small).expect("sample");
+    let coffee = image::open(hapi_tests::photos_dir().join("coffee.png"))
+        .expect("coffee.png (run `cargo xtask setup`)");
+    let photo = DynamicImage::ImageRgb8(image::imageops::resize(
+        &coffee.to_rgb8(),
+        500,
+        375,
+        image::imageops::FilterType::Triangle,
+    ));
+    let encode = |img: &DynamicImage, format: ImageFormat| {
+        let mut buf = std::io::Cursor::new(Vec::new());
+        match format {
+            ImageFormat::Jpeg => img
+                .write_with_encoder(image::codecs::jpeg::JpegEncoder::new_with_quality(
+                    &mut buf, 90,
+                ))
+                .expect("jpeg"),
+            _ => img.write_to(&mut buf, format).expect("png"),
+        }
+        buf.into_inner()
+    };
+    let mut cases = Vec::new();
+    for (size, img) in [("28x28", &small), ("500x375", &photo)] {
+        for (ext, format) in [("png", ImageFormat::Png), ("jpg", ImageFormat::Jpeg)] {
+            let key = format!("fashion-mnist/bench/{size}.{ext}");
+            let bytes = encode(img, format);
+            let path = bucket.join(&key);
+            std::fs::create_dir_all(path.parent().expect("parent")).expect("mkdir");
+            std::fs::write(&path, &bytes).expect("write object");
+            cases.push((format!("{} {size}", ext.to_uppercase()), key, bytes));
+        }
+    }
+    cases
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -45,7 +120,16 @@ async fn main() {
         .unwrap_or_else(|| {
             concat!(env!("CARGO_MANIFEST_DIR"), "/../target/bench/host.json").to_string()
         });
-    let h = TestHost::start().await;
+    // The test policy plus a tenant granted clocks, which the decode bench guest imports.
+    let h = common::start_tenants(|store, state| {
+        format!(
+            "{}\n[tenants.bencher]\ntoken_sha256 = \"{}\"\ngrants = [{{ bucket = \"datasets\", prefix = \"fashion-mnist/\" }}]\nmodels = [\"resnet18\"]\ncapabilities = [\"clocks\"]\ntimeout = \"60s\"\n[tenants.bencher.functions]\ndecode-bench = \"{}\"\n",
+            common::policy_text(store, state),
+            hapi_host::policy::hash_token("bencher-token"),
+            common::guest("decode-bench").display()
+        )
+    })
+    .await;
     let alice = h.host.policy().tenants["alice"].clone();
 
     // 1. Empty pushdown: one call that returns a 1-byte tensor.
@@ -109,24 +193,31 @@ async fn main() {
             .len()
     };
     let reps = 15;
-    let (mut wasm_t, mut native_t, mut stages) = (Vec::new(), Vec::new(), Vec::new());
-    for r in 0..reps + 2 {
-        let t0 = Instant::now();
-        let done = host.invoke(&alice, &fe, inv.clone()).await;
-        let (out, timings) = (done.result, done.timings);
-        out.expect("wasm extraction");
-        let w = t0.elapsed();
-        let t1 = Instant::now();
-        native();
-        let n = t1.elapsed();
-        if r >= 2 {
-            wasm_t.push(w);
-            native_t.push(n);
-            stages.push(timings);
+    let rounds = 3;
+    let (mut wasm_p50s, mut native_p50s, mut stages) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        let (mut wasm_t, mut native_t) = (Vec::new(), Vec::new());
+        for r in 0..reps + 2 {
+            let t0 = Instant::now();
+            let done = host.invoke(&alice, &fe, inv.clone()).await;
+            let (out, timings) = (done.result, done.timings);
+            out.expect("wasm extraction");
+            let w = t0.elapsed();
+            let t1 = Instant::now();
+            native();
+            let n = t1.elapsed();
+            if r >= 2 {
+                wasm_t.push(w);
+                native_t.push(n);
+                stages.push(timings);
+            }
         }
+        wasm_p50s.push(stats(wasm_t).0);
+        native_p50s.push(stats(native_t).0);
     }
-    let (wasm_p50, _) = stats(wasm_t);
-    let (native_p50, _) = stats(native_t);
+    let ratios = ratios_of(&wasm_p50s, &native_p50s);
+    let (wasm_p50, native_p50) = (stats(wasm_p50s.clone()).0, stats(native_p50s.clone()).0);
+    let ratio = median(&ratios);
     let med = |f: &dyn Fn(&hapi_host::wasm::invoke::Timings) -> Duration| {
         stats(stages.iter().map(f).collect()).0
     };
@@ -136,6 +227,78 @@ async fn main() {
         med(&|t| t.guest()),
         med(&|t| t.compute),
     );
+
+    // 4. Decode and preprocess per image, timed inside the guest by its own clock (the
+    // decode-bench guest: warm-up, then timed rounds into a reused buffer) against the same loop
+    // natively. Also the guest's share of a real split-0 invocation of 8 copies of the image
+    // (time outside host calls, per image: it adds the fresh instance's memory growth and
+    // handing the 600 KB tensor to the host).
+    let bencher = h.host.policy().tenants["bencher"].clone();
+    let db = h
+        .host
+        .function("bencher", "decode-bench")
+        .expect("decode-bench");
+    let decode_cases = decode_objects(&h.store.join("datasets"));
+    let (per_call, timed) = (8usize, 30usize);
+    let mut decode_rows = Vec::new();
+    for (name, key, bytes) in &decode_cases {
+        let bench_inv = InvokeRequest {
+            bucket: "datasets".into(),
+            keys: vec![key.clone()],
+            model: model.into(),
+            split: 0,
+            options: BTreeMap::from([("reps".into(), timed.to_string())]),
+        };
+        let (mut g_round, mut n_round) = (Vec::new(), Vec::new());
+        for _ in 0..rounds {
+            let out = host.invoke(&bencher, &db, bench_inv.clone()).await;
+            let out = out.result.expect("decode-bench invocation");
+            let guest: Vec<Duration> = out
+                .data
+                .chunks_exact(4)
+                .map(|b| {
+                    Duration::from_secs_f32(f32::from_le_bytes(b.try_into().expect("f32")) / 1e3)
+                })
+                .collect();
+            let mut buf = Vec::with_capacity(4 * t.sample_len());
+            for _ in 0..2 {
+                native_decode(bytes, &t, &mut buf);
+            }
+            let native: Vec<Duration> = (0..timed)
+                .map(|_| {
+                    let t0 = Instant::now();
+                    native_decode(bytes, &t, &mut buf);
+                    t0.elapsed()
+                })
+                .collect();
+            g_round.push(stats(guest).0);
+            n_round.push(stats(native).0);
+        }
+        let ratios = ratios_of(&g_round, &n_round);
+        let real = InvokeRequest {
+            bucket: "datasets".into(),
+            keys: vec![key.clone(); per_call],
+            model: model.into(),
+            split: 0,
+            options: BTreeMap::new(),
+        };
+        let mut in_call = Vec::new();
+        for r in 0..reps + 2 {
+            let done = host.invoke(&alice, &fe, real.clone()).await;
+            done.result.expect("split-0 invocation");
+            if r >= 2 {
+                in_call.push(done.timings.guest() / per_call as u32);
+            }
+        }
+        decode_rows.push(DecodeRow {
+            image: name.clone(),
+            guest: stats(g_round).0,
+            native: stats(n_round).0,
+            ratio: median(&ratios),
+            round_ratios: ratios,
+            in_invocation: stats(in_call).0,
+        });
+    }
 
     // 3. One HTTP invocation, end to end.
     let body = json!({"bucket": "datasets", "keys": keys, "model": model, "split": split});
@@ -195,8 +358,20 @@ async fn main() {
         "extraction natively in the host, p50",
         ms(native_p50)
     );
-    let ratio = wasm_p50.as_secs_f64() / native_p50.as_secs_f64();
-    println!("{:<46} {:>12.3}", "Wasm / native", ratio);
+    println!(
+        "{:<46} {:>12.3}",
+        format!("Wasm / native (median of {rounds} rounds)"),
+        ratio
+    );
+    println!(
+        "{:<46} {:>12}",
+        "  each round",
+        ratios
+            .iter()
+            .map(|r| format!("{r:.3}"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
     println!("{:<46} {:>10.2}ms", "  instantiate", ms(s_inst));
     println!("{:<46} {:>10.2}ms", "  read (objects)", ms(s_read));
     println!(
@@ -227,10 +402,37 @@ async fn main() {
         ms(http_p50) - server_total
     );
 
+    println!(
+        "\ndecode + preprocess per image (resize {}, crop {}; p50 of {timed}, median of {rounds} rounds)",
+        t.resize, t.crop
+    );
+    println!(
+        "{:<14} {:>10} {:>10} {:>7}  {:<20} {:>14}",
+        "image", "guest", "native", "ratio", "rounds", "in invocation"
+    );
+    for row in &decode_rows {
+        println!(
+            "{:<14} {:>8.3}ms {:>8.3}ms {:>7.3}  {:<20} {:>12.3}ms",
+            row.image,
+            ms(row.guest),
+            ms(row.native),
+            row.ratio,
+            row.round_ratios
+                .iter()
+                .map(|r| format!("{r:.3}"))
+                .collect::<Vec<_>>()
+                .join(" "),
+            ms(row.in_invocation)
+        );
+    }
+
     let report = json!({
         "images": keys.len(), "model": model, "split": split, "device": "cpu",
         "empty_pushdown_us": {"p50": us(empty_p50), "p99": us(empty_p99), "n": n_empty},
-        "extraction_ms": {"wasm_p50": ms(wasm_p50), "native_p50": ms(native_p50), "ratio": ratio,
+        "decode_per_image_ms": decode_rows.iter().map(|r| json!({
+            "image": r.image, "guest": ms(r.guest), "native": ms(r.native), "ratio": r.ratio,
+            "round_ratios": r.round_ratios, "guest_in_invocation": ms(r.in_invocation)})).collect::<Vec<_>>(),
+        "extraction_ms": {"wasm_p50": ms(wasm_p50), "native_p50": ms(native_p50), "ratio": ratio, "round_ratios": ratios,
             "stages": {"instantiate": ms(s_inst), "read": ms(s_read), "guest_decode": ms(s_guest), "compute": ms(s_compute)}},
         "http_ms": {"p50": ms(http_p50), "server_timing": server.iter().map(|(n, v)| (n.clone(), json!(v))).collect::<serde_json::Map<_, _>>()},
     });

@@ -475,3 +475,35 @@ async fn a_failing_batch_is_a_host_fault_with_a_request_id_and_the_device_serves
         1u32.to_le_bytes()
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn pooled_batches_run_side_by_side_up_to_the_device_workers() {
+    let _one = serial().lock().await;
+    for workers in [1u64, 2] {
+        // Batches of one sample: each call is cut into 12 batches, and while one tenant's batch
+        // runs, the other tenant's can run only on a second worker.
+        let h = start(&format!(
+            "pool = true\nmax_batch = 1\ndevice_workers = {workers}"
+        ))
+        .await;
+        let warm = h.warm(&token(0), "feature-extract", body(0, 1)).await;
+        assert_eq!(warm.status(), 200);
+        let calls = (0..2).map(|t| {
+            let h = &h;
+            async move { h.invoke(&token(t), "feature-extract", body(t, 12)).await }
+        });
+        for (t, resp) in futures::future::join_all(calls)
+            .await
+            .into_iter()
+            .enumerate()
+        {
+            assert_eq!(resp.status(), 200, "tenant {t}");
+            let (shape, _) = features(resp).await;
+            assert_eq!(shape[0], 12, "tenant {t}");
+        }
+        let snap = h.host.device().memory();
+        assert_eq!(snap.peak_running_batches, workers, "{snap:?}");
+        assert_eq!(snap.running_batches, 0, "{snap:?}");
+        assert_eq!(snap.largest_batch, 1, "{snap:?}");
+    }
+}

@@ -218,6 +218,11 @@ pub struct DeviceMemory {
     pub batches: u64,
     pub batch_samples: u64,
     pub largest_batch: i64,
+    /// Pooled batches running now, and the most that ran at once.
+    #[serde(default)]
+    pub running_batches: u64,
+    #[serde(default)]
+    pub peak_running_batches: u64,
 }
 
 /// The answer of `GET /v1/models/{name}/profile`.

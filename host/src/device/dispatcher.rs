@@ -1,6 +1,10 @@
-//! The dispatcher: one thread per device that runs pooled batches.
+//! The dispatcher: one thread per device that forms pooled batches, and the workers that run
+//! them.
 //!
-//! Calls for the same segment from any tenant are merged into one device batch. The tenant
+//! Calls for the same segment from any tenant are merged into one device batch. Up to
+//! `workers` batches run at once ([`DeviceConfig::workers`]): on a CPU one per core, so that a
+//! segment whose efficient batch is small keeps every core busy, as unpooled calls do; a call
+//! is in at most one running batch, and the rest of its samples wait for it. The tenant
 //! with the least device time (per unit of weight) leads each batch ([`schedule`]); the batch
 //! is as large as memory, `max_batch`, the fastest batch size and a time slice allow, waiting
 //! at most the batch window for batch mates. While several tenants are active, the slice
@@ -18,9 +22,11 @@ use crate::device::job::{Input, Ran};
 use crate::device::schedule::{Fair, JOIN_SLOWDOWN, Pending, fill};
 use crate::device::stats::Stats;
 use crate::device::types::{DeviceConfig, DeviceError};
+use hapi_model::ModelPackage;
 use hapi_wire::profile::SegmentCost;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::ops::Range;
+use std::sync::mpsc::{Receiver, Sender, channel};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
@@ -51,7 +57,85 @@ pub struct Shared {
 #[derive(Debug, Default)]
 struct Incoming {
     calls: Vec<Call>,
+    /// Batches the workers finished.
+    done: Vec<Done>,
     shutdown: bool,
+}
+
+/// A batch handed to a worker: its calls, moved out of the dispatcher while it runs.
+struct Job {
+    calls: Vec<(u64, Call, i64)>,
+    model: Arc<ModelPackage>,
+    range: Range<usize>,
+    shape: Vec<i64>,
+    out_shape: Vec<i64>,
+    /// The batch's memory, released when it has run.
+    held: Option<Reservation>,
+    /// Device seconds charged to each slice's tenant when the batch was formed.
+    estimate: Vec<f64>,
+}
+
+/// A batch that ran: its calls with their outputs written, back to the dispatcher.
+#[derive(Debug)]
+struct Done {
+    calls: Vec<(u64, Call, i64)>,
+    model: String,
+    result: Result<(), String>,
+    took: Duration,
+    estimate: Vec<f64>,
+}
+
+impl Job {
+    fn run(mut self) -> Done {
+        let started = Instant::now();
+        let result = {
+            // Each call's next `take` samples in, its output buffer to append to.
+            let (inputs, mut dests): (Vec<&[u8]>, Vec<Dest<'_>>) = self
+                .calls
+                .iter_mut()
+                .map(|(_, c, take)| {
+                    let sb = c.input.sample_bytes();
+                    let (from, n) = (c.progress.taken as usize * sb, *take as usize * sb);
+                    let input = c.input.bytes.get(from..from + n).unwrap_or_default();
+                    let dest = Dest {
+                        out: &mut c.output,
+                        take: *take,
+                    };
+                    (input, dest)
+                })
+                .unzip();
+            batch::run(
+                &self.model,
+                self.range.clone(),
+                &self.shape,
+                &self.out_shape,
+                &inputs,
+                &mut dests,
+            )
+        };
+        let took = started.elapsed();
+        drop(self.held);
+        Done {
+            calls: self.calls,
+            model: self.model.name().to_string(),
+            result,
+            took,
+            estimate: self.estimate,
+        }
+    }
+}
+
+/// A device worker: runs the batches it is handed until the dispatcher goes away.
+fn work(shared: &Shared, jobs: &Mutex<Receiver<Job>>) {
+    loop {
+        let job = match lock(jobs).recv() {
+            Ok(job) => job,
+            Err(_) => return,
+        };
+        let done = job.run();
+        lock(&shared.incoming).done.push(done);
+        shared.arrived.notify_all();
+    }
 }
 
 /// One call waiting for, or part way through, the device.
@@ -127,12 +211,20 @@ impl Shared {
         })
     }
 
-    /// Starts the dispatcher thread.
+    /// Starts the dispatcher thread and its device workers.
     pub fn spawn(self: &Arc<Self>) -> std::io::Result<()> {
+        let (tx, rx) = channel::<Job>();
+        let rx = Arc::new(Mutex::new(rx));
+        for i in 0..self.config.workers.max(1) {
+            let (shared, rx) = (Arc::clone(self), Arc::clone(&rx));
+            std::thread::Builder::new()
+                .name(format!("device-worker-{i}"))
+                .spawn(move || work(&shared, &rx))?;
+        }
         let shared = Arc::clone(self);
         std::thread::Builder::new()
             .name("device-dispatcher".into())
-            .spawn(move || Dispatcher::new(shared).run())?;
+            .spawn(move || Dispatcher::new(shared, tx).run())?;
         Ok(())
     }
 
@@ -166,10 +258,13 @@ struct Dispatcher {
     /// seconds.
     recent: HashMap<Arc<str>, (Instant, f64)>,
     next_id: u64,
+    /// Where batches go to the workers. Calls of a running batch are out of `calls` (their
+    /// ids stay in `queues`); the stats count the running batches.
+    jobs: Sender<Job>,
 }
 
 impl Dispatcher {
-    fn new(shared: Arc<Shared>) -> Self {
+    fn new(shared: Arc<Shared>, jobs: Sender<Job>) -> Self {
         Self {
             shared,
             calls: HashMap::new(),
@@ -177,7 +272,12 @@ impl Dispatcher {
             fair: Fair::default(),
             recent: HashMap::new(),
             next_id: 0,
+            jobs,
         }
+    }
+
+    fn config(&self) -> &DeviceConfig {
+        &self.shared.config
     }
 
     fn run(mut self) {
@@ -207,19 +307,31 @@ impl Dispatcher {
             return false;
         }
         self.drop_gone();
-        if let Some(wait) = self.dispatch() {
+        let running = lock(&self.shared.stats).running;
+        let wait = if running >= self.config().workers.max(1) as u64 {
+            // Every worker is busy: wait for one to finish (or for new calls).
+            Some(Duration::from_secs(1))
+        } else {
+            self.dispatch()
+        };
+        if let Some(wait) = wait {
             let incoming = lock(&self.shared.incoming);
-            if incoming.calls.is_empty() && !incoming.shutdown {
+            if incoming.calls.is_empty() && incoming.done.is_empty() && !incoming.shutdown {
                 let _ = self.shared.arrived.wait_timeout(incoming, wait);
             }
         }
         true
     }
 
-    /// Takes newly arrived calls, waiting when there is nothing to do. False on shutdown.
+    /// Takes newly arrived calls and finished batches, waiting when there is nothing to do.
+    /// False on shutdown.
     fn admit(&mut self) -> bool {
         let mut incoming = lock(&self.shared.incoming);
-        while incoming.calls.is_empty() && self.calls.is_empty() && !incoming.shutdown {
+        while incoming.calls.is_empty()
+            && incoming.done.is_empty()
+            && self.calls.is_empty()
+            && !incoming.shutdown
+        {
             let (guard, _) = self
                 .shared
                 .arrived
@@ -234,7 +346,11 @@ impl Dispatcher {
             return false;
         }
         let arrived: Vec<Call> = incoming.calls.drain(..).collect();
+        let done: Vec<Done> = incoming.done.drain(..).collect();
         drop(incoming);
+        for d in done {
+            self.complete(d);
+        }
         let now = Instant::now();
         for call in arrived {
             let id = self.next_id;
@@ -260,9 +376,7 @@ impl Dispatcher {
 
     fn remove(&mut self, id: u64) -> Option<Call> {
         let c = self.calls.remove(&id)?;
-        if let Some(q) = self.queues.get_mut(&c.tenant) {
-            q.retain(|&x| x != id);
-        }
+        self.remove_queued(&c.tenant, id);
         Some(c)
     }
 
@@ -328,7 +442,8 @@ impl Dispatcher {
             .queues
             .iter()
             .filter_map(|(t, q)| {
-                let head = self.calls.get(q.front()?)?;
+                // Calls in a running batch are not in `calls`: the head is the oldest waiting.
+                let head = q.iter().find_map(|id| self.calls.get(id))?;
                 let work = q
                     .iter()
                     .filter_map(|id| self.calls.get(id))
@@ -342,7 +457,11 @@ impl Dispatcher {
             self.fair
                 .leader(backlogged.iter().map(|(_, t, work)| (t, *work)))?,
         );
-        let head = *self.queues.get(&leader)?.front()?;
+        let head = *self
+            .queues
+            .get(&leader)?
+            .iter()
+            .find(|id| self.calls.contains_key(id))?;
         let (key, cost) = {
             let c = self.calls.get(&head)?;
             let (m, a, b) = c.key();
@@ -424,13 +543,17 @@ impl Dispatcher {
         None
     }
 
-    /// Runs one device batch made of `picked` slices and hands finished calls back.
+    /// Hands one device batch made of `picked` slices to a worker. Each slice's tenant is
+    /// charged its estimated device time now, so that the next batches, formed while this one
+    /// runs, see it; [`Self::complete`] corrects the charge to the time the batch took.
     fn execute(&mut self, picked: &[(u64, i64)], cost: &SegmentCost) {
         let size: i64 = picked.iter().map(|(_, n)| n).sum();
-        let Some(&(first, _)) = picked.first() else {
+        let Some(c) = picked.first().and_then(|(id, _)| self.calls.get(id)) else {
             return;
         };
-        let held = if self.shared.config.adapt {
+        let (model, range) = (Arc::clone(&c.pin.model), c.range.clone());
+        let (shape, out_shape) = (c.input.shape.clone(), c.out_shape.clone());
+        let held = if self.config().adapt {
             match self.shared.budget.reserve_now(cost.run_bytes(size as u64)) {
                 Some(r) => Some(r),
                 None => {
@@ -441,88 +564,98 @@ impl Dispatcher {
         } else {
             None
         };
-        let Some(c) = self.calls.get(&first) else {
-            return;
+        let seconds = cost.seconds(size);
+        let mut calls = Vec::with_capacity(picked.len());
+        let mut estimate = Vec::with_capacity(picked.len());
+        for &(id, take) in picked {
+            let Some(c) = self.calls.remove(&id) else {
+                continue;
+            };
+            let est = seconds * take as f64 / size.max(1) as f64;
+            self.fair.charge(&c.tenant, est, c.weight);
+            estimate.push(est);
+            calls.push((id, c, take));
+        }
+        let job = Job {
+            calls,
+            model,
+            range,
+            shape,
+            out_shape,
+            held,
+            estimate,
         };
-        let (model, range) = (Arc::clone(&c.pin.model), c.range.clone());
-        let (shape, out_shape) = (c.input.shape.clone(), c.out_shape.clone());
-        // The outputs are taken out of their calls while the batch writes into them.
-        let mut outputs: Vec<Vec<u8>> = picked
-            .iter()
-            .map(|(id, _)| {
-                self.calls
-                    .get_mut(id)
-                    .map(|c| std::mem::take(&mut c.output))
-                    .unwrap_or_default()
-            })
-            .collect();
-        let started = Instant::now();
-        let result = {
-            let mut inputs: Vec<&[u8]> = Vec::with_capacity(picked.len());
-            for (id, take) in picked {
-                let c = &self.calls[id];
-                let sb = c.input.sample_bytes();
-                let (from, n) = (c.progress.taken as usize * sb, *take as usize * sb);
-                inputs.push(c.input.bytes.get(from..from + n).unwrap_or_default());
+        match self.jobs.send(job) {
+            Ok(()) => lock(&self.shared.stats).started(),
+            Err(lost) => {
+                // The workers are gone (they only stop when the dispatcher does).
+                for (id, c, _) in lost.0.calls {
+                    self.remove_queued(&c.tenant, id);
+                    let _ = c.reply.send(Err(DeviceError::Failed(
+                        "the device workers stopped".into(),
+                    )));
+                }
             }
-            let mut dests: Vec<Dest<'_>> = outputs
-                .iter_mut()
-                .zip(picked)
-                .map(|(out, (_, take))| Dest { out, take: *take })
-                .collect();
-            batch::run(&model, range, &shape, &out_shape, &inputs, &mut dests)
-        };
-        let took = started.elapsed();
-        drop(held);
+        }
+    }
+
+    /// Takes back a batch a worker ran: charges the time it took, and answers the calls it
+    /// finished (or all of its calls, if it failed).
+    fn complete(&mut self, done: Done) {
+        let size: i64 = done.calls.iter().map(|(_, _, take)| take).sum();
         {
             let mut stats = lock(&self.shared.stats);
-            let tenants: Vec<Arc<str>> = picked
-                .iter()
-                .filter_map(|(id, _)| Some(Arc::clone(&self.calls.get(id)?.tenant)))
-                .collect();
-            stats.batch(tenants.iter().map(|t| &**t), size);
-            if result.is_err() {
+            stats.finished();
+            stats.batch(done.calls.iter().map(|(_, c, _)| &*c.tenant), size);
+            if done.result.is_err() {
                 stats.faults += 1;
             }
         }
-        for ((id, take), out) in picked.iter().zip(outputs) {
-            let Some(c) = self.calls.get_mut(id) else {
-                continue;
-            };
-            c.output = out;
+        let mut ids = Vec::with_capacity(done.calls.len());
+        for ((id, mut c, take), est) in done.calls.into_iter().zip(done.estimate) {
             c.progress.taken += take;
-            let share = took.mul_f64(*take as f64 / size.max(1) as f64);
+            let share = done.took.mul_f64(take as f64 / size.max(1) as f64);
             c.progress.device += share;
             c.progress.batches += 1;
-            let (tenant, weight) = (Arc::clone(&c.tenant), c.weight);
-            self.fair.charge(&tenant, share.as_secs_f64(), weight);
+            self.fair
+                .charge(&c.tenant, share.as_secs_f64() - est, c.weight);
+            // Its id stayed in its tenant's queue, unless the queues were cleared meanwhile.
+            let queue = self.queues.entry(Arc::clone(&c.tenant)).or_default();
+            if !queue.contains(&id) {
+                queue.push_front(id);
+            }
+            self.calls.insert(id, c);
+            ids.push(id);
         }
-        match result {
+        match done.result {
             Ok(()) => {
-                let done: Vec<u64> = picked
-                    .iter()
-                    .filter(|(id, _)| self.calls.get(id).is_some_and(|c| c.left() == 0))
-                    .map(|(id, _)| *id)
-                    .collect();
-                for id in done {
-                    self.finish(id);
+                for id in ids {
+                    if self.calls.get(&id).is_some_and(|c| c.left() == 0) {
+                        self.finish(id);
+                    }
                 }
             }
             Err(detail) => {
-                let tenants: Vec<&str> = picked
+                let tenants: Vec<&str> = ids
                     .iter()
-                    .filter_map(|(id, _)| Some(&*self.calls.get(id)?.tenant))
+                    .filter_map(|id| Some(&*self.calls.get(id)?.tenant))
                     .collect();
                 tracing::error!(
                     "device batch of {size} samples of `{}` for tenants {tenants:?} failed: {detail}",
-                    model.name(),
+                    done.model,
                 );
-                for (id, _) in picked {
-                    if let Some(c) = self.remove(*id) {
+                for id in ids {
+                    if let Some(c) = self.remove(id) {
                         let _ = c.reply.send(Err(DeviceError::Failed(detail.clone())));
                     }
                 }
             }
+        }
+    }
+
+    fn remove_queued(&mut self, tenant: &str, id: u64) {
+        if let Some(q) = self.queues.get_mut(tenant) {
+            q.retain(|&x| x != id);
         }
     }
 

@@ -27,12 +27,26 @@ pub struct Stats {
     pub largest_batch: i64,
     pub in_progress: u64,
     pub peak_in_progress: u64,
+    /// Pooled batches running now, and the most at once.
+    pub running: u64,
+    pub peak_running: u64,
     pub faults: u64,
 }
 
 impl Stats {
     pub fn tenant(&mut self, name: &str) -> &mut TenantStats {
         self.tenants.entry(name.to_string()).or_default()
+    }
+
+    /// A pooled batch went to a worker.
+    pub fn started(&mut self) {
+        self.running += 1;
+        self.peak_running = self.peak_running.max(self.running);
+    }
+
+    /// A pooled batch came back from its worker.
+    pub fn finished(&mut self) {
+        self.running = self.running.saturating_sub(1);
     }
 
     /// One device batch of `size` samples made of slices of these tenants' calls.
@@ -60,12 +74,14 @@ impl Stats {
             batches: self.batches,
             batch_samples: self.batch_samples,
             largest_batch: self.largest_batch,
+            running_batches: self.running,
+            peak_running_batches: self.peak_running,
         }
     }
 
     /// The device's families in the Prometheus text format.
     pub fn render(&self, m: &DeviceMemory, out: &mut String) {
-        let gauges: [(&str, &str, f64); 9] = [
+        let gauges: [(&str, &str, f64); 11] = [
             (
                 "hapi_device_budget_bytes",
                 "Device memory budget.",
@@ -105,6 +121,16 @@ impl Stats {
                 "hapi_device_largest_batch",
                 "Largest device batch, in samples.",
                 m.largest_batch as f64,
+            ),
+            (
+                "hapi_device_batches_running",
+                "Pooled device batches running now.",
+                m.running_batches as f64,
+            ),
+            (
+                "hapi_device_batches_running_peak",
+                "Most pooled device batches that ran at once.",
+                m.peak_running_batches as f64,
             ),
             (
                 "hapi_device_faults",

@@ -18,6 +18,10 @@ pub struct DeviceConfig {
     pub max_batch: i64,
     /// Longest a device batch may run (estimated), so that calls interleave and deadlines hold.
     pub slice: Duration,
+    /// Pooled batches that run at once. On a CPU, as many as there are cores: a batch of one
+    /// sample leaves cores idle that another batch can use, as unpooled calls running side by
+    /// side do. On a GPU, one: batches queue on the device anyway.
+    pub workers: usize,
 }
 
 /// Why the device did not run a call.

@@ -26,6 +26,7 @@
 //! body_timeout = "60s"                 # and its body within this
 //! idle_timeout = "60s"                 # a connection that moves no byte for this long is closed
 //! workers = 2                          # threads that run invocations (default: the cores)
+//! device_workers = 2                   # device batches run at once (default: CPU the cores, GPU 1)
 //!
 //! [tenants.alice]
 //! token_sha256 = "<hex of sha256(token)>"   # `hapi-host hash-token` prints it
@@ -166,6 +167,8 @@ pub struct HostSettings {
     pub metrics_listen: Option<SocketAddr>,
     /// Threads that run invocations.
     pub workers: usize,
+    /// Device batches that run at once; `None`: the cores on a CPU, one on a GPU.
+    pub device_workers: Option<usize>,
 }
 
 impl HostSettings {
@@ -195,6 +198,10 @@ impl HostSettings {
             self.metrics_listen != other.metrics_listen,
         );
         check("workers", self.workers != other.workers);
+        check(
+            "device_workers",
+            self.device_workers != other.device_workers,
+        );
         changed
     }
 }

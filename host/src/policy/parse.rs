@@ -38,6 +38,7 @@ struct RawHost {
     body_timeout: Option<Spanned<String>>,
     idle_timeout: Option<Spanned<String>>,
     workers: Option<Spanned<i64>>,
+    device_workers: Option<Spanned<i64>>,
     s3: Option<RawS3>,
 }
 
@@ -420,6 +421,19 @@ fn host_settings(ctx: &Ctx<'_>, h: &RawHost) -> Result<HostSettings, PolicyError
             .map(|s| ctx.addr("host.metrics_listen", s))
             .transpose()?,
         workers: ctx.int("host.workers", &h.workers, cores, (1, MAX_WORKERS))? as usize,
+        device_workers: h
+            .device_workers
+            .as_ref()
+            .map(|_| {
+                ctx.int(
+                    "host.device_workers",
+                    &h.device_workers,
+                    1,
+                    (1, MAX_WORKERS),
+                )
+            })
+            .transpose()?
+            .map(|n| n as usize),
     })
 }
 
@@ -613,7 +627,7 @@ mod tests {
             host_key in prop::sample::select(vec![
                 "memory_budget", "batch_window", "max_batch", "slice", "max_request",
                 "max_connections", "max_connections_per_client", "header_timeout",
-                "body_timeout", "idle_timeout", "workers",
+                "body_timeout", "idle_timeout", "workers", "device_workers",
             ]),
             value in prop_oneof![
                 any::<i64>().prop_map(|n| n.to_string()),
@@ -647,9 +661,9 @@ mod tests {
                     prop_assert_eq!(e.line, Some(if on_host { 5 } else { 7 }), "{}", e);
                     let named = if on_host { format!("host.{host_key}") } else { format!("tenants.a.{key}") };
                     // Values of the right type are named by key; others get TOML's own words.
-                    const INTEGER_KEYS: [&str; 8] = ["concurrency", "queue", "weight",
+                    const INTEGER_KEYS: [&str; 9] = ["concurrency", "queue", "weight",
                         "max_functions", "max_batch", "max_connections",
-                        "max_connections_per_client", "workers"];
+                        "max_connections_per_client", "workers", "device_workers"];
                     let integer = INTEGER_KEYS.contains(&if on_host { host_key } else { key });
                     let typed = value.starts_with('"') != integer;
                     prop_assert!(!typed || e.message.contains(&named) || e.message.contains("too large"), "{}", e);

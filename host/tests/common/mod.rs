@@ -257,30 +257,15 @@ impl TestHost {
         metrics_text(&self.client, &self.url, OPERATOR).await
     }
 
-    /// Invokes until the call succeeds: for a first call, which a short time limit may end
-    /// while the model loads (429 `device_busy`) or while a loaded machine is slow (422
-    /// `time_limit_exceeded`); the load goes on meanwhile. Gives up after two minutes.
+    /// [`warm_at`] this host, giving up after two minutes.
     pub async fn warm(
         &self,
         token: &str,
         function: &str,
         body: serde_json::Value,
     ) -> reqwest::Response {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
-        loop {
-            let resp = self.invoke(token, function, body.clone()).await;
-            let retry =
-                matches!(resp.status().as_u16(), 422 | 429) && std::time::Instant::now() < deadline;
-            if !retry {
-                return resp;
-            }
-            let text = resp.text().await.unwrap_or_default();
-            assert!(
-                text.contains("device_busy") || text.contains("time_limit_exceeded"),
-                "{text}"
-            );
-            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-        }
+        let patience = std::time::Duration::from_secs(120);
+        warm_at(&self.client, &self.url, token, function, body, patience).await
     }
 
     pub async fn invoke(
@@ -289,13 +274,53 @@ impl TestHost {
         function: &str,
         body: serde_json::Value,
     ) -> reqwest::Response {
-        self.client
-            .post(format!("{}/v1/invoke/{function}", self.url))
-            .bearer_auth(token)
-            .json(&body)
-            .send()
-            .await
-            .expect("request")
+        invoke_at(&self.client, &self.url, token, function, body).await
+    }
+}
+
+/// `POST {url}/v1/invoke/{function}` with `token` and the JSON `body`.
+pub async fn invoke_at(
+    client: &reqwest::Client,
+    url: &str,
+    token: &str,
+    function: &str,
+    body: serde_json::Value,
+) -> reqwest::Response {
+    client
+        .post(format!("{url}/v1/invoke/{function}"))
+        .bearer_auth(token)
+        .json(&body)
+        .send()
+        .await
+        .expect("request")
+}
+
+/// Invokes until the call succeeds: for a first call, which a short time limit may end while
+/// the model loads (429 `device_busy`) or while a loaded machine is slow (422
+/// `time_limit_exceeded`); the load goes on meanwhile. Gives up after `patience` and returns
+/// the last answer.
+pub async fn warm_at(
+    client: &reqwest::Client,
+    url: &str,
+    token: &str,
+    function: &str,
+    body: serde_json::Value,
+    patience: std::time::Duration,
+) -> reqwest::Response {
+    let deadline = std::time::Instant::now() + patience;
+    loop {
+        let resp = invoke_at(client, url, token, function, body.clone()).await;
+        let retry =
+            matches!(resp.status().as_u16(), 422 | 429) && std::time::Instant::now() < deadline;
+        if !retry {
+            return resp;
+        }
+        let text = resp.text().await.unwrap_or_default();
+        assert!(
+            text.contains("device_busy") || text.contains("time_limit_exceeded"),
+            "{text}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
     }
 }
 

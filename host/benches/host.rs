@@ -53,17 +53,24 @@ fn median(v: &[f64]) -> f64 {
     v[v.len() / 2]
 }
 
-/// What the guest does to one object, natively: decode, then preprocess into tensor bytes.
-fn native_decode(bytes: &[u8], t: &Transform, out: &mut Vec<u8>) {
+/// What the guest does to one object, natively: decode, then preprocess into tensor bytes;
+/// the time of each, as the decode-bench guest times them.
+fn native_decode(bytes: &[u8], t: &Transform, out: &mut Vec<u8>) -> [Duration; 2] {
     out.clear();
+    let t0 = Instant::now();
     let img = decode(bytes).expect("decode");
+    let t1 = Instant::now();
     transform_into_le_bytes(&img, t, out).expect("preprocess");
+    [t1 - t0, t1.elapsed()]
 }
 
 struct DecodeRow {
     image: String,
     guest: Duration,
     native: Duration,
+    /// (guest, native) p50s of the decoding and of the preprocessing alone.
+    decode: (Duration, Duration),
+    preprocess: (Duration, Duration),
     ratio: f64,
     round_ratios: Vec<f64>,
     in_invocation: Duration,
@@ -250,29 +257,39 @@ async fn main() {
             options: BTreeMap::from([("reps".into(), timed.to_string())]),
         };
         let (mut g_round, mut n_round) = (Vec::new(), Vec::new());
+        // Per round: p50s of (decode, preprocess), guest and native.
+        let (mut g_parts, mut n_parts) = (Vec::new(), Vec::new());
         for _ in 0..rounds {
             let out = host.invoke(&bencher, &db, bench_inv.clone()).await;
             let out = out.result.expect("decode-bench invocation");
-            let guest: Vec<Duration> = out
+            let guest: Vec<[Duration; 2]> = out
                 .data
-                .chunks_exact(4)
+                .chunks_exact(8)
                 .map(|b| {
-                    Duration::from_secs_f32(f32::from_le_bytes(b.try_into().expect("f32")) / 1e3)
+                    let ms = |b: &[u8]| {
+                        let v = f32::from_le_bytes(b.try_into().expect("f32"));
+                        Duration::from_secs_f32(v / 1e3)
+                    };
+                    [ms(&b[..4]), ms(&b[4..])]
                 })
                 .collect();
             let mut buf = Vec::with_capacity(4 * t.sample_len());
             for _ in 0..2 {
                 native_decode(bytes, &t, &mut buf);
             }
-            let native: Vec<Duration> = (0..timed)
-                .map(|_| {
-                    let t0 = Instant::now();
-                    native_decode(bytes, &t, &mut buf);
-                    t0.elapsed()
-                })
+            let native: Vec<[Duration; 2]> = (0..timed)
+                .map(|_| native_decode(bytes, &t, &mut buf))
                 .collect();
-            g_round.push(stats(guest).0);
-            n_round.push(stats(native).0);
+            let parts = |v: &[[Duration; 2]]| {
+                [
+                    stats(v.iter().map(|p| p[0]).collect()).0,
+                    stats(v.iter().map(|p| p[1]).collect()).0,
+                ]
+            };
+            g_round.push(stats(guest.iter().map(|p| p[0] + p[1]).collect()).0);
+            n_round.push(stats(native.iter().map(|p| p[0] + p[1]).collect()).0);
+            g_parts.push(parts(&guest));
+            n_parts.push(parts(&native));
         }
         let ratios = ratios_of(&g_round, &n_round);
         let real = InvokeRequest {
@@ -290,10 +307,13 @@ async fn main() {
                 in_call.push(done.timings.guest() / per_call as u32);
             }
         }
+        let part = |v: &[[Duration; 2]], k: usize| stats(v.iter().map(|p| p[k]).collect()).0;
         decode_rows.push(DecodeRow {
             image: name.clone(),
             guest: stats(g_round).0,
             native: stats(n_round).0,
+            decode: (part(&g_parts, 0), part(&n_parts, 0)),
+            preprocess: (part(&g_parts, 1), part(&n_parts, 1)),
             ratio: median(&ratios),
             round_ratios: ratios,
             in_invocation: stats(in_call).0,
@@ -407,12 +427,22 @@ async fn main() {
         t.resize, t.crop
     );
     println!(
-        "{:<14} {:>10} {:>10} {:>7}  {:<20} {:>14}",
-        "image", "guest", "native", "ratio", "rounds", "in invocation"
+        "{:<14} {:>10} {:>10} {:>7}  {:<20} {:>14}  {:>22}  {:>22}",
+        "image",
+        "guest",
+        "native",
+        "ratio",
+        "rounds",
+        "in invocation",
+        "decode g/n (ratio)",
+        "preprocess g/n (ratio)"
     );
     for row in &decode_rows {
+        let part = |(g, n): (Duration, Duration)| {
+            format!("{:.2}/{:.2} ({:.2})", ms(g), ms(n), ms(g) / ms(n))
+        };
         println!(
-            "{:<14} {:>8.3}ms {:>8.3}ms {:>7.3}  {:<20} {:>12.3}ms",
+            "{:<14} {:>8.3}ms {:>8.3}ms {:>7.3}  {:<20} {:>12.3}ms  {:>22}  {:>22}",
             row.image,
             ms(row.guest),
             ms(row.native),
@@ -422,7 +452,9 @@ async fn main() {
                 .map(|r| format!("{r:.3}"))
                 .collect::<Vec<_>>()
                 .join(" "),
-            ms(row.in_invocation)
+            ms(row.in_invocation),
+            part(row.decode),
+            part(row.preprocess)
         );
     }
 
@@ -431,7 +463,9 @@ async fn main() {
         "empty_pushdown_us": {"p50": us(empty_p50), "p99": us(empty_p99), "n": n_empty},
         "decode_per_image_ms": decode_rows.iter().map(|r| json!({
             "image": r.image, "guest": ms(r.guest), "native": ms(r.native), "ratio": r.ratio,
-            "round_ratios": r.round_ratios, "guest_in_invocation": ms(r.in_invocation)})).collect::<Vec<_>>(),
+            "round_ratios": r.round_ratios, "guest_in_invocation": ms(r.in_invocation),
+            "decode": {"guest": ms(r.decode.0), "native": ms(r.decode.1)},
+            "preprocess": {"guest": ms(r.preprocess.0), "native": ms(r.preprocess.1)}})).collect::<Vec<_>>(),
         "extraction_ms": {"wasm_p50": ms(wasm_p50), "native_p50": ms(native_p50), "ratio": ratio, "round_ratios": ratios,
             "stages": {"instantiate": ms(s_inst), "read": ms(s_read), "guest_decode": ms(s_guest), "compute": ms(s_compute)}},
         "http_ms": {"p50": ms(http_p50), "server_timing": server.iter().map(|(n, v)| (n.clone(), json!(v))).collect::<serde_json::Map<_, _>>()},

@@ -129,15 +129,7 @@ impl Target {
     }
 
     async fn profile(&self, model: &str) -> ModelProfile {
-        self.client
-            .get(format!("{}/v1/models/{model}/profile", self.url))
-            .bearer_auth(tenant_token(0))
-            .send()
-            .await
-            .expect("profile request")
-            .json()
-            .await
-            .expect("profile")
+        common::profile_at(&self.client, &self.url, model).await
     }
 
     async fn device(&self, model: &str) -> DeviceMemory {

@@ -85,6 +85,7 @@ impl Host {
                 window: h.batch_window,
                 max_batch: h.max_batch,
                 slice: h.slice,
+                batch_time: h.batch_time,
                 workers: h.device_workers.unwrap_or(match device {
                     tch::Device::Cpu => std::thread::available_parallelism().map_or(1, |n| n.get()),
                     _ => 1,

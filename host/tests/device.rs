@@ -54,17 +54,11 @@ async fn all_at_once(h: &TestHost, n: usize) -> Vec<reqwest::Response> {
 }
 
 async fn memory_model(h: &TestHost) -> ModelMemory {
-    let profile: Value = h
-        .client
-        .get(format!("{}/v1/models/{MODEL}/profile", h.url))
-        .bearer_auth(token(0))
-        .send()
-        .await
-        .expect("profile")
-        .json()
-        .await
-        .expect("profile JSON");
-    serde_json::from_value(profile["memory"].clone()).expect("memory model")
+    memory_model_of(h, MODEL).await
+}
+
+async fn memory_model_of(h: &TestHost, model: &str) -> ModelMemory {
+    common::profile_at(&h.client, &h.url, model).await.memory
 }
 
 async fn metric(h: &TestHost, name: &str) -> f64 {
@@ -506,4 +500,58 @@ async fn pooled_batches_run_side_by_side_up_to_the_device_workers() {
         assert_eq!(snap.running_batches, 0, "{snap:?}");
         assert_eq!(snap.largest_batch, 1, "{snap:?}");
     }
+}
+
+/// AlexNet's frozen layers: a segment that runs fastest in large batches on a CPU.
+const BATCHING: (&str, usize) = ("alexnet", 17);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn several_tenants_pool_into_batches_longer_than_one_tenants_slice() {
+    let _one = serial().lock().await;
+    let (model, split) = BATCHING;
+    let body = |t: usize, n: usize| {
+        let keys: Vec<String> = (0..n)
+            .map(|i| sample_key(SAMPLES[(t + i) % SAMPLES.len()]))
+            .collect();
+        json!({"bucket": "datasets", "keys": keys, "model": model, "split": split})
+    };
+    // The slice (5 ms) admits one sample; one worker; batch mates have 100 ms to arrive.
+    let start = |batch_time: &str| {
+        let host = format!(
+            "pool = true\nslice = \"5ms\"\nbatch_time = \"{batch_time}\"\nbatch_window = \"100ms\"\ndevice_workers = 1"
+        );
+        start_tenants(move |store, state| {
+            tenants_policy(store, state, &host, TENANTS, &[model], |_| String::new())
+        })
+    };
+    let mut largest = Vec::new();
+    for batch_time in ["2s", "5ms"] {
+        let h = start(batch_time).await;
+        let warm = h.warm(&token(0), "feature-extract", body(0, 1)).await;
+        assert_eq!(warm.status(), 200, "batch_time = {batch_time}");
+        let memory = memory_model_of(&h, model).await;
+        let fastest = memory.segment(0..split).efficient_batch.unwrap_or(32);
+        assert!(
+            fastest >= 4,
+            "{model}[0..{split}] runs fastest at batch {fastest} here: the test proves nothing"
+        );
+        // Eight tenants' two images each, at once.
+        let calls = (0..TENANTS).map(|t| {
+            let (h, b) = (&h, body(t, 2));
+            async move { h.invoke(&token(t), "feature-extract", b).await }
+        });
+        for (t, resp) in futures::future::join_all(calls)
+            .await
+            .into_iter()
+            .enumerate()
+        {
+            let (shape, _) = features(resp).await;
+            assert_eq!(shape[0], 2, "tenant {t}");
+        }
+        largest.push(h.host.device().memory().largest_batch);
+    }
+    // Pooled work runs in batches of several tenants' samples up to `batch_time`; with
+    // `batch_time` no longer than the slice, every batch holds one sample.
+    assert!(largest[0] >= 4, "batches with batch_time = 2s: {largest:?}");
+    assert_eq!(largest[1], 1, "batches with batch_time = 5ms: {largest:?}");
 }

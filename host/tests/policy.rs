@@ -141,6 +141,7 @@ fn values_outside_their_ranges_are_named_with_key_and_line() {
         ),
         ("max_batch = 0", "host.max_batch = 0: must be 1..=4096"),
         ("slice = \"1ms\"", "host.slice: must be 5ms..=2s"),
+        ("batch_time = \"3s\"", "host.batch_time: must be 5ms..=2s"),
         (
             "max_connections = 0",
             "host.max_connections = 0: must be 1..=65536",

@@ -4,7 +4,8 @@
 //!
 //! For each key it reads the object once, runs two untimed rounds (the instance's memory grows
 //! to its working size), then `reps` timed rounds (option `reps`, 1..=1000, default 20), and
-//! returns an F32 tensor `[keys, reps]` of milliseconds. The transform is `model`'s. It imports
+//! returns an F32 tensor `[keys, reps, 2]` of milliseconds: decoding, then preprocessing
+//! (resize, crop, normalisation into tensor bytes). The transform is `model`'s. It imports
 //! `wasi:clocks`, so only tenants granted `clocks` may run it.
 
 #[allow(clippy::too_many_arguments)] // generated bindings
@@ -43,11 +44,12 @@ impl Guest for DecodeBench {
         let spec = &info.input;
         let t = Transform::from_lists(spec.resize, spec.crop, &spec.mean, &spec.std)
             .map_err(|e| Error::Inference(format!("model `{}`: {e}", info.name)))?;
-        let mut times = Vec::with_capacity(inv.keys.len() * reps * 4);
+        let mut times = Vec::with_capacity(inv.keys.len() * reps * 8);
         let mut out = Vec::with_capacity(4 * t.sample_len());
         for key in &inv.keys {
             let bytes = objects::get(&inv.bucket, key).map_err(Error::Object)?;
-            let once = |out: &mut Vec<u8>| -> Result<(), Error> {
+            // (decode, preprocess) milliseconds of one round.
+            let once = |out: &mut Vec<u8>| -> Result<[f32; 2], Error> {
                 out.clear();
                 let bad = |reason: String| {
                     Error::BadObject(ObjectFailure {
@@ -55,21 +57,24 @@ impl Guest for DecodeBench {
                         reason,
                     })
                 };
+                let t0 = Instant::now();
                 let image = decode(&bytes).map_err(|e| bad(e.to_string()))?;
-                transform_into_le_bytes(&image, &t, out).map_err(|e| bad(e.to_string()))
+                let t1 = Instant::now();
+                transform_into_le_bytes(&image, &t, out).map_err(|e| bad(e.to_string()))?;
+                let ms = |d: std::time::Duration| d.as_secs_f32() * 1e3;
+                Ok([ms(t1 - t0), ms(t1.elapsed())])
             };
             for _ in 0..2 {
                 once(&mut out)?;
             }
             for _ in 0..reps {
-                let t0 = Instant::now();
-                once(&mut out)?;
-                let ms = t0.elapsed().as_secs_f32() * 1e3;
-                times.extend_from_slice(&ms.to_le_bytes());
+                for ms in once(&mut out)? {
+                    times.extend_from_slice(&ms.to_le_bytes());
+                }
             }
         }
         Ok(TensorOut {
-            dimensions: vec![inv.keys.len() as u32, reps as u32],
+            dimensions: vec![inv.keys.len() as u32, reps as u32, 2],
             ty: ElementType::F32,
             data: times,
         })

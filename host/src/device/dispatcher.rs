@@ -6,10 +6,22 @@
 //! segment whose efficient batch is small keeps every core busy, as unpooled calls do; a call
 //! is in at most one running batch, and the rest of its samples wait for it. The tenant
 //! with the least device time (per unit of weight) leads each batch ([`schedule`]); the batch
-//! is as large as memory, `max_batch`, the fastest batch size and a time slice allow, waiting
-//! at most the batch window for batch mates. While several tenants are active, the slice
-//! shrinks to the lower median of their calls' device times, so that a tenant with small calls
-//! waits for at most about one of its own calls' worth of someone else's batch.
+//! is as large as memory, `max_batch` and the fastest batch size allow, waiting at most the
+//! batch window for batch mates, and bounded in time by whom it would make wait:
+//!
+//! - A batch of one tenant's work while other tenants are active runs at most the slice: the
+//!   configured one, shrunk to the lower median of the active tenants' calls' device times, so
+//!   that a tenant with small calls waits for at most about one of its own calls' worth of
+//!   someone else's work. A tenant alone on the device may run longer batches, on all but one
+//!   worker, so that a newcomer finds a worker within a slice.
+//! - A pooled batch (several tenants' work) may run up to `batch_time`: every tenant in it is
+//!   being served, and the larger batch is cheaper per sample. It holds each tenant whose work
+//!   is all in it at most [`schedule::stretch`] times its own samples' time (`0.75 (n - 1)`
+//!   with `n` tenants active, at least 1), so a light tenant next to one heavy tenant is not
+//!   kept waiting for the heavy one's samples, while many similar tenants pool into batches
+//!   near the segment's fastest size. Among three or more active tenants, a tenant may join
+//!   while up to a slice of device time ahead of the leader, so that batches form from
+//!   tenants whose shares differ by a little.
 //!
 //! Calls whose caller gave up (deadline passed, request dropped) are dropped before they run
 //! and after any batch they were part of; their memory goes with them. A panic or a libtorch
@@ -19,7 +31,7 @@ use crate::account::{Charge, Deadline};
 use crate::device::batch::{self, Dest};
 use crate::device::budget::{Budget, Pin, Reservation};
 use crate::device::job::{Input, Ran};
-use crate::device::schedule::{Fair, JOIN_SLOWDOWN, Pending, fill};
+use crate::device::schedule::{Fair, Pending, Slice, fill, stretch};
 use crate::device::stats::Stats;
 use crate::device::types::{DeviceConfig, DeviceError};
 use hapi_model::ModelPackage;
@@ -73,6 +85,8 @@ struct Job {
     held: Option<Reservation>,
     /// Device seconds charged to each slice's tenant when the batch was formed.
     estimate: Vec<f64>,
+    /// A lone tenant's batch longer than the slice.
+    long: bool,
 }
 
 /// A batch that ran: its calls with their outputs written, back to the dispatcher.
@@ -83,6 +97,7 @@ struct Done {
     result: Result<(), String>,
     took: Duration,
     estimate: Vec<f64>,
+    long: bool,
 }
 
 impl Job {
@@ -121,6 +136,7 @@ impl Job {
             result,
             took,
             estimate: self.estimate,
+            long: self.long,
         }
     }
 }
@@ -258,6 +274,8 @@ struct Dispatcher {
     /// seconds.
     recent: HashMap<Arc<str>, (Instant, f64)>,
     next_id: u64,
+    /// Lone tenants' batches longer than the slice that are running.
+    long_running: usize,
     /// Where batches go to the workers. Calls of a running batch are out of `calls` (their
     /// ids stay in `queues`); the stats count the running batches.
     jobs: Sender<Job>,
@@ -272,6 +290,7 @@ impl Dispatcher {
             fair: Fair::default(),
             recent: HashMap::new(),
             next_id: 0,
+            long_running: 0,
             jobs,
         }
     }
@@ -412,19 +431,24 @@ impl Dispatcher {
         self.queues.clear();
     }
 
-    /// How long the next batch may run: the configured slice, or while several tenants are
-    /// active, the lower median of their calls' device times (at least [`MIN_SLICE`]).
-    fn slice(&self) -> Duration {
+    /// Estimated device seconds of the calls of the active tenants (a call arrived or
+    /// finished within [`ACTIVE_FOR`], or work queued or running), one per tenant.
+    fn active(&self) -> Vec<f64> {
         let now = Instant::now();
-        let mut times: Vec<f64> = self
-            .recent
+        self.recent
             .iter()
             .filter(|(t, (at, _))| {
                 now.duration_since(*at) < ACTIVE_FOR
                     || self.queues.get(*t).is_some_and(|q| !q.is_empty())
             })
             .map(|(_, (_, s))| *s)
-            .collect();
+            .collect()
+    }
+
+    /// How long a batch of one tenant's work may run: the configured slice, or while several
+    /// tenants are active, the lower median of their calls' device times (at least
+    /// [`MIN_SLICE`]).
+    fn slice(&self, mut times: Vec<f64>) -> Duration {
         let configured = self.shared.config.slice;
         if times.len() < 2 {
             return configured;
@@ -523,30 +547,63 @@ impl Dispatcher {
             self.shared.budget.wait_changed(MEMORY_POLL);
             return None;
         }
-        let cap = cost.batch_within(self.slice().as_secs_f64(), cap);
+        let active = self.active();
+        let n_active = active.len().max(1);
+        let slice = self.slice(active);
+        let short = cost.batch_within(slice.as_secs_f64(), cap);
+        let long = cost.batch_within(config.batch_time.max(config.slice).as_secs_f64(), cap);
+        let workers = config.workers.max(1);
+        // A tenant alone may run long batches on all but one worker; several tenants' work
+        // may pool into long batches.
+        let alone = n_active == 1 && (workers == 1 || self.long_running + 1 < workers);
+        let pooled = pending.len() >= 2;
+        let target = if alone || pooled { long } else { short };
         let waiting: i64 = pending.iter().flat_map(|p| p.calls.iter()).sum();
         let due = oldest + config.window;
         let now = Instant::now();
-        if waiting < cap && now < due {
+        if waiting < target && now < due {
             return Some(due - now);
         }
-        let joined_cap = |led: i64| {
-            let allowed = cost.seconds(led) * (1.0 + JOIN_SLOWDOWN);
-            cost.batch_within(allowed, cap)
+        let hold = stretch(n_active);
+        let per_sample = cost.seconds(target) / target as f64;
+        let joined_cap = |led: i64| cost.batch_within(cost.seconds(led) * hold, target);
+        // Among three or more tenants, one may join a batch while up to a slice of device time
+        // ahead of its leader: their shares still even out within a slice, and batches form
+        // from tenants a little apart.
+        let ahead = if n_active > 2 {
+            slice.as_secs_f64()
+        } else {
+            0.0
         };
-        let slices = fill(&pending, cap, cost.seconds(cap) / cap as f64, joined_cap);
+        let mut slices = fill(&pending, target, per_sample, ahead, joined_cap);
+        let tenants = |slices: &[Slice]| {
+            let mut t: Vec<usize> = slices.iter().map(|s| s.tenant).collect();
+            t.dedup();
+            t.len()
+        };
+        if !alone && target > short && tenants(&slices) < 2 {
+            // Only the leader's work made it in while others are active: a slice of it.
+            let joined_cap = |led: i64| cost.batch_within(cost.seconds(led) * hold, short);
+            let per_sample = cost.seconds(short) / short as f64;
+            slices = fill(&pending, short, per_sample, ahead, joined_cap);
+        }
+        let size: i64 = slices.iter().map(|s| s.take).sum();
         let picked: Vec<(u64, i64)> = slices
             .iter()
             .filter_map(|s| Some((*ids.get(s.tenant)?.get(s.call)?, s.take)))
             .collect();
-        self.execute(&picked, &cost);
+        self.execute(
+            &picked,
+            &cost,
+            alone && tenants(&slices) == 1 && size > short,
+        );
         None
     }
 
     /// Hands one device batch made of `picked` slices to a worker. Each slice's tenant is
     /// charged its estimated device time now, so that the next batches, formed while this one
     /// runs, see it; [`Self::complete`] corrects the charge to the time the batch took.
-    fn execute(&mut self, picked: &[(u64, i64)], cost: &SegmentCost) {
+    fn execute(&mut self, picked: &[(u64, i64)], cost: &SegmentCost, long: bool) {
         let size: i64 = picked.iter().map(|(_, n)| n).sum();
         let Some(c) = picked.first().and_then(|(id, _)| self.calls.get(id)) else {
             return;
@@ -584,9 +641,13 @@ impl Dispatcher {
             out_shape,
             held,
             estimate,
+            long,
         };
         match self.jobs.send(job) {
-            Ok(()) => lock(&self.shared.stats).started(),
+            Ok(()) => {
+                self.long_running += usize::from(long);
+                lock(&self.shared.stats).started();
+            }
             Err(lost) => {
                 // The workers are gone (they only stop when the dispatcher does).
                 for (id, c, _) in lost.0.calls {
@@ -602,6 +663,7 @@ impl Dispatcher {
     /// Takes back a batch a worker ran: charges the time it took, and answers the calls it
     /// finished (or all of its calls, if it failed).
     fn complete(&mut self, done: Done) {
+        self.long_running -= usize::from(done.long).min(self.long_running);
         let size: i64 = done.calls.iter().map(|(_, _, take)| take).sum();
         {
             let mut stats = lock(&self.shared.stats);

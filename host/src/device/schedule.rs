@@ -90,23 +90,34 @@ pub struct Slice {
     pub take: i64,
 }
 
-/// How much longer than the leader's own samples alone a batch may run because others joined
-/// it: pooling buys throughput where a larger batch is cheaper per sample, and must not make the
-/// leader (often a tenant with small calls) wait much for other tenants' samples.
-pub const JOIN_SLOWDOWN: f64 = 0.5;
+/// How much longer than its own samples alone a pooled batch may hold a tenant, with `n`
+/// tenants active: fair sharing would give each a call's samples in about `n` times their own
+/// device time; one of those shares goes to waiting for a worker and to the batches other
+/// workers run meanwhile (the memory model's times are for the device alone), and a batch may
+/// take this fraction of the rest. With two tenants, nobody joins a leader's batch.
+pub const FAIR_SHARE: f64 = 0.75;
+
+/// How much longer than its own samples alone a pooled batch may hold a tenant when `active`
+/// tenants share the device: never shorter than its own samples.
+pub fn stretch(active: usize) -> f64 {
+    (FAIR_SHARE * active.saturating_sub(1) as f64).max(1.0)
+}
 
 /// Fills one batch of at most `cap` samples led by `pending[0]` (the tenant with the least
 /// virtual time): the leader takes as much of its oldest calls as fits; every other tenant with
 /// work for the same segment may then add samples, but only as many as keep its virtual time,
 /// at `per_sample` estimated device seconds a sample, no later than the leader's after this
-/// batch, and only while the batch stays within `joined_cap(leader's samples)` samples (the
-/// dispatcher allows [`JOIN_SLOWDOWN`] more time than the leader's samples alone). Pooling thus
+/// batch plus `ahead` seconds, and only while the batch stays within `joined_cap(leader's samples)` samples (the
+/// dispatcher allows [`stretch`] times the leader's samples' time) and, for a tenant whose
+/// work would all be in it, within `joined_cap(its own samples)`: a light tenant does not join
+/// a heavy one's long batch. Pooling thus
 /// never lets a tenant get ahead of its weight's share (one that used more joins nobody's batch
 /// until the others have caught up) nor makes a leader wait long for its batch mates.
 pub fn fill(
     pending: &[Pending],
     cap: i64,
     per_sample: f64,
+    ahead: f64,
     joined_cap: impl Fn(i64) -> i64,
 ) -> Vec<Slice> {
     let mut out = Vec::new();
@@ -139,15 +150,25 @@ pub fn fill(
     let known = per_sample.is_finite() && per_sample > 0.0;
     let per_sample = if known { per_sample } else { 1.0 };
     let level = |p: &Pending| if known { p.vtime } else { leader.vtime };
-    let after = leader.vtime + led as f64 * per_sample / lw;
+    let after = leader.vtime + led as f64 * per_sample / lw + ahead.max(0.0);
+    let mut used = led;
     for (t, p) in pending.iter().enumerate().skip(1) {
         if room == 0 {
             break;
         }
         let allowed = ((after - level(p)) * f64::from(p.weight.max(1)) / per_sample).floor();
-        if allowed >= 1.0 {
-            take_from(t, &p.calls, allowed.min(i64::MAX as f64) as i64, &mut room);
+        if allowed < 1.0 {
+            continue;
         }
+        let quota = allowed.min(i64::MAX as f64) as i64;
+        // A joiner whose work would all be in the batch is held by it as the leader is: it
+        // joins only if the batch stays within `joined_cap` of its own samples.
+        let all: i64 = p.calls.iter().sum();
+        let want = all.min(quota).min(room);
+        if want == all && used + want > joined_cap(want) {
+            continue;
+        }
+        used += take_from(t, &p.calls, quota, &mut room);
     }
     out
 }
@@ -169,21 +190,63 @@ mod tests {
     }
 
     #[test]
+    fn pooled_batches_hold_a_tenant_longer_the_more_tenants_share_the_device() {
+        assert_eq!(stretch(1), 1.0);
+        assert_eq!(stretch(2), 1.0);
+        assert_eq!(stretch(5), 3.0);
+        assert_eq!(stretch(9), 6.0);
+    }
+
+    #[test]
+    fn a_light_tenant_does_not_join_a_heavy_leaders_long_batch() {
+        // The batch may hold a member at most 1.5x its own samples' count (time linear here).
+        let cap = |own: i64| own + own / 2;
+        // A heavy leader with 16 samples: a light tenant's 4 would wait for 20; it stays out.
+        let s = fill(&[p(1, 0.0, &[16]), p(1, 0.0, &[4])], 32, 0.01, 0.0, cap);
+        assert_eq!((took(&s, 0), took(&s, 1)), (16, 0));
+        // A heavy tenant still adds what the leader's cap leaves: the rest of its work waits
+        // anyway.
+        let s = fill(&[p(1, 0.0, &[4]), p(1, 0.0, &[192])], 32, 0.01, 0.0, cap);
+        assert_eq!((took(&s, 0), took(&s, 1)), (4, 2));
+        // Similar tenants, a generous cap (many active tenants): all join.
+        let similar = [p(1, 0.0, &[4]), p(1, 0.0, &[5]), p(1, 0.03, &[4])];
+        let s = fill(&similar, 32, 0.01, 0.0, |own| own * 6);
+        // (The 5-sample tenant adds 4: no more than the leader's virtual time allows; the one
+        // 0.03 s ahead adds 1.)
+        assert_eq!((took(&s, 0), took(&s, 1), took(&s, 2)), (4, 4, 1));
+        // Allowed to be up to 0.05 s ahead of the leader, both join with all their work.
+        let s = fill(&similar, 32, 0.01, 0.05, |own| own * 6);
+        assert_eq!((took(&s, 0), took(&s, 1), took(&s, 2)), (4, 5, 4));
+    }
+
+    #[test]
     fn the_leader_fills_what_it_can_and_others_join_only_up_to_its_virtual_time() {
         // Level tenants: a light leader with 4 samples; a heavy one adds as many.
-        let s = fill(&[p(1, 0.0, &[4]), p(1, 0.0, &[192])], 32, 0.01, |_| 32);
+        let s = fill(&[p(1, 0.0, &[4]), p(1, 0.0, &[192])], 32, 0.01, 0.0, |_| 32);
         assert_eq!((took(&s, 0), took(&s, 1)), (4, 4));
         // Weight 2: twice as many.
-        let s = fill(&[p(1, 0.0, &[4]), p(2, 0.0, &[192])], 32, 0.01, |_| 32);
+        let s = fill(&[p(1, 0.0, &[4]), p(2, 0.0, &[192])], 32, 0.01, 0.0, |_| 32);
         assert_eq!(took(&s, 1), 8);
         // A tenant 0.3 s ahead joins nobody's 4-sample (0.04 s) batch.
-        let s = fill(&[p(1, 0.0, &[4]), p(1, 0.3, &[192])], 32, 0.01, |_| 32);
+        let s = fill(&[p(1, 0.0, &[4]), p(1, 0.3, &[192])], 32, 0.01, 0.0, |_| 32);
         assert_eq!((took(&s, 0), took(&s, 1)), (4, 0));
         // ... and one 0.02 s ahead adds 2.
-        let s = fill(&[p(1, 0.0, &[4]), p(1, 0.02, &[192])], 32, 0.01, |_| 32);
+        let s = fill(
+            &[p(1, 0.0, &[4]), p(1, 0.02, &[192])],
+            32,
+            0.01,
+            0.0,
+            |_| 32,
+        );
         assert_eq!(took(&s, 1), 2);
         // A heavy leader takes the whole cap from its oldest calls.
-        let s = fill(&[p(1, 0.0, &[10, 192]), p(1, 0.0, &[4])], 16, 0.01, |_| 16);
+        let s = fill(
+            &[p(1, 0.0, &[10, 192]), p(1, 0.0, &[4])],
+            16,
+            0.01,
+            0.0,
+            |_| 16,
+        );
         assert_eq!((took(&s, 0), took(&s, 1)), (16, 0));
         assert_eq!(
             s[0],
@@ -202,14 +265,18 @@ mod tests {
             }
         );
         // Alone, a tenant fills the batch (work-conserving).
-        let s = fill(&[p(1, 0.0, &[8, 8, 8, 8])], 20, 0.01, |_| 20);
+        let s = fill(&[p(1, 0.0, &[8, 8, 8, 8])], 20, 0.01, 0.0, |_| 20);
         assert_eq!(took(&s, 0), 20);
-        assert!(fill(&[], 8, 0.01, |_| 8).is_empty());
-        assert!(fill(&[p(1, 0.0, &[3])], 0, 0.01, |_| 0).is_empty());
+        assert!(fill(&[], 8, 0.01, 0.0, |_| 8).is_empty());
+        assert!(fill(&[p(1, 0.0, &[3])], 0, 0.01, 0.0, |_| 0).is_empty());
         // Joiners stop where the batch would run too long for the leader.
-        let s = fill(&[p(1, 0.0, &[4]), p(1, 0.0, &[192])], 32, 0.01, |led| {
-            led * 3 / 2
-        });
+        let s = fill(
+            &[p(1, 0.0, &[4]), p(1, 0.0, &[192])],
+            32,
+            0.01,
+            0.0,
+            |led| led * 3 / 2,
+        );
         assert_eq!((took(&s, 0), took(&s, 1)), (4, 2));
     }
 
@@ -232,7 +299,7 @@ mod tests {
                 p(w[leader], fair.vtime(&leader), &[left[leader]]),
                 p(w[other], fair.vtime(&other), &[left[other]]),
             ];
-            let s = fill(&pending, 32, per_sample, |_| 32);
+            let s = fill(&pending, 32, per_sample, 0.0, |_| 32);
             for sl in &s {
                 let t = if sl.tenant == 0 { leader } else { other };
                 let part = per_sample * sl.take as f64;

@@ -16,8 +16,11 @@ pub struct DeviceConfig {
     pub window: Duration,
     /// Largest device batch, in samples.
     pub max_batch: i64,
-    /// Longest a device batch may run (estimated), so that calls interleave and deadlines hold.
+    /// Longest a batch of one tenant's work may run (estimated) while other tenants are
+    /// active, so that calls interleave and deadlines hold.
     pub slice: Duration,
+    /// Longest a pooled batch (several tenants' work) may run (estimated).
+    pub batch_time: Duration,
     /// Pooled batches that run at once. On a CPU, as many as there are cores: a batch of one
     /// sample leaves cores idle that another batch can use, as unpooled calls running side by
     /// side do. On a GPU, one: batches queue on the device anyway.

@@ -16,7 +16,8 @@
 //! pool = true                          # merge compute calls across tenants into device batches
 //! batch_window = "2ms"                 # how long a pooled batch waits for batch mates
 //! max_batch = 32                       # largest pooled device batch (samples)
-//! slice = "50ms"                       # longest device batch, so that no call holds it long
+//! slice = "50ms"                       # longest batch of one tenant's work while others wait
+//! batch_time = "300ms"                 # longest pooled batch (several tenants' work)
 //! max_request = "64MiB"                # largest request body (component uploads)
 //! operator_token_sha256 = "<hex>"      # who may read /metrics (else nobody, on this address)
 //! metrics_listen = "127.0.0.1:9090"    # /metrics without a token, on a separate address
@@ -158,8 +159,11 @@ pub struct HostSettings {
     pub pool: bool,
     pub batch_window: Duration,
     pub max_batch: i64,
-    /// Longest device batch (estimated from the memory model's times).
+    /// Longest batch of one tenant's work while others are active (estimated from the memory
+    /// model's times).
     pub slice: Duration,
+    /// Longest pooled batch (several tenants' work), estimated.
+    pub batch_time: Duration,
     pub http: HttpSettings,
     /// sha256 of the operator's token, which `/metrics` asks for.
     pub operator_token_sha256: Option<[u8; 32]>,
@@ -192,6 +196,7 @@ impl HostSettings {
         check("batch_window", self.batch_window != other.batch_window);
         check("max_batch", self.max_batch != other.max_batch);
         check("slice", self.slice != other.slice);
+        check("batch_time", self.batch_time != other.batch_time);
         check("http", self.http != other.http);
         check(
             "metrics_listen",

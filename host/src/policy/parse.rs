@@ -29,6 +29,7 @@ struct RawHost {
     pool: Option<bool>,
     max_batch: Option<Spanned<i64>>,
     slice: Option<Spanned<String>>,
+    batch_time: Option<Spanned<String>>,
     max_request: Option<Spanned<String>>,
     operator_token_sha256: Option<Spanned<String>>,
     metrics_listen: Option<Spanned<String>>,
@@ -409,6 +410,12 @@ fn host_settings(ctx: &Ctx<'_>, h: &RawHost) -> Result<HostSettings, PolicyError
             Duration::from_millis(50),
             SLICE_RANGE,
         )?,
+        batch_time: ctx.duration(
+            "host.batch_time",
+            &h.batch_time,
+            Duration::from_millis(300),
+            SLICE_RANGE,
+        )?,
         http,
         operator_token_sha256: h
             .operator_token_sha256
@@ -625,7 +632,7 @@ mod tests {
                 "queue", "weight", "max_functions", "max_function_bytes",
             ]),
             host_key in prop::sample::select(vec![
-                "memory_budget", "batch_window", "max_batch", "slice", "max_request",
+                "memory_budget", "batch_window", "max_batch", "slice", "batch_time", "max_request",
                 "max_connections", "max_connections_per_client", "header_timeout",
                 "body_timeout", "idle_timeout", "workers", "device_workers",
             ]),

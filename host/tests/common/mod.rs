@@ -278,6 +278,23 @@ impl TestHost {
     }
 }
 
+/// `GET {url}/v1/models/{model}/profile`, read with tenant 0's token.
+pub async fn profile_at(
+    client: &reqwest::Client,
+    url: &str,
+    model: &str,
+) -> hapi_wire::profile::ModelProfile {
+    client
+        .get(format!("{url}/v1/models/{model}/profile"))
+        .bearer_auth(tenant_token(0))
+        .send()
+        .await
+        .expect("profile request")
+        .json()
+        .await
+        .expect("profile")
+}
+
 /// `POST {url}/v1/invoke/{function}` with `token` and the JSON `body`.
 pub async fn invoke_at(
     client: &reqwest::Client,

@@ -47,6 +47,15 @@ fn ratios_of(a: &[Duration], b: &[Duration]) -> Vec<f64> {
         .collect()
 }
 
+/// Per-round ratios as one line: "1.057 1.074 1.076".
+fn rounds_line(ratios: &[f64]) -> String {
+    ratios
+        .iter()
+        .map(|r| format!("{r:.3}"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 fn median(v: &[f64]) -> f64 {
     let mut v = v.to_vec();
     v.sort_by(f64::total_cmp);
@@ -411,15 +420,7 @@ async fn main() {
         format!("Wasm / native (median of {rounds} rounds)"),
         ratio
     );
-    println!(
-        "{:<46} {:>12}",
-        "  each round",
-        ratios
-            .iter()
-            .map(|r| format!("{r:.3}"))
-            .collect::<Vec<_>>()
-            .join(" ")
-    );
+    println!("{:<46} {:>12}", "  each round", rounds_line(&ratios));
     println!(
         "{:<46} {:>12.2}",
         "  device batches per Wasm call (native: 1)", batches_per_call
@@ -433,15 +434,7 @@ async fn main() {
         "{:<46} {:>12.3}",
         "Wasm / native in the same batches", same_ratio
     );
-    println!(
-        "{:<46} {:>12}",
-        "  each round",
-        same_ratios
-            .iter()
-            .map(|r| format!("{r:.3}"))
-            .collect::<Vec<_>>()
-            .join(" ")
-    );
+    println!("{:<46} {:>12}", "  each round", rounds_line(&same_ratios));
     println!("{:<46} {:>10.2}ms", "  instantiate", ms(s_inst));
     println!("{:<46} {:>10.2}ms", "  read (objects)", ms(s_read));
     println!(
@@ -497,11 +490,7 @@ async fn main() {
             ms(row.guest),
             ms(row.native),
             row.ratio,
-            row.round_ratios
-                .iter()
-                .map(|r| format!("{r:.3}"))
-                .collect::<Vec<_>>()
-                .join(" "),
+            rounds_line(&row.round_ratios),
             ms(row.in_invocation),
             part(row.decode),
             part(row.preprocess)

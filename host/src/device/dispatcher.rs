@@ -93,7 +93,7 @@ struct Job {
 #[derive(Debug)]
 struct Done {
     calls: Vec<(u64, Call, i64)>,
-    model: String,
+    model: Arc<ModelPackage>,
     result: Result<(), String>,
     took: Duration,
     estimate: Vec<f64>,
@@ -132,7 +132,7 @@ impl Job {
         drop(self.held);
         Done {
             calls: self.calls,
-            model: self.model.name().to_string(),
+            model: self.model,
             result,
             took,
             estimate: self.estimate,
@@ -576,12 +576,9 @@ impl Dispatcher {
             0.0
         };
         let mut slices = fill(&pending, target, per_sample, ahead, joined_cap);
-        let tenants = |slices: &[Slice]| {
-            let mut t: Vec<usize> = slices.iter().map(|s| s.tenant).collect();
-            t.dedup();
-            t.len()
-        };
-        if !alone && target > short && tenants(&slices) < 2 {
+        // Whether anyone joined the leader (tenant 0 of `pending`).
+        let joined = |slices: &[Slice]| slices.iter().any(|s| s.tenant != 0);
+        if !alone && target > short && !joined(&slices) {
             // Only the leader's work made it in while others are active: a slice of it.
             let joined_cap = |led: i64| cost.batch_within(cost.seconds(led) * hold, short);
             let per_sample = cost.seconds(short) / short as f64;
@@ -592,11 +589,7 @@ impl Dispatcher {
             .iter()
             .filter_map(|s| Some((*ids.get(s.tenant)?.get(s.call)?, s.take)))
             .collect();
-        self.execute(
-            &picked,
-            &cost,
-            alone && tenants(&slices) == 1 && size > short,
-        );
+        self.execute(&picked, &cost, alone && !joined(&slices) && size > short);
         None
     }
 
@@ -704,7 +697,7 @@ impl Dispatcher {
                     .collect();
                 tracing::error!(
                     "device batch of {size} samples of `{}` for tenants {tenants:?} failed: {detail}",
-                    done.model,
+                    done.model.name(),
                 );
                 for id in ids {
                     if let Some(c) = self.remove(id) {

@@ -107,12 +107,12 @@ pub fn stretch(active: usize) -> f64 {
 /// virtual time): the leader takes as much of its oldest calls as fits; every other tenant with
 /// work for the same segment may then add samples, but only as many as keep its virtual time,
 /// at `per_sample` estimated device seconds a sample, no later than the leader's after this
-/// batch plus `ahead` seconds, and only while the batch stays within `joined_cap(leader's samples)` samples (the
-/// dispatcher allows [`stretch`] times the leader's samples' time) and, for a tenant whose
-/// work would all be in it, within `joined_cap(its own samples)`: a light tenant does not join
-/// a heavy one's long batch. Pooling thus
-/// never lets a tenant get ahead of its weight's share (one that used more joins nobody's batch
-/// until the others have caught up) nor makes a leader wait long for its batch mates.
+/// batch plus `ahead` seconds, and only while the batch stays within `joined_cap(leader's
+/// samples)` samples (the dispatcher allows [`stretch`] times the leader's samples' time) and,
+/// for a tenant whose work would all be in it, within `joined_cap(its own samples)`: a light
+/// tenant does not join a heavy one's long batch. Pooling thus never lets a tenant get ahead of
+/// its weight's share by more than `ahead` (one that used more joins nobody's batch until the
+/// others have caught up) nor makes a leader wait long for its batch mates.
 pub fn fill(
     pending: &[Pending],
     cap: i64,

@@ -5,7 +5,8 @@
 //!
 //! The binary is `hapi-train`; [`job::Job`] is the library entry point.
 
-pub mod client;
+/// The storage tier's HTTP API, as the public `hapi-client` crate offers it.
+pub use hapi_client as client;
 pub mod dataset;
 pub mod head;
 pub mod job;

@@ -153,8 +153,8 @@ async fn main() {
     let empty = InvokeRequest {
         bucket: "datasets".into(),
         keys: vec![],
-        model: "resnet18".into(),
-        split: 0,
+        model: Some("resnet18".into()),
+        split: Some(0),
         options: BTreeMap::from([
             ("mode".into(), "output".into()),
             ("bytes".into(), "1".into()),
@@ -189,8 +189,8 @@ async fn main() {
     let inv = InvokeRequest {
         bucket: "datasets".into(),
         keys: keys.clone(),
-        model: model.into(),
-        split: split as u32,
+        model: Some(model.into()),
+        split: Some(split as u32),
         options: BTreeMap::new(),
     };
     let pkg = ModelPackage::load(&models_dir().join(model), tch::Device::Cpu).expect("package");
@@ -289,8 +289,8 @@ async fn main() {
         let bench_inv = InvokeRequest {
             bucket: "datasets".into(),
             keys: vec![key.clone()],
-            model: model.into(),
-            split: 0,
+            model: Some(model.into()),
+            split: Some(0),
             options: BTreeMap::from([("reps".into(), timed.to_string())]),
         };
         let (mut g_round, mut n_round) = (Vec::new(), Vec::new());
@@ -332,8 +332,8 @@ async fn main() {
         let real = InvokeRequest {
             bucket: "datasets".into(),
             keys: vec![key.clone(); per_call],
-            model: model.into(),
-            split: 0,
+            model: Some(model.into()),
+            split: Some(0),
             options: BTreeMap::new(),
         };
         let mut in_call = Vec::new();

@@ -160,12 +160,16 @@ impl Host {
         function: &Function,
         req: InvokeRequest,
     ) -> Finished {
-        let meta = BTreeMap::from([
+        let mut meta = BTreeMap::from([
             ("function".to_string(), function.name.clone()),
             ("tenant".to_string(), tenant.name.clone()),
-            ("model".to_string(), req.model.clone()),
-            ("split".to_string(), req.split.to_string()),
         ]);
+        if let Some(model) = &req.model {
+            meta.insert("model".to_string(), model.clone());
+        }
+        if let Some(split) = req.split {
+            meta.insert("split".to_string(), split.to_string());
+        }
         let invocation = bindings::Invocation {
             bucket: req.bucket,
             keys: req.keys,

@@ -89,3 +89,44 @@ async fn split_zero_returns_the_preprocessed_images() {
     let (_, native) = native(&h.store, "resnet18", 0);
     assert_eq!(values[..], native[..values.len()]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_split_features_stop_at_the_freeze_index_and_without_a_model_the_function_says_so()
+ {
+    let h = TestHost::start().await;
+    let keys: Vec<String> = SAMPLES.iter().map(|&i| sample_key(i)).collect();
+    let resp = h
+        .warm(
+            ALICE,
+            "feature-extract",
+            json!({"bucket": "datasets", "keys": keys, "model": "resnet18"}),
+        )
+        .await;
+    let (shape, wasm) = features(resp).await;
+    let pkg =
+        ModelPackage::load(&models_dir().join("resnet18"), tch::Device::Cpu).expect("package");
+    let freeze = pkg.manifest().freeze_index;
+    let (native_shape, native) = native(&h.store, "resnet18", freeze);
+    let native_shape: Vec<usize> = native_shape.iter().map(|&d| d as usize).collect();
+    assert_eq!(
+        shape, native_shape,
+        "resnet18 up to its freeze index {freeze}"
+    );
+    let diff = wasm
+        .iter()
+        .zip(&native)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    assert!(diff <= 1e-5, "max diff {diff}");
+
+    let resp = h
+        .invoke(
+            ALICE,
+            "feature-extract",
+            json!({"bucket": "datasets", "keys": [sample_key(0)], "split": 2}),
+        )
+        .await;
+    let (code, message) = common::error_code(resp, 400).await;
+    assert_eq!(code, "bad_request");
+    assert!(message.contains("needs `model`"), "{message}");
+}

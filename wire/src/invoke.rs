@@ -21,16 +21,41 @@ pub const MAX_OPTIONS: usize = 64;
 pub const MAX_OPTION_BYTES: usize = 4096;
 
 /// One invocation: run the function on `keys` of `bucket`, with layers [0, `split`) of `model`.
+///
+/// `model` and `split` are optional: a function that uses no model takes neither, and
+/// `feature-extract` runs up to the model's freeze index when `split` is absent.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct InvokeRequest {
     pub bucket: String,
     pub keys: Vec<String>,
-    pub model: String,
-    pub split: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "layer_index"
+    )]
+    pub split: Option<u32>,
     /// Function-specific options (a function rejects those it does not know).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub options: BTreeMap<String, String>,
+}
+
+/// `split`, with an error that names it (serde's own would only say "expected u32").
+fn layer_index<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u32>, D::Error> {
+    let v = Option::<serde_json::Number>::deserialize(d)?;
+    v.map(|n| {
+        n.as_u64()
+            .and_then(|i| u32::try_from(i).ok())
+            .ok_or_else(|| {
+                serde::de::Error::custom(format!(
+                    "split {n}: must be a layer index, 0..={}",
+                    u32::MAX
+                ))
+            })
+    })
+    .transpose()
 }
 
 impl InvokeRequest {
@@ -66,7 +91,8 @@ impl InvokeRequest {
                 k.len()
             ));
         }
-        for (what, v) in [("bucket", &self.bucket), ("model", &self.model)] {
+        let model = self.model.as_deref().unwrap_or_default();
+        for (what, v) in [("bucket", self.bucket.as_str()), ("model", model)] {
             if v.len() > MAX_NAME_BYTES {
                 return Err(format!(
                     "{what} is {} bytes; at most {MAX_NAME_BYTES}",
@@ -104,8 +130,8 @@ mod tests {
         let r = InvokeRequest {
             bucket: "datasets".into(),
             keys: vec!["a/b.png".into()],
-            model: "resnet18".into(),
-            split: 3,
+            model: Some("resnet18".into()),
+            split: Some(3),
             options: BTreeMap::new(),
         };
         let json = serde_json::to_vec(&r).expect("json");
@@ -117,13 +143,29 @@ mod tests {
     }
 
     #[test]
+    fn model_and_split_are_optional() {
+        let r = InvokeRequest::parse(br#"{"bucket":"b","keys":["k"]}"#).expect("parse");
+        assert_eq!((r.model, r.split), (None, None));
+        let r = InvokeRequest::parse(br#"{"bucket":"b","keys":["k"],"model":"m"}"#).expect("parse");
+        assert_eq!((r.model.as_deref(), r.split), (Some("m"), None));
+        let json = serde_json::to_string(
+            &InvokeRequest::parse(br#"{"bucket":"b","keys":[]}"#).expect("parse"),
+        )
+        .expect("json");
+        assert_eq!(json, r#"{"bucket":"b","keys":[]}"#);
+        let e =
+            InvokeRequest::parse(br#"{"bucket":"b","keys":[],"split":-1}"#).expect_err("negative");
+        assert!(e.contains("split"), "{e}");
+    }
+
+    #[test]
     fn every_bound_is_obeyed_and_violated() {
         let ok = |f: &dyn Fn(&mut InvokeRequest)| {
             let mut r = InvokeRequest {
                 bucket: "b".into(),
                 keys: vec![],
-                model: "m".into(),
-                split: 0,
+                model: Some("m".into()),
+                split: Some(0),
                 options: BTreeMap::new(),
             };
             f(&mut r);
@@ -135,7 +177,7 @@ mod tests {
         assert!(ok(&|r| r.keys = vec!["k".repeat(MAX_KEY_BYTES + 1)]).is_err());
         assert!(ok(&|r| r.bucket = "b".repeat(MAX_NAME_BYTES)).is_ok());
         assert!(ok(&|r| r.bucket = "b".repeat(MAX_NAME_BYTES + 1)).is_err());
-        assert!(ok(&|r| r.model = "m".repeat(MAX_NAME_BYTES + 1)).is_err());
+        assert!(ok(&|r| r.model = Some("m".repeat(MAX_NAME_BYTES + 1))).is_err());
         assert!(
             ok(&|r| r.options = (0..MAX_OPTIONS)
                 .map(|i| (i.to_string(), "v".into()))
@@ -190,7 +232,7 @@ mod tests {
             match InvokeRequest::parse(&body) {
                 Ok(r) => {
                     prop_assert!(r.bucket.len() <= MAX_NAME_BYTES);
-                    prop_assert!(u32::try_from(split).is_ok());
+                    prop_assert_eq!(r.split, u32::try_from(split).ok());
                 }
                 Err(e) => prop_assert!(!e.is_empty()),
             }

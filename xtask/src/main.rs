@@ -6,6 +6,7 @@
 
 mod jobs;
 mod layout;
+mod newfn;
 mod setup;
 mod sh;
 
@@ -17,7 +18,9 @@ const USAGE: &str = "\
 usage: cargo xtask <command> [options]
 
 commands:
-  setup              install what is missing (idempotent); prints where things are
+  setup [--cargo-component]
+                     install what is missing (idempotent); prints where things are;
+                     --cargo-component also installs cargo-component into the cache
   test [--no-lint]   setup, build the guests, run fmt/clippy and every test
   bench models       per-layer forward time and output bytes of every model package
                      (table on stdout, JSON in target/bench/models.json)
@@ -40,6 +43,9 @@ commands:
                      hapi-host: 5xx count, per-tenant p50/p99 against solo, resident set over
                      time (table, target/bench/soak.json); --quiet-neighbours: the same
                      well-behaved load with the hostile tenants silent (soak-quiet.json)
+  new-function <NAME> [--dir DIR]
+                     a new pushdown function from the template: a crate of its own with the
+                     WIT beside it, building with `cargo build` or `cargo component build`
   env                print the environment (LIBTORCH, HAPI_MODELS, ...) as shell exports
 
 environment:
@@ -52,12 +58,13 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let started = Instant::now();
     let result = match args.first().map(String::as_str) {
-        Some("setup") => setup::run().map(|env| env.print_summary()),
+        Some("setup") => setup(&args[1..]),
         Some("env") => setup::run().map(|env| env.print_exports()),
         Some("test") => test(&args[1..]),
         Some("bench") => bench(&args[1..]),
         Some("demo") => jobs::demo(&args[1..]),
         Some("eval-split") => jobs::eval_split(&args[1..]),
+        Some("new-function") => setup::workspace().and_then(|w| newfn::run(&w, &args[1..])),
         Some("layout") => setup::workspace().and_then(|w| layout::run(&w, &args[1..])),
         Some("soak") => soak(&args[1..]),
         Some("-h" | "--help" | "help") | None => {
@@ -76,6 +83,21 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+fn setup(args: &[String]) -> Result<(), String> {
+    let tools = args.iter().any(|a| a == "--cargo-component");
+    if let Some(bad) = args.iter().find(|a| *a != "--cargo-component") {
+        return Err(format!("unknown option `{bad}` for `setup`"));
+    }
+    let env = setup::run()?;
+    env.print_summary();
+    if tools {
+        let bin = setup::cargo_component(&env)?;
+        println!("cargo-component {}", bin.join("cargo-component").display());
+        println!("(`source <(cargo xtask env)` puts it on PATH for `cargo component`)");
+    }
+    Ok(())
 }
 
 fn test(args: &[String]) -> Result<(), String> {

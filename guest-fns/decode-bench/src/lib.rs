@@ -40,7 +40,11 @@ impl Guest for DecodeBench {
                 }
             }
         }
-        let info = models::describe(&inv.model).map_err(Error::BadRequest)?;
+        let model = inv
+            .model
+            .as_deref()
+            .ok_or_else(|| Error::BadRequest("decode-bench needs `model`".into()))?;
+        let info = models::describe(model).map_err(Error::BadRequest)?;
         let spec = &info.input;
         let t = Transform::from_lists(spec.resize, spec.crop, &spec.mean, &spec.std)
             .map_err(|e| Error::Inference(format!("model `{}`: {e}", info.name)))?;

@@ -4,7 +4,8 @@
 //! grayscale becomes RGB), preprocesses them as the model's package says (resize, centre crop,
 //! normalise), batches them into an NCHW f32 tensor and runs layers [0, split) of the model
 //! through wasi-nn, by loading the graph named `<model>[0..split]`. The output tensor's first
-//! dimension follows the order of the invocation's keys.
+//! dimension follows the order of the invocation's keys. `model` is required; without `split`
+//! it runs up to the model's freeze index (all its frozen layers).
 //!
 //! Options: none; any option is rejected, so a typo does not go unnoticed.
 //!
@@ -47,11 +48,15 @@ impl Guest for FeatureExtract {
                 invocation.keys.len()
             )));
         }
-        let info = models::describe(&invocation.model).map_err(Error::BadRequest)?;
-        if invocation.split > info.layers {
+        let model = invocation.model.as_deref().ok_or_else(|| {
+            Error::BadRequest("feature-extract needs `model` (see GET /v1/models)".into())
+        })?;
+        let info = models::describe(model).map_err(Error::BadRequest)?;
+        let split = invocation.split.unwrap_or(info.freeze_index);
+        if split > info.layers {
             return Err(Error::BadRequest(format!(
-                "split {} is past the last layer of `{}` ({} layers)",
-                invocation.split, info.name, info.layers
+                "split {split} is past the last layer of `{}` ({} layers)",
+                info.name, info.layers
             )));
         }
         let transform = transform_of(&info)?;
@@ -71,14 +76,14 @@ impl Guest for FeatureExtract {
         }
         let crop = transform.crop;
         let dims = vec![invocation.keys.len() as u32, 3, crop, crop];
-        if invocation.split == 0 {
+        if split == 0 {
             return Ok(TensorOut {
                 dimensions: dims,
                 ty: ElementType::F32,
                 data,
             });
         }
-        infer(&info.name, invocation.split, dims, data)
+        infer(&info.name, split, dims, data)
     }
 }
 

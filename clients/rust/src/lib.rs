@@ -1,8 +1,27 @@
-//! The storage tier as the trainer sees it: `hapi-host`'s HTTP API, with retries.
+//! A client for HAPI's storage tier: `hapi-host`'s HTTP API, with retries. `hapi-train` uses
+//! it; so can any Rust program that wants a storage host's features.
 //!
 //! Transient failures (connection refused or reset, a body cut short, 5xx, 429) are retried
 //! with exponential backoff, on the next host when there are several, until the retry budget
 //! is spent. Client errors (4xx) are not retried: they name what is wrong.
+//!
+//! ```no_run
+//! # async fn run() -> anyhow::Result<()> {
+//! use hapi_client::{RetryPolicy, StorageClient};
+//! let client = StorageClient::new(
+//!     vec!["http://127.0.0.1:8080".into()],
+//!     "demo-token".into(),
+//!     "feature-extract".into(),
+//!     RetryPolicy::default(),
+//! )?;
+//! client.check_reachable().await?;
+//! let keys = vec!["fashion-mnist/test/09_ankle_boot/00000.png".to_string()];
+//! // Layers [0, 25) of EfficientNet-Lite0, on the storage host.
+//! let f = client.invoke("datasets", &keys, "efficientnet_lite0", 25).await?;
+//! println!("{:?}: {} bytes, host compute {:?}", f.shape, f.bytes, f.server);
+//! # Ok(())
+//! # }
+//! ```
 
 use hapi_wire::{ErrorBody, ErrorCode, InvokeRequest};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -189,7 +208,8 @@ impl StorageClient {
         Ok(serde_json::from_slice(&body)?)
     }
 
-    /// Runs the pushdown function on `keys`, retrying transient failures.
+    /// Runs the pushdown function on `keys` with layers [0, `split`) of `model`, retrying
+    /// transient failures.
     pub async fn invoke(
         &self,
         bucket: &str,
@@ -200,17 +220,25 @@ impl StorageClient {
         let body = InvokeRequest {
             bucket: bucket.to_string(),
             keys: keys.to_vec(),
-            model: model.to_string(),
-            split: u32::try_from(split).unwrap_or(u32::MAX),
+            model: Some(model.to_string()),
+            split: Some(u32::try_from(split).unwrap_or(u32::MAX)),
             options: Default::default(),
         };
+        self.call(&body).await
+    }
+
+    /// Sends any invocation (`model` and `split` optional, the function's own options) to the
+    /// client's function, retrying transient failures. The function must answer with an f32
+    /// tensor (`feature-extract` does).
+    pub async fn call(&self, body: &InvokeRequest) -> Result<Features, InvokeError> {
+        let keys = &body.keys;
         let started = Instant::now();
         let mut backoff = self.retry.initial;
         let mut attempts = 0u32;
         loop {
             let host = &self.hosts[self.next.fetch_add(1, Ordering::Relaxed) % self.hosts.len()];
             attempts += 1;
-            match self.attempt(host, &body, keys).await {
+            match self.attempt(host, body, keys).await {
                 Attempt::Done(f) => return Ok(f),
                 Attempt::Fatal(e) => return Err(e),
                 Attempt::Retry { why, after } => {

@@ -226,21 +226,10 @@ impl std::fmt::Debug for Job {
     }
 }
 
-/// Opens the bucket's object store.
+/// Opens the bucket's object store (`hapi_data::open_bucket`: the meaning of `--store` and
+/// `--bucket` every tool shares).
 pub fn open_bucket(store: &str, bucket: &str) -> anyhow::Result<Arc<dyn ObjectStore>> {
-    if store.starts_with("s3://") {
-        hapi_data::open_store(&format!("s3://{bucket}"))
-    } else {
-        let root = store.strip_prefix("file://").unwrap_or(store);
-        let dir = Path::new(root).join(bucket);
-        if !dir.is_dir() {
-            bail!(
-                "bucket `{bucket}` not found: {} is not a directory",
-                dir.display()
-            );
-        }
-        hapi_data::open_store(&dir.to_string_lossy())
-    }
+    hapi_data::open_bucket(store, bucket, false)
 }
 
 /// A line above the progress bar, or on stderr when there is no bar to print above.

@@ -163,6 +163,7 @@ pub async fn load(
         classes: CLASSES.iter().map(|c| c.to_string()).collect(),
         splits,
         extension: "png".into(),
+        skipped: Vec::new(),
     };
     put_manifest(store.as_ref(), prefix, &manifest).await?;
     Ok(report)

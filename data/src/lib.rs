@@ -10,10 +10,11 @@
 //! last, so its presence means the set is complete.
 
 pub mod fashion_mnist;
+pub mod import;
 pub mod photos;
 mod store;
 
-pub use store::{open_store, put_all};
+pub use store::{open_bucket, open_store, put_all};
 
 use serde::{Deserialize, Serialize};
 
@@ -29,6 +30,9 @@ pub struct DatasetManifest {
     /// Split name -> number of objects.
     pub splits: Vec<(String, usize)>,
     pub extension: String,
+    /// Files of the source that were left out, and why (`hapi-data import`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub skipped: Vec<import::Skipped>,
 }
 
 /// What one load did.

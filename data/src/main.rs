@@ -2,7 +2,7 @@
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use hapi_data::{fashion_mnist, open_store, photos};
+use hapi_data::{fashion_mnist, import, open_bucket, photos};
 use object_store::path::Path;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -10,10 +10,14 @@ use std::time::Instant;
 #[derive(Parser, Debug)]
 #[command(version, about)]
 struct Cli {
-    /// Object store: a local directory or file:// URL (created if missing), or s3://bucket
-    /// (endpoint and credentials from AWS_* environment variables).
-    #[arg(long, default_value = "data/store")]
+    /// Object store root, as `hapi-host` and `hapi-train` take it: a directory whose
+    /// subdirectories are buckets (or a file:// URL of one), or `s3://` (endpoint and
+    /// credentials from AWS_* environment variables).
+    #[arg(long, global = true, default_value = "data/store")]
     store: String,
+    /// Bucket in the store (a local bucket directory is created if missing).
+    #[arg(long, global = true, default_value = "datasets")]
+    bucket: String,
     #[command(subcommand)]
     command: Command,
 }
@@ -27,6 +31,25 @@ enum Command {
         /// Directory with the gzipped IDX files (Debian package dataset-fashion-mnist).
         #[arg(long, default_value = fashion_mnist::DEFAULT_SOURCE)]
         source: PathBuf,
+    },
+    /// Your own images: an ImageFolder directory (<class>/<image>, or already split as
+    /// {train,test,val}/<class>/<image>) or WebDataset .tar shards (image + .cls per sample),
+    /// as <prefix>/{train,test}/<class>/<name>. JPEG, PNG and WebP are stored as they are;
+    /// other files are left out and listed. Objects already there are skipped (resume).
+    Import {
+        /// Directories or .tar shards.
+        #[arg(required = true)]
+        sources: Vec<PathBuf>,
+        /// Key prefix of the data set in the bucket (default: the first source's name).
+        #[arg(long)]
+        prefix: Option<String>,
+        /// For an unsplit source: the share of each class that goes to `test` (by a hash of
+        /// the file name, stable across runs).
+        #[arg(long, default_value_t = 0.2)]
+        test_fraction: f64,
+        /// Objects written at once.
+        #[arg(long, default_value_t = 16)]
+        concurrency: usize,
     },
     /// ImageNet-like JPEG objects cut from real photos, labelled by source photo.
     Photos {
@@ -51,9 +74,52 @@ fn parse_prefix(prefix: &str) -> anyhow::Result<Path> {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    let store = open_store(&cli.store)?;
+    let store = open_bucket(&cli.store, &cli.bucket, true)?;
     let started = Instant::now();
     let report = match cli.command {
+        Command::Import {
+            sources,
+            prefix,
+            test_fraction,
+            concurrency,
+        } => {
+            let prefix = match prefix {
+                Some(p) => p,
+                None => sources[0]
+                    .canonicalize()
+                    .ok()
+                    .and_then(|p| p.file_stem().map(|n| n.to_string_lossy().into_owned()))
+                    .context("name the data set with --prefix")?,
+            };
+            let opts = import::Options {
+                sources,
+                prefix: prefix.clone(),
+                test_fraction,
+                concurrency,
+            };
+            let r = import::import(&store, &opts).await?;
+            let splits: Vec<String> = r.splits.iter().map(|(k, v)| format!("{v} {k}")).collect();
+            println!(
+                "{}/{prefix}: {} images ({}), {} classes",
+                cli.bucket,
+                r.splits.values().sum::<usize>(),
+                splits.join(", "),
+                r.classes.len()
+            );
+            if !r.skipped.is_empty() {
+                println!(
+                    "{} files left out (listed in {prefix}/manifest.json):",
+                    r.skipped.len()
+                );
+                for s in r.skipped.iter().take(10) {
+                    println!("  {}: {}", s.path, s.reason);
+                }
+                if r.skipped.len() > 10 {
+                    println!("  ...");
+                }
+            }
+            r.load
+        }
         Command::FashionMnist { prefix, source } => {
             fashion_mnist::load(&store, &parse_prefix(&prefix)?, &source).await?
         }

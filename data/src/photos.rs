@@ -165,6 +165,7 @@ pub async fn load(
         classes: SOURCES.iter().map(|s| class_name(s)).collect(),
         splits: vec![("train".into(), opts.count - test), ("test".into(), test)],
         extension: "jpg".into(),
+        skipped: Vec::new(),
     };
     put_manifest(store.as_ref(), prefix, &manifest).await?;
     Ok(report)

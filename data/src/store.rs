@@ -35,6 +35,41 @@ pub fn open_store(location: &str) -> anyhow::Result<Arc<dyn ObjectStore>> {
     ))
 }
 
+/// Opens bucket `bucket` of the store `store`, as every tool names them: `store` is a
+/// directory whose subdirectories are buckets (or a `file://` URL of one), or `s3://` for S3
+/// (endpoint and credentials from the usual `AWS_*` environment variables). With `create`, a
+/// local bucket directory is made if missing; without, a missing one is an error.
+pub fn open_bucket(
+    store: &str,
+    bucket: &str,
+    create: bool,
+) -> anyhow::Result<Arc<dyn ObjectStore>> {
+    if bucket.is_empty() || bucket.contains('/') || bucket == "." || bucket == ".." {
+        bail!("bucket `{bucket}`: a bucket is one non-empty name without `/`");
+    }
+    if let Some(rest) = store.strip_prefix("s3://") {
+        if !rest.is_empty() {
+            bail!(
+                "store `{store}`: the S3 store is `s3://` (endpoint from AWS_ENDPOINT); name the \
+                 bucket with --bucket"
+            );
+        }
+        return open_store(&format!("s3://{bucket}"));
+    }
+    let root = store.strip_prefix("file://").unwrap_or(store);
+    if root.contains("://") {
+        bail!("store `{store}`: expected a directory, a file:// URL or s3://");
+    }
+    let dir = std::path::Path::new(root).join(bucket);
+    if !create && !dir.is_dir() {
+        bail!(
+            "bucket `{bucket}` not found: {} is not a directory",
+            dir.display()
+        );
+    }
+    open_store(&dir.to_string_lossy())
+}
+
 /// Keys already under `prefix`, so a re-run writes only what is missing.
 pub async fn existing_keys(
     store: &dyn ObjectStore,

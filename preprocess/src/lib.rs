@@ -36,7 +36,7 @@ pub struct Transform {
 #[derive(Debug, thiserror::Error, PartialEq)]
 #[non_exhaustive]
 pub enum PreprocessError {
-    #[error("not a JPEG or PNG image")]
+    #[error("not a JPEG, PNG or WebP image")]
     UnknownFormat,
     #[error("cannot decode {format}: {message}")]
     Decode {
@@ -109,16 +109,13 @@ impl Decoded {
     }
 }
 
-/// Decodes a JPEG or PNG into 8-bit grayscale or RGB, with size and allocation limits.
+/// Decodes a JPEG, PNG or WebP into 8-bit grayscale or RGB, with size and allocation limits.
 pub fn decode(bytes: &[u8]) -> Result<Decoded, PreprocessError> {
-    let format = match image::guess_format(bytes) {
-        Ok(f @ (ImageFormat::Jpeg | ImageFormat::Png)) => f,
+    let (format, name) = match image::guess_format(bytes) {
+        Ok(f @ ImageFormat::Jpeg) => (f, "JPEG"),
+        Ok(f @ ImageFormat::Png) => (f, "PNG"),
+        Ok(f @ ImageFormat::WebP) => (f, "WebP"),
         _ => return Err(PreprocessError::UnknownFormat),
-    };
-    let name = if format == ImageFormat::Png {
-        "PNG"
-    } else {
-        "JPEG"
     };
     let decode_err = |e: image::ImageError| PreprocessError::Decode {
         format: name,
@@ -289,6 +286,22 @@ mod tests {
         let mut buf = Cursor::new(Vec::new());
         img.write_to(&mut buf, ImageFormat::Png).expect("encode");
         buf.into_inner()
+    }
+
+    #[test]
+    fn webp_decodes_to_the_pixels_a_png_of_the_same_image_gives() {
+        let rgb = RgbImage::from_fn(13, 9, |x, y| {
+            image::Rgb([(x * 19) as u8, (y * 27) as u8, 99])
+        });
+        let img = DynamicImage::ImageRgb8(rgb);
+        let mut webp = Cursor::new(Vec::new());
+        img.write_to(&mut webp, ImageFormat::WebP)
+            .expect("lossless WebP");
+        let webp = webp.into_inner();
+        assert_eq!(image::guess_format(&webp).ok(), Some(ImageFormat::WebP));
+        assert_eq!(preprocess(&webp, &T), preprocess(&png(&img), &T));
+        let e = preprocess(&webp[..webp.len() / 2], &T).expect_err("truncated");
+        assert!(e.to_string().contains("WebP"), "{e}");
     }
 
     #[test]

@@ -138,8 +138,8 @@ pub fn demo(args: &[String]) -> Result<(), String> {
     sh::run(
         Command::new(bins.join("hapi-data"))
             .arg("--store")
-            .arg(store.join("datasets"))
-            .arg("fashion-mnist")
+            .arg(&store)
+            .args(["--bucket", "datasets", "fashion-mnist"])
             .envs(env.vars()),
     )?;
     let demo = data.join("demo");
@@ -429,11 +429,7 @@ pub fn eval_split(args: &[String]) -> Result<(), String> {
         let r = sh::run(
             Command::new(bins.join("hapi-data"))
                 .args([
-                    "--store",
-                    "s3://datasets",
-                    "photos",
-                    "--prefix",
-                    "photos",
+                    "--store", "s3://", "--bucket", "datasets", "photos", "--prefix", "photos",
                     "--photos",
                 ])
                 .arg(&env.photos)

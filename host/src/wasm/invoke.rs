@@ -67,7 +67,8 @@ impl HasData for HasTable {
 
 /// A linker for components granted `caps`: the contract, wasi-nn, the stdio, environment and
 /// exit interfaces of Rust's std (which get nothing: no variables, no arguments, empty stdin,
-/// discarded output), and clocks or random where granted. Nothing else is linked, so a
+/// discarded output), std's hash-map seed (`wasi:random/insecure-seed`), and clocks or random
+/// where granted. Nothing else is linked, so a
 /// component importing anything more cannot be instantiated whatever slipped past the checks.
 fn linker(engine: &Engine, caps: Capabilities) -> wasmtime::Result<Linker<State>> {
     use wasmtime_wasi::cli::{WasiCli, WasiCliView};
@@ -92,10 +93,13 @@ fn linker(engine: &Engine, caps: Capabilities) -> wasmtime::Result<Linker<State>
         clocks::wall_clock::add_to_linker::<State, WasiClocks>(&mut l, State::clocks)?;
         clocks::monotonic_clock::add_to_linker::<State, WasiClocks>(&mut l, State::clocks)?;
     }
+    // The per-instance seed Rust's std asks for to key a HashMap (on wasm32-wasip2 every
+    // `HashMap::new` does): one 128-bit value fixed when the instance is made, no entropy
+    // source. Every component gets it, so that a function may use std's collections.
+    random::insecure_seed::add_to_linker::<State, WasiRandom>(&mut l, State::random)?;
     if caps.random {
         random::random::add_to_linker::<State, WasiRandom>(&mut l, State::random)?;
         random::insecure::add_to_linker::<State, WasiRandom>(&mut l, State::random)?;
-        random::insecure_seed::add_to_linker::<State, WasiRandom>(&mut l, State::random)?;
     }
     crate::caps::objects::add_to_linker(&mut l, |s| &mut s.objects)?;
     crate::caps::models::add_to_linker(&mut l, |s| &mut s.models)?;
@@ -112,7 +116,13 @@ fn linker(engine: &Engine, caps: Capabilities) -> wasmtime::Result<Linker<State>
 
 /// Interface prefixes a component granted `caps` may import (checked before compiling).
 pub fn allowed_imports(caps: Capabilities) -> Vec<&'static str> {
-    let mut allowed = vec!["hapi:pushdown/", "wasi:nn/", "wasi:io/", "wasi:cli/"];
+    let mut allowed = vec![
+        "hapi:pushdown/",
+        "wasi:nn/",
+        "wasi:io/",
+        "wasi:cli/",
+        "wasi:random/insecure-seed@",
+    ];
     if caps.clocks {
         allowed.push("wasi:clocks/");
     }

@@ -1,0 +1,347 @@
+//! `hapi-data import`: folders and WebDataset shards into the local store and into SeaweedFS
+//! over S3, resumed, with what was left out named; the host then serves the imported JPEG,
+//! PNG and WebP objects.
+
+mod common;
+
+use common::{ALICE, TestHost, features};
+use hapi_data::import::{ImportReport, Options, import};
+use image::{DynamicImage, ImageFormat, RgbImage};
+use object_store::path::Path as ObjectPath;
+use object_store::{ObjectStore, ObjectStoreExt};
+use serde_json::json;
+use std::io::Cursor;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+fn encode(seed: u32, format: ImageFormat) -> Vec<u8> {
+    let img = RgbImage::from_fn(40 + seed % 7, 30 + seed % 5, |x, y| {
+        image::Rgb([(x * 5 + seed) as u8, (y * 7) as u8, (seed * 31) as u8])
+    });
+    let mut buf = Cursor::new(Vec::new());
+    DynamicImage::ImageRgb8(img)
+        .write_to(&mut buf, format)
+        .expect("encode");
+    buf.into_inner()
+}
+
+fn write(path: &Path, bytes: &[u8]) {
+    std::fs::create_dir_all(path.parent().expect("parent")).expect("mkdir");
+    std::fs::write(path, bytes).expect("write");
+}
+
+/// `<root>/{cat,dog}/`: 12 images each in three formats, plus what an import must leave out.
+fn image_folder(root: &Path) -> usize {
+    let formats = [
+        (ImageFormat::Png, "png"),
+        (ImageFormat::Jpeg, "jpg"),
+        (ImageFormat::WebP, "webp"),
+    ];
+    let mut n = 0;
+    for (c, class) in ["cat", "dog"].into_iter().enumerate() {
+        for i in 0..12u32 {
+            let (format, ext) = formats[i as usize % 3];
+            write(
+                &root.join(class).join(format!("{class}-{i:02}.{ext}")),
+                &encode(i + 20 * c as u32, format),
+            );
+            n += 1;
+        }
+    }
+    write(&root.join("cat/notes.txt"), b"not an image");
+    write(&root.join("dog/broken.jpg"), b"\xff\xd8\xff\xe0 truncated");
+    write(&root.join("README.md"), b"# my images");
+    n
+}
+
+fn opts(sources: Vec<PathBuf>, prefix: &str) -> Options {
+    Options {
+        sources,
+        prefix: prefix.into(),
+        test_fraction: 0.25,
+        concurrency: 4,
+    }
+}
+
+async fn keys(store: &Arc<dyn ObjectStore>, prefix: &str) -> Vec<(String, u64)> {
+    use futures::TryStreamExt;
+    let mut v: Vec<(String, u64)> = store
+        .list(Some(&ObjectPath::from(prefix)))
+        .map_ok(|m| (m.location.to_string(), m.size))
+        .try_collect()
+        .await
+        .expect("list");
+    v.sort();
+    v
+}
+
+fn skipped_reasons(r: &ImportReport) -> Vec<String> {
+    r.skipped
+        .iter()
+        .map(|s| {
+            let name = Path::new(&s.path)
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            format!("{name}: {}", s.reason)
+        })
+        .collect()
+}
+
+/// Checks a first import of [`image_folder`] and that a second one writes nothing.
+async fn import_twice(store: &Arc<dyn ObjectStore>, src: &Path, images: usize) {
+    let first = import(store, &opts(vec![src.to_path_buf()], "mine"))
+        .await
+        .expect("import");
+    assert_eq!(first.load.written, images);
+    assert_eq!(first.load.skipped, 0);
+    assert_eq!(first.classes, ["cat", "dog"]);
+    assert_eq!(first.splits.values().sum::<usize>(), images);
+    assert!(
+        first
+            .splits
+            .get("test")
+            .is_some_and(|&t| t > 0 && t < images / 2),
+        "{:?}",
+        first.splits
+    );
+    let reasons = skipped_reasons(&first);
+    assert_eq!(reasons.len(), 3, "{reasons:?}");
+    for needle in [
+        "notes.txt: not an image",
+        "broken.jpg: bad jpg header",
+        "README.md: a file outside the class directories",
+    ] {
+        assert!(
+            reasons.iter().any(|r| r.starts_with(needle)),
+            "{needle}: {reasons:?}"
+        );
+    }
+    let listed = keys(store, "mine").await;
+    assert_eq!(listed.len(), images + 1, "images and the manifest");
+    for (key, size) in &listed {
+        if key == "mine/manifest.json" {
+            continue;
+        }
+        // mine/<split>/<class>/<name>, byte for byte the source file.
+        let parts: Vec<&str> = key.split('/').collect();
+        assert!(matches!(parts[1], "train" | "test"), "{key}");
+        let source = std::fs::read(src.join(parts[2]).join(parts[3])).expect("source");
+        assert_eq!(source.len() as u64, *size, "{key}");
+        let stored = store
+            .get(&ObjectPath::from(key.as_str()))
+            .await
+            .expect("get")
+            .bytes()
+            .await
+            .expect("bytes");
+        assert_eq!(stored.as_ref(), source.as_slice(), "{key}");
+    }
+    let manifest: serde_json::Value = serde_json::from_slice(
+        &store
+            .get(&ObjectPath::from("mine/manifest.json"))
+            .await
+            .expect("manifest")
+            .bytes()
+            .await
+            .expect("bytes"),
+    )
+    .expect("json");
+    assert_eq!(manifest["classes"], json!(["cat", "dog"]));
+    assert_eq!(manifest["extension"], "jpg,png,webp");
+    assert_eq!(manifest["skipped"].as_array().map(Vec::len), Some(3));
+
+    let again = import(store, &opts(vec![src.to_path_buf()], "mine"))
+        .await
+        .expect("import again");
+    assert_eq!((again.load.written, again.load.skipped), (0, images));
+    // The same files land in the same splits on every run.
+    assert_eq!(again.splits, first.splits);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_folder_imports_into_the_local_store_resumes_and_is_served() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let src = tmp.path().join("my-images");
+    let images = image_folder(&src);
+    let root = tmp.path().join("store");
+    let store = hapi_data::open_bucket(&root.to_string_lossy(), "datasets", true).expect("bucket");
+    import_twice(&store, &src, images).await;
+
+    // An interrupted import: one object gone, one cut short; the next run writes those two.
+    let listed: Vec<(String, u64)> = keys(&store, "mine")
+        .await
+        .into_iter()
+        .filter(|(k, _)| k != "mine/manifest.json")
+        .collect();
+    let (gone, cut) = (&listed[0].0, &listed[1].0);
+    store
+        .delete(&ObjectPath::from(gone.as_str()))
+        .await
+        .expect("delete");
+    store
+        .put(&ObjectPath::from(cut.as_str()), b"part".to_vec().into())
+        .await
+        .expect("put");
+    let resumed = import(&store, &opts(vec![src.clone()], "mine"))
+        .await
+        .expect("resume");
+    assert_eq!(
+        (resumed.load.written, resumed.load.skipped),
+        (2, images - 2)
+    );
+
+    // A source already split: val becomes test.
+    let split = tmp.path().join("split");
+    write(&split.join("train/ant/a.png"), &encode(1, ImageFormat::Png));
+    write(&split.join("train/bee/b.png"), &encode(2, ImageFormat::Png));
+    write(&split.join("val/ant/c.webp"), &encode(3, ImageFormat::WebP));
+    let r = import(&store, &opts(vec![split], "presplit"))
+        .await
+        .expect("presplit");
+    assert_eq!(r.splits.get("train"), Some(&2));
+    assert_eq!(r.splits.get("test"), Some(&1));
+    assert!(
+        keys(&store, "presplit/test/ant").await[0]
+            .0
+            .ends_with("c.webp"),
+        "val -> test"
+    );
+
+    // The host reads what was imported, every format (alice may read `mine/` in this policy).
+    let text = common::policy_text(&root, &tmp.path().join("state"))
+        .replace(r#"prefix = "fashion-mnist/""#, r#"prefix = "mine/""#);
+    let h = TestHost::start_with(tempfile::tempdir().expect("tmp"), root.clone(), text).await;
+    let mut wanted: Vec<String> = Vec::new();
+    for ext in ["png", "jpg", "webp"] {
+        let key = listed
+            .iter()
+            .map(|(k, _)| k)
+            .find(|k| k.ends_with(ext) && k != &gone && k != &cut)
+            .expect("key");
+        wanted.push(key.clone());
+    }
+    let resp = h
+        .warm(
+            ALICE,
+            "feature-extract",
+            json!({"bucket": "datasets", "keys": wanted, "model": "resnet18", "split": 0}),
+        )
+        .await;
+    let (shape, values) = features(resp).await;
+    assert_eq!(shape, [3, 3, 224, 224]);
+    // Each image's tensor is what the native path makes of the imported bytes.
+    let t = hapi_model::ModelPackage::load(
+        &hapi_model::models_dir().join("resnet18"),
+        tch::Device::Cpu,
+    )
+    .expect("package")
+    .manifest()
+    .input
+    .transform();
+    for (i, key) in wanted.iter().enumerate() {
+        let bytes = std::fs::read(root.join("datasets").join(key)).expect("object");
+        let native = hapi_preprocess::preprocess(&bytes, &t).expect("native");
+        let n = native.len();
+        assert_eq!(values[i * n..(i + 1) * n], native[..], "{key}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn webdataset_shards_import_by_shard_name_and_class() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let samples = tmp.path().join("samples");
+    for (i, cls) in [(1, "3"), (2, "3"), (3, "12"), (4, "12")] {
+        write(
+            &samples.join(format!("{i:06}.jpg")),
+            &encode(i, ImageFormat::Jpeg),
+        );
+        write(&samples.join(format!("{i:06}.cls")), cls.as_bytes());
+    }
+    write(&samples.join("000005.cls"), b"3"); // a class without an image
+    let shards = tmp.path().join("shards");
+    std::fs::create_dir_all(&shards).expect("mkdir");
+    let tar = |name: &str, members: &[&str]| {
+        let status = std::process::Command::new("tar")
+            .arg("-cf")
+            .arg(shards.join(name))
+            .arg("-C")
+            .arg(&samples)
+            .args(members)
+            .status()
+            .expect("tar");
+        assert!(status.success());
+    };
+    tar(
+        "data-train-000.tar",
+        &[
+            "000001.jpg",
+            "000001.cls",
+            "000002.jpg",
+            "000002.cls",
+            "000005.cls",
+        ],
+    );
+    tar(
+        "data-val-000.tar",
+        &["000003.jpg", "000003.cls", "000004.cls", "000004.jpg"],
+    );
+    let store = hapi_data::open_bucket(
+        &tmp.path().join("store").to_string_lossy(),
+        "datasets",
+        true,
+    )
+    .expect("bucket");
+    let r = import(&store, &opts(vec![shards], "wds"))
+        .await
+        .expect("import");
+    assert_eq!(r.classes, ["0003", "0012"]);
+    assert_eq!(r.splits.get("train"), Some(&2));
+    assert_eq!(r.splits.get("test"), Some(&2));
+    assert_eq!(r.skipped.len(), 1, "{:?}", r.skipped);
+    assert!(
+        r.skipped[0].path.ends_with("data-train-000.tar:000005"),
+        "{:?}",
+        r.skipped
+    );
+    let listed: Vec<String> = keys(&store, "wds")
+        .await
+        .into_iter()
+        .map(|(k, _)| k)
+        .collect();
+    assert_eq!(
+        listed,
+        [
+            "wds/manifest.json",
+            "wds/test/0012/000003.jpg",
+            "wds/test/0012/000004.jpg",
+            "wds/train/0003/000001.jpg",
+            "wds/train/0003/000002.jpg",
+        ]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_folder_imports_into_seaweedfs_over_s3_and_resumes() {
+    let weed = tokio::task::spawn_blocking(common::seaweed::Seaweed::start)
+        .await
+        .expect("join");
+    // The bucket: a directory of the filer.
+    weed.put("datasets", "other/keep.bin", b"x".to_vec()).await;
+    let store: Arc<dyn ObjectStore> = Arc::new(
+        object_store::aws::AmazonS3Builder::new()
+            .with_endpoint(&weed.s3)
+            .with_bucket_name("datasets")
+            .with_region("us-east-1")
+            .with_access_key_id(common::seaweed::ACCESS_KEY)
+            .with_secret_access_key(common::seaweed::SECRET_KEY)
+            .with_allow_http(true)
+            .build()
+            .expect("S3 store"),
+    );
+    let tmp = tempfile::tempdir().expect("tmp");
+    let src = tmp.path().join("my-images");
+    let images = image_folder(&src);
+    import_twice(&store, &src, images).await;
+    assert_eq!(keys(&store, "other").await.len(), 1, "other keys untouched");
+}

@@ -221,10 +221,9 @@ async fn local_one(
             });
         }
     };
-    let side = i64::from(transform.crop);
     Ok(Fetched {
         data,
-        sample_shape: vec![3, side, side],
+        sample_shape: transform.sample_shape().map(i64::from).to_vec(),
         labels: vec![sample.label],
         keys: vec![sample.key],
         skipped: Vec::new(),

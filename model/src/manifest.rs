@@ -29,29 +29,103 @@ pub struct Manifest {
     pub layers: Vec<Layer>,
 }
 
-/// The model's input: per-sample shape (C, H, W) and its preprocessing.
+/// The model's input: per-sample shape ((C, H, W), or (H, W, C) with layout `nhwc`) and its
+/// preprocessing. The fields after `std` may be left out; their defaults are torchvision's
+/// ImageNet recipe (docs/model-package.md).
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct InputSpec {
     pub shape: Vec<i64>,
-    /// Shorter side is resized to this many pixels...
+    /// The shorter side is resized to this many pixels (both sides with `resize_mode`
+    /// `squash`)...
     pub resize: u32,
     /// ...then the centre `crop` x `crop` square is taken.
     pub crop: u32,
-    /// Per-channel normalisation of pixels scaled to [0, 1]: (x - mean) / std.
+    /// Per model input channel (in `channel_order`): (x - mean) / std, x in `scale` units.
     pub mean: [f32; 3],
     pub std: [f32; 3],
+    /// `shorter` (keep the aspect ratio) or `squash`.
+    #[serde(default = "shorter")]
+    pub resize_mode: String,
+    /// `bilinear` or `bicubic`, as Pillow and torchvision compute them (antialiased).
+    #[serde(default = "bilinear")]
+    pub interpolation: String,
+    /// `rgb` or `bgr`.
+    #[serde(default = "rgb")]
+    pub channel_order: String,
+    /// `nchw` or `nhwc`.
+    #[serde(default = "nchw")]
+    pub layout: String,
+    /// Pixel unit before normalisation: 1 ([0, 1]) or 255 ([0, 255]).
+    #[serde(default = "unit")]
+    pub scale: f32,
+}
+
+fn shorter() -> String {
+    "shorter".into()
+}
+fn bilinear() -> String {
+    "bilinear".into()
+}
+fn rgb() -> String {
+    "rgb".into()
+}
+fn nchw() -> String {
+    "nchw".into()
+}
+fn unit() -> f32 {
+    1.0
 }
 
 impl InputSpec {
-    /// The preprocessing this model expects, as both tiers run it.
-    pub fn transform(&self) -> hapi_preprocess::Transform {
-        hapi_preprocess::Transform {
-            resize: self.resize,
-            crop: self.crop,
-            mean: self.mean,
-            std: self.std,
+    /// torchvision's ImageNet recipe: (3, crop, crop), shorter side, bilinear, RGB, NCHW, [0, 1].
+    pub fn imagenet(resize: u32, crop: u32, mean: [f32; 3], std: [f32; 3]) -> Self {
+        Self {
+            shape: vec![3, i64::from(crop), i64::from(crop)],
+            resize,
+            crop,
+            mean,
+            std,
+            resize_mode: shorter(),
+            interpolation: bilinear(),
+            channel_order: rgb(),
+            layout: nchw(),
+            scale: unit(),
         }
+    }
+
+    /// The preprocessing this model expects, as both tiers run it; an error names the field
+    /// that is not one of its values.
+    pub fn try_transform(&self) -> Result<hapi_preprocess::Transform, String> {
+        use hapi_preprocess::{ChannelOrder, Filter, Layout, ResizeMode, Scale, Transform};
+        let field = |name: &str, e: String| format!("input.{name}: {e}");
+        Ok(Transform {
+            resize_mode: self
+                .resize_mode
+                .parse::<ResizeMode>()
+                .map_err(|e| field("resize_mode", e))?,
+            filter: self
+                .interpolation
+                .parse::<Filter>()
+                .map_err(|e| field("interpolation", e))?,
+            channel_order: self
+                .channel_order
+                .parse::<ChannelOrder>()
+                .map_err(|e| field("channel_order", e))?,
+            layout: self
+                .layout
+                .parse::<Layout>()
+                .map_err(|e| field("layout", e))?,
+            scale: Scale::from_max(self.scale).map_err(|e| field("scale", e))?,
+            ..Transform::new(self.resize, self.crop, self.mean, self.std)
+        })
+    }
+
+    /// The preprocessing of a validated manifest (every loaded package's is).
+    pub fn transform(&self) -> hapi_preprocess::Transform {
+        self.try_transform().unwrap_or_else(|_| {
+            hapi_preprocess::Transform::new(self.resize, self.crop, self.mean, self.std)
+        })
     }
 }
 
@@ -140,6 +214,14 @@ impl Manifest {
             return Err(format!(
                 "input.resize {} must be at least input.crop {} (> 0)",
                 self.input.resize, self.input.crop
+            ));
+        }
+        let t = self.input.try_transform()?;
+        let want: Vec<i64> = t.sample_shape().iter().map(|&d| i64::from(d)).collect();
+        if self.input.shape != want {
+            return Err(format!(
+                "input.shape {:?} is not what the preprocessing makes ({want:?}: {} layout, crop {})",
+                self.input.shape, self.input.layout, self.input.crop
             ));
         }
         let mut previous = ("input.shape".to_string(), &self.input.shape);

@@ -24,13 +24,112 @@ pub const MAX_IMAGE_SIDE: u32 = 8192;
 /// Largest decoder allocation: an 8192 x 8192 RGBA image.
 pub const MAX_DECODE_BYTES: u64 = 8192 * 8192 * 4;
 
-/// The transform parameters (a model package's `input` section).
+/// The transform parameters (a model package's `input` section). [`Transform::new`] gives
+/// torchvision's ImageNet recipe for the other settings: shorter side, bilinear, RGB, NCHW,
+/// pixels in [0, 1].
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Transform {
+    /// The shorter side becomes `resize` (or both sides, with [`ResizeMode::Squash`]).
     pub resize: u32,
+    /// Then the centre `crop` x `crop` square is taken.
     pub crop: u32,
+    /// Per model input channel (in `channel_order`): `(x - mean) / std`, with x the pixel in
+    /// `scale` units.
     pub mean: [f32; 3],
     pub std: [f32; 3],
+    pub resize_mode: ResizeMode,
+    pub filter: Filter,
+    pub channel_order: ChannelOrder,
+    pub layout: Layout,
+    pub scale: Scale,
+}
+
+/// How the image reaches `resize` pixels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum ResizeMode {
+    /// The shorter side becomes `resize`, the aspect ratio is kept (torchvision `Resize(s)`).
+    #[default]
+    Shorter,
+    /// Both sides become `resize`, the aspect ratio is not kept (`Resize((s, s))`).
+    Squash,
+}
+
+/// The order of the model's input channels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum ChannelOrder {
+    #[default]
+    Rgb,
+    Bgr,
+}
+
+/// The layout of one sample in the model's input tensor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Layout {
+    /// Channels, height, width (PyTorch).
+    #[default]
+    Nchw,
+    /// Height, width, channels (TensorFlow, many ONNX exports from it).
+    Nhwc,
+}
+
+/// The unit of a pixel before normalisation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Scale {
+    /// [0, 1]: the 8-bit level divided by 255 (torchvision's `ToTensor`).
+    #[default]
+    Unit,
+    /// [0, 255]: the 8-bit level itself.
+    Byte,
+}
+
+macro_rules! named {
+    ($ty:ident { $($variant:ident = $name:literal),+ $(,)? }) => {
+        impl $ty {
+            /// The name a manifest, the WIT and the command line use.
+            pub fn name(self) -> &'static str {
+                match self { $($ty::$variant => $name),+ }
+            }
+        }
+        impl std::str::FromStr for $ty {
+            type Err = String;
+            fn from_str(s: &str) -> Result<Self, String> {
+                match s {
+                    $($name => Ok($ty::$variant),)+
+                    _ => Err(format!(
+                        "`{s}` is not one of {}",
+                        [$($name),+].join(", ")
+                    )),
+                }
+            }
+        }
+    };
+}
+named!(ResizeMode { Shorter = "shorter", Squash = "squash" });
+named!(ChannelOrder { Rgb = "rgb", Bgr = "bgr" });
+named!(Layout { Nchw = "nchw", Nhwc = "nhwc" });
+named!(Filter { Bilinear = "bilinear", Bicubic = "bicubic" });
+
+impl Scale {
+    /// The pixel value of an 8-bit level's maximum: 1 or 255.
+    pub fn max(self) -> f32 {
+        match self {
+            Scale::Unit => 1.0,
+            Scale::Byte => 255.0,
+        }
+    }
+
+    /// From 1 or 255.
+    pub fn from_max(v: f32) -> Result<Self, String> {
+        if v == 1.0 {
+            Ok(Scale::Unit)
+        } else if v == 255.0 {
+            Ok(Scale::Byte)
+        } else {
+            Err(format!(
+                "scale {v}: must be 1 (pixels in [0, 1]) or 255 (in [0, 255])"
+            ))
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error, PartialEq)]
@@ -50,8 +149,25 @@ pub enum PreprocessError {
 }
 
 impl Transform {
+    /// torchvision's ImageNet evaluation recipe with these sizes and statistics: shorter side
+    /// to `resize` (bilinear, antialiased), centre crop, RGB, NCHW, pixels in [0, 1].
+    pub const fn new(resize: u32, crop: u32, mean: [f32; 3], std: [f32; 3]) -> Self {
+        Self {
+            resize,
+            crop,
+            mean,
+            std,
+            resize_mode: ResizeMode::Shorter,
+            filter: Filter::Bilinear,
+            channel_order: ChannelOrder::Rgb,
+            layout: Layout::Nchw,
+            scale: Scale::Unit,
+        }
+    }
+
     /// A transform from a model's input description, whose mean and std come as lists (the
-    /// WIT's `input-spec`): each must hold one value per channel.
+    /// WIT's `input-spec`): each must hold one value per channel. The other settings are
+    /// [`Transform::new`]'s; set them on the result.
     pub fn from_lists(
         resize: u32,
         crop: u32,
@@ -63,12 +179,20 @@ impl Transform {
                 PreprocessError::BadTransform(format!("{what} has {} values, expected 3", v.len()))
             })
         };
-        Ok(Self {
+        Ok(Self::new(
             resize,
             crop,
-            mean: three(mean, "mean")?,
-            std: three(std, "std")?,
-        })
+            three(mean, "mean")?,
+            three(std, "std")?,
+        ))
+    }
+
+    /// One sample's shape in the model's input: (3, crop, crop) or (crop, crop, 3).
+    pub fn sample_shape(&self) -> [u32; 3] {
+        match self.layout {
+            Layout::Nchw => [3, self.crop, self.crop],
+            Layout::Nhwc => [self.crop, self.crop, 3],
+        }
     }
 
     fn check(&self) -> Result<(), PreprocessError> {
@@ -87,7 +211,7 @@ impl Transform {
         Ok(())
     }
 
-    /// Elements of one preprocessed sample: 3 x crop x crop.
+    /// Elements of one preprocessed sample: 3 x crop x crop, in either layout.
     pub fn sample_len(&self) -> usize {
         3 * self.crop as usize * self.crop as usize
     }
@@ -178,22 +302,27 @@ pub fn crop_offset(size: u32, crop: u32) -> u32 {
     }
 }
 
-/// The normalised value of each 8-bit level of each channel: `(v / 255 - mean) / std` in f32,
-/// in the order torchvision's `ToTensor` and `Normalize` compute it.
+/// The normalised value of each 8-bit level for each model input channel: `(v / 255 - mean)
+/// / std` in f32, in the order torchvision's `ToTensor` and `Normalize` compute it (`(v - mean)
+/// / std` with pixels in [0, 255]).
 fn levels(t: &Transform) -> [[f32; 256]; 3] {
     let mut lut = [[0f32; 256]; 3];
     for (c, row) in lut.iter_mut().enumerate() {
         for (v, x) in row.iter_mut().enumerate() {
-            *x = (v as f32 / 255.0 - t.mean[c]) / t.std[c];
+            let p = match t.scale {
+                Scale::Unit => v as f32 / 255.0,
+                Scale::Byte => v as f32,
+            };
+            *x = (p - t.mean[c]) / t.std[c];
         }
     }
     lut
 }
 
-/// Resize (shorter side, Pillow's bilinear with antialiasing), centre crop and normalise an
-/// image: torchvision's `Resize(resize)`, `CenterCrop(crop)`, `ToTensor()`, `Normalize(mean,
-/// std)` on a PIL image, bit for bit. Calls `emit(channel, index_in_plane, value)` for every
-/// output element, channel by channel.
+/// Resize (Pillow's resampling with antialiasing), centre crop and normalise an image:
+/// torchvision's `Resize`, `CenterCrop(crop)`, `ToTensor()`, `Normalize(mean, std)` on a PIL
+/// image, bit for bit. Calls `emit(model_channel, index_in_plane, value)` for every output
+/// element, channel by channel; with BGR order, model channel 0 is the image's blue.
 fn transform_with(
     img: &Decoded,
     t: &Transform,
@@ -201,7 +330,10 @@ fn transform_with(
 ) -> Result<(), PreprocessError> {
     t.check()?;
     let (w, h) = img.dimensions();
-    let (nw, nh) = resized_size(w, h, t.resize);
+    let (nw, nh) = match t.resize_mode {
+        ResizeMode::Shorter => resized_size(w, h, t.resize),
+        ResizeMode::Squash => (t.resize, t.resize),
+    };
     let crop = t.crop as usize;
     let win = resize::Window {
         left: crop_offset(nw, t.crop) as usize,
@@ -213,7 +345,7 @@ fn transform_with(
     let lut = levels(t);
     match img {
         Decoded::Gray(g) => {
-            let px = resize::resize_window::<1>(g.as_raw(), src, out, win, Filter::Bilinear);
+            let px = resize::resize_window::<1>(g.as_raw(), src, out, win, t.filter);
             for (c, lut) in lut.iter().enumerate() {
                 for (i, &v) in px.iter().enumerate() {
                     emit(c, i, lut[usize::from(v)]);
@@ -221,10 +353,14 @@ fn transform_with(
             }
         }
         Decoded::Rgb(rgb) => {
-            let px = resize::resize_window::<3>(rgb.as_raw(), src, out, win, Filter::Bilinear);
+            let px = resize::resize_window::<3>(rgb.as_raw(), src, out, win, t.filter);
             for (c, lut) in lut.iter().enumerate() {
+                let source = match t.channel_order {
+                    ChannelOrder::Rgb => c,
+                    ChannelOrder::Bgr => 2 - c,
+                };
                 for (i, p) in px.chunks_exact(3).enumerate() {
-                    emit(c, i, lut[usize::from(p[c])]);
+                    emit(c, i, lut[usize::from(p[source])]);
                 }
             }
         }
@@ -232,7 +368,17 @@ fn transform_with(
     Ok(())
 }
 
-/// Resize, centre crop and normalise an image into CHW f32, appended to `out`.
+/// Where element (channel `c`, pixel `i` of the plane) of one sample goes.
+#[inline]
+fn position(layout: Layout, plane: usize, c: usize, i: usize) -> usize {
+    match layout {
+        Layout::Nchw => c * plane + i,
+        Layout::Nhwc => i * 3 + c,
+    }
+}
+
+/// Resize, centre crop and normalise an image into f32 in the transform's layout, appended
+/// to `out`.
 pub fn transform_into(
     img: &Decoded,
     t: &Transform,
@@ -243,7 +389,8 @@ pub fn transform_into(
     let plane = t.crop as usize * t.crop as usize;
     out.resize(start + t.sample_len(), 0.0);
     let dst = &mut out[start..];
-    transform_with(img, t, |c, i, v| dst[c * plane + i] = v)
+    let layout = t.layout;
+    transform_with(img, t, |c, i, v| dst[position(layout, plane, c, i)] = v)
 }
 
 /// As [`transform_into`], appending the f32 values as little-endian bytes (the layout of a
@@ -258,12 +405,13 @@ pub fn transform_into_le_bytes(
     let plane = t.crop as usize * t.crop as usize;
     out.resize(start + 4 * t.sample_len(), 0);
     let dst = &mut out[start..];
+    let layout = t.layout;
     transform_with(img, t, |c, i, v| {
-        dst[4 * (c * plane + i)..][..4].copy_from_slice(&v.to_le_bytes());
+        dst[4 * position(layout, plane, c, i)..][..4].copy_from_slice(&v.to_le_bytes());
     })
 }
 
-/// Decode and transform one encoded image into CHW f32.
+/// Decode and transform one encoded image into f32 in the transform's layout.
 pub fn preprocess(bytes: &[u8], t: &Transform) -> Result<Vec<f32>, PreprocessError> {
     let img = decode(bytes)?;
     let mut out = Vec::with_capacity(t.sample_len());
@@ -275,17 +423,120 @@ pub fn preprocess(bytes: &[u8], t: &Transform) -> Result<Vec<f32>, PreprocessErr
 mod tests {
     use super::*;
 
-    const T: Transform = Transform {
-        resize: 8,
-        crop: 4,
-        mean: [0.5, 0.5, 0.5],
-        std: [0.25, 0.25, 0.25],
-    };
+    const T: Transform = Transform::new(8, 4, [0.5, 0.5, 0.5], [0.25, 0.25, 0.25]);
 
     fn png(img: &DynamicImage) -> Vec<u8> {
         let mut buf = Cursor::new(Vec::new());
         img.write_to(&mut buf, ImageFormat::Png).expect("encode");
         buf.into_inner()
+    }
+
+    fn photo() -> Decoded {
+        Decoded::Rgb(RgbImage::from_fn(23, 15, |x, y| {
+            image::Rgb([(x * 11) as u8, (y * 17) as u8, ((x + y) * 5) as u8])
+        }))
+    }
+
+    #[test]
+    fn bgr_order_is_rgb_with_channels_and_statistics_reversed() {
+        let rgb = Transform::new(8, 6, [0.1, 0.2, 0.3], [0.5, 0.6, 0.7]);
+        let bgr = Transform {
+            channel_order: ChannelOrder::Bgr,
+            mean: [0.3, 0.2, 0.1],
+            std: [0.7, 0.6, 0.5],
+            ..rgb
+        };
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        transform_into(&photo(), &rgb, &mut a).expect("rgb");
+        transform_into(&photo(), &bgr, &mut b).expect("bgr");
+        let plane = 36;
+        for c in 0..3 {
+            assert_eq!(
+                a[c * plane..][..plane],
+                b[(2 - c) * plane..][..plane],
+                "channel {c}"
+            );
+        }
+    }
+
+    #[test]
+    fn nhwc_is_nchw_transposed() {
+        let nchw = Transform::new(8, 6, [0.1, 0.2, 0.3], [0.5, 0.6, 0.7]);
+        let nhwc = Transform {
+            layout: Layout::Nhwc,
+            ..nchw
+        };
+        assert_eq!(nhwc.sample_shape(), [6, 6, 3]);
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        transform_into(&photo(), &nchw, &mut a).expect("nchw");
+        transform_into(&photo(), &nhwc, &mut b).expect("nhwc");
+        for c in 0..3 {
+            for i in 0..36 {
+                assert_eq!(a[c * 36 + i], b[i * 3 + c]);
+            }
+        }
+        let mut bytes = Vec::new();
+        transform_into_le_bytes(&photo(), &nhwc, &mut bytes).expect("bytes");
+        let back: Vec<f32> = bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        assert_eq!(back, b);
+    }
+
+    #[test]
+    fn byte_scale_normalises_levels_not_fractions() {
+        let img = Decoded::Gray(GrayImage::from_pixel(9, 9, image::Luma([200])));
+        let t = Transform {
+            scale: Scale::Byte,
+            ..Transform::new(9, 9, [100.0, 120.0, 150.0], [2.0, 4.0, 5.0])
+        };
+        let mut out = Vec::new();
+        transform_into(&img, &t, &mut out).expect("ok");
+        assert_eq!([out[0], out[81], out[162]], [50.0, 20.0, 10.0]);
+    }
+
+    #[test]
+    fn squash_ignores_the_aspect_ratio_and_equals_shorter_on_a_square() {
+        let t = Transform {
+            resize_mode: ResizeMode::Squash,
+            ..Transform::new(6, 6, [0.0; 3], [1.0; 3])
+        };
+        let mut out = Vec::new();
+        // 23x15 squashed to 6x6: every output pixel has data (no crop of the long side).
+        transform_into(&photo(), &t, &mut out).expect("squash");
+        assert_eq!(out.len(), 3 * 36);
+        let square = Decoded::Rgb(RgbImage::from_fn(15, 15, |x, y| {
+            image::Rgb([(x * 11) as u8, (y * 17) as u8, 3])
+        }));
+        let shorter = Transform::new(6, 6, [0.0; 3], [1.0; 3]);
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        transform_into(&square, &t, &mut a).expect("squash");
+        transform_into(&square, &shorter, &mut b).expect("shorter");
+        assert_eq!(a, b);
+        // The long side is squeezed, not cropped: the last column holds the image's right edge.
+        let mut wide = Vec::new();
+        let stripe = Decoded::Gray(GrayImage::from_fn(40, 10, |x, _| {
+            image::Luma([if x >= 36 { 255 } else { 0 }])
+        }));
+        transform_into(&stripe, &t, &mut wide).expect("squash");
+        assert!(wide[5] > 0.5, "right edge kept: {:?}", &wide[..6]);
+        let mut cropped = Vec::new();
+        transform_into(&stripe, &shorter, &mut cropped).expect("shorter");
+        assert_eq!(cropped[5], 0.0, "the shorter-side crop cuts it off");
+    }
+
+    #[test]
+    fn names_parse_and_print_round_trip() {
+        for m in [ResizeMode::Shorter, ResizeMode::Squash] {
+            assert_eq!(m.name().parse::<ResizeMode>(), Ok(m));
+        }
+        for f in [Filter::Bilinear, Filter::Bicubic] {
+            assert_eq!(f.name().parse::<Filter>(), Ok(f));
+        }
+        assert!("bgra".parse::<ChannelOrder>().is_err());
+        assert_eq!(Scale::from_max(255.0), Ok(Scale::Byte));
+        assert!(Scale::from_max(2.0).is_err());
     }
 
     #[test]

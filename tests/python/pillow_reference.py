@@ -7,9 +7,12 @@ JOBS.json is a list of jobs; job i writes OUT_DIR/i.bin:
       the image as PIL opens it, converted to RGB: height x width x 3 bytes
   {"op": "resize", "file": F, "size": [W, H], "filter": "bilinear" | "bicubic"}
       PIL's Image.resize of the image in its own mode (L or RGB): H x W x bands bytes
-  {"op": "torchvision", "file": F, "resize": R, "crop": C, "mean": [...], "std": [...]}
-      Resize(R), CenterCrop(C), ToTensor(), Normalize(mean, std) on the RGB image:
-      3 x C x C float32, little-endian
+  {"op": "torchvision", "file": F, "resize": R, "crop": C, "mean": [...], "std": [...],
+   "resize_mode": "shorter" | "squash", "interpolation": "bilinear" | "bicubic",
+   "channel_order": "rgb" | "bgr", "layout": "nchw" | "nhwc", "scale": 1 | 255}
+      Resize(R) (or Resize((R, R)) to squash) with that interpolation, CenterCrop(C),
+      ToTensor() (or PILToTensor().float() for scale 255), channels reversed for bgr,
+      Normalize(mean, std), permuted to H x W x 3 for nhwc: float32, little-endian
 """
 
 import json
@@ -37,15 +40,22 @@ def main() -> None:
                 raise SystemExit(f"{job['file']}: mode {img.mode}, expected L or RGB")
             data = np.asarray(img.resize(tuple(job["size"]), FILTERS[job["filter"]])).tobytes()
         elif job["op"] == "torchvision":
-            t = transforms.Compose(
-                [
-                    transforms.Resize(job["resize"]),
-                    transforms.CenterCrop(job["crop"]),
-                    transforms.ToTensor(),
-                    transforms.Normalize(job["mean"], job["std"]),
-                ]
+            r = job["resize"]
+            size = (r, r) if job.get("resize_mode", "shorter") == "squash" else r
+            interp = transforms.InterpolationMode[job.get("interpolation", "bilinear").upper()]
+            geometry = transforms.Compose(
+                [transforms.Resize(size, interpolation=interp), transforms.CenterCrop(job["crop"])]
             )
-            x = t(img.convert("RGB"))
+            cropped = geometry(img.convert("RGB"))
+            if job.get("scale", 1) == 255:
+                x = transforms.PILToTensor()(cropped).float()
+            else:
+                x = transforms.ToTensor()(cropped)
+            if job.get("channel_order", "rgb") == "bgr":
+                x = x[[2, 1, 0]]
+            x = transforms.Normalize(job["mean"], job["std"])(x)
+            if job.get("layout", "nchw") == "nhwc":
+                x = x.permute(1, 2, 0).contiguous()
             data = x.numpy().astype("<f4").tobytes()
         else:
             raise SystemExit(f"unknown op {job['op']!r}")

@@ -5,7 +5,9 @@
 //! are printed and bounded.
 
 use hapi_preprocess::resize::{Filter, Window, resize_window};
-use hapi_preprocess::{Decoded, Transform, decode, transform_into};
+use hapi_preprocess::{
+    ChannelOrder, Decoded, Layout, ResizeMode, Scale, Transform, decode, transform_into,
+};
 use hapi_tests::photos_dir;
 use image::{DynamicImage, GrayImage, ImageFormat, RgbImage};
 use serde_json::{Value, json};
@@ -166,24 +168,23 @@ fn transform_is_torchvisions_bit_for_bit_on_lossless_images() {
     );
     files.push(tall);
     let transforms = [
+        Transform::new(256, 224, IMAGENET.0, IMAGENET.1),
+        Transform::new(331, 299, [0.5; 3], [0.5; 3]),
+        // A Caffe/TensorFlow-style model: squashed, bicubic, BGR, NHWC, 0-255 minus means.
         Transform {
-            resize: 256,
-            crop: 224,
-            mean: IMAGENET.0,
-            std: IMAGENET.1,
-        },
-        Transform {
-            resize: 331,
-            crop: 299,
-            mean: [0.5; 3],
-            std: [0.5; 3],
+            resize_mode: ResizeMode::Squash,
+            filter: Filter::Bicubic,
+            channel_order: ChannelOrder::Bgr,
+            layout: Layout::Nhwc,
+            scale: Scale::Byte,
+            ..Transform::new(240, 224, [103.94, 116.78, 123.68], [1.0, 2.0, 0.5])
         },
     ];
     let mut jobs = Vec::new();
     for f in &files {
         jobs.push(json!({"op": "decode", "file": f}));
         for t in &transforms {
-            jobs.push(json!({"op": "torchvision", "file": f, "resize": t.resize, "crop": t.crop, "mean": t.mean, "std": t.std}));
+            jobs.push(torchvision_job(f, t));
         }
     }
     let mut want = reference(dir.path(), &jobs).into_iter();
@@ -227,25 +228,25 @@ fn transform_is_torchvisions_bit_for_bit_on_lossless_images() {
     );
 }
 
+/// The reference job for `t`: torchvision's pipeline with the same settings.
+fn torchvision_job(file: &Path, t: &Transform) -> Value {
+    json!({
+        "op": "torchvision", "file": file, "resize": t.resize, "crop": t.crop,
+        "mean": t.mean, "std": t.std, "resize_mode": t.resize_mode.name(),
+        "interpolation": t.filter.name(), "channel_order": t.channel_order.name(),
+        "layout": t.layout.name(), "scale": t.scale.max(),
+    })
+}
+
 #[test]
 fn jpeg_photos_match_torchvision_within_decoder_rounding() {
     let dir = tempfile::tempdir().expect("tempdir");
     let files = photos("jpg");
     assert!(files.len() >= 3, "{} JPEG photos", files.len());
-    let t = Transform {
-        resize: 256,
-        crop: 224,
-        mean: IMAGENET.0,
-        std: IMAGENET.1,
-    };
+    let t = Transform::new(256, 224, IMAGENET.0, IMAGENET.1);
     let jobs: Vec<Value> = files
         .iter()
-        .flat_map(|f| {
-            [
-                json!({"op": "decode", "file": f}),
-                json!({"op": "torchvision", "file": f, "resize": t.resize, "crop": t.crop, "mean": t.mean, "std": t.std}),
-            ]
-        })
+        .flat_map(|f| [json!({"op": "decode", "file": f}), torchvision_job(f, &t)])
         .collect();
     let mut want = reference(dir.path(), &jobs).into_iter();
     for f in &files {

@@ -74,8 +74,8 @@ impl Guest for FeatureExtract {
             transform_into_le_bytes(&image, &transform, &mut data)
                 .map_err(|e| bad(e.to_string()))?;
         }
-        let crop = transform.crop;
-        let dims = vec![invocation.keys.len() as u32, 3, crop, crop];
+        let mut dims = vec![invocation.keys.len() as u32];
+        dims.extend(transform.sample_shape());
         if split == 0 {
             return Ok(TensorOut {
                 dimensions: dims,
@@ -87,7 +87,10 @@ impl Guest for FeatureExtract {
     }
 }
 
+/// The model's preprocessing, as its package describes it (resize mode, resampling, channel
+/// order, layout and pixel scale included).
 fn transform_of(info: &ModelInfo) -> Result<Transform, Error> {
+    use hapi_preprocess::{ChannelOrder, Filter, Layout, ResizeMode, Scale};
     let spec = &info.input;
     if spec.channels != 3 || spec.height != spec.crop || spec.width != spec.crop {
         return Err(Error::Inference(format!(
@@ -95,8 +98,28 @@ fn transform_of(info: &ModelInfo) -> Result<Transform, Error> {
             info.name, spec.channels, spec.height, spec.width
         )));
     }
-    Transform::from_lists(spec.resize, spec.crop, &spec.mean, &spec.std)
-        .map_err(|e| Error::Inference(format!("model `{}`: {e}", info.name)))
+    let bad = |e: String| Error::Inference(format!("model `{}`: {e}", info.name));
+    Ok(Transform {
+        resize_mode: match spec.resize_mode {
+            models::ResizeMode::Shorter => ResizeMode::Shorter,
+            models::ResizeMode::Squash => ResizeMode::Squash,
+        },
+        filter: match spec.interpolation {
+            models::Interpolation::Bilinear => Filter::Bilinear,
+            models::Interpolation::Bicubic => Filter::Bicubic,
+        },
+        channel_order: match spec.channel_order {
+            models::ChannelOrder::Rgb => ChannelOrder::Rgb,
+            models::ChannelOrder::Bgr => ChannelOrder::Bgr,
+        },
+        layout: match spec.layout {
+            models::Layout::Nchw => Layout::Nchw,
+            models::Layout::Nhwc => Layout::Nhwc,
+        },
+        scale: Scale::from_max(spec.scale).map_err(bad)?,
+        ..Transform::from_lists(spec.resize, spec.crop, &spec.mean, &spec.std)
+            .map_err(|e| bad(e.to_string()))?
+    })
 }
 
 fn nn_error(what: &str, e: nn::errors::Error) -> Error {

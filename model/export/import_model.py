@@ -295,6 +295,26 @@ def params(m):
         return 0
 
 
+def validate(manifest):
+    """Checks the manifest against model/manifest.schema.json (beside this script when
+    `hapi-model import` runs it, one directory up in a checkout)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    for path in (os.path.join(here, "manifest.schema.json"), os.path.join(here, "..", "manifest.schema.json")):
+        if os.path.isfile(path):
+            break
+    else:
+        fail("manifest.schema.json not found beside the importer")
+    import jsonschema
+
+    with open(path) as f:
+        schema = json.load(f)
+    try:
+        jsonschema.validate(manifest, schema)
+    except jsonschema.ValidationError as e:
+        where = "/".join(str(p) for p in e.absolute_path) or "(top)"
+        fail(f"the manifest does not follow the schema at {where}: {e.message}")
+
+
 # -- main ------------------------------------------------------------------------------------
 
 
@@ -450,6 +470,7 @@ def main():
         freeze_index=freeze,
         layers=entries,
     )
+    validate(manifest)
     with open(os.path.join(tmp, "manifest.json"), "w") as f:
         json.dump(manifest, f, indent=2)
         f.write("\n")

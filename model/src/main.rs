@@ -148,11 +148,13 @@ mod import {
 
     const IMPORTER: &str = include_str!("../export/import_model.py");
     const EXPORTER: &str = include_str!("../export/export_models.py");
+    const SCHEMA: &str = include_str!("../manifest.schema.json");
 
     pub fn run(args: &[String]) -> anyhow::Result<()> {
         let dir = tempfile::tempdir().context("a temporary directory for the importer")?;
         std::fs::write(dir.path().join("import_model.py"), IMPORTER)?;
         std::fs::write(dir.path().join("export_models.py"), EXPORTER)?;
+        std::fs::write(dir.path().join("manifest.schema.json"), SCHEMA)?;
         let python = std::env::var("HAPI_PYTHON").unwrap_or_else(|_| "python3".into());
         let status = Command::new(&python)
             .arg(dir.path().join("import_model.py"))

@@ -249,3 +249,65 @@ fn bad_sources_and_names_are_named_in_the_error() {
         "{text}"
     );
 }
+
+/// Every package this checkout has (the exporter's) and the importer's follow the schema that
+/// docs/model-package.md documents.
+#[test]
+fn every_manifest_follows_the_schema() {
+    let dir = sources();
+    let d = dir.path();
+    ok(&hapi_model(
+        d,
+        &[
+            "import",
+            "tinynets:tiny",
+            "--name",
+            "tiny_py",
+            "--size",
+            "40",
+            "--crop",
+            "32",
+            "--out",
+            "models",
+        ],
+    ));
+    let mut manifests: Vec<std::path::PathBuf> = hapi_model::list_packages(&hapi_model::models_dir())
+        .expect("packages (run `cargo xtask setup`)")
+        .into_iter()
+        .map(|p| p.join("manifest.json"))
+        .collect();
+    assert!(manifests.len() >= 7, "{manifests:?}");
+    manifests.push(d.join("models/tiny_py/manifest.json"));
+    let schema = Path::new(env!("CARGO_MANIFEST_DIR")).join("manifest.schema.json");
+    let script = "import json, sys, jsonschema\n\
+        schema = json.load(open(sys.argv[1]))\n\
+        jsonschema.Draft202012Validator.check_schema(schema)\n\
+        for p in sys.argv[2:]:\n    jsonschema.validate(json.load(open(p)), schema)\n\
+        print(len(sys.argv) - 2, 'valid')\n";
+    let out = Command::new(python())
+        .arg("-c")
+        .arg(script)
+        .arg(&schema)
+        .args(&manifests)
+        .output()
+        .expect("python");
+    let text = ok(&out);
+    assert!(text.contains(&format!("{} valid", manifests.len())), "{text}");
+
+    // A manifest the schema refuses: an unknown layout.
+    let bad = d.join("bad.json");
+    let mut m: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(d.join("models/tiny_py/manifest.json")).expect("manifest"),
+    )
+    .expect("json");
+    m["input"]["layout"] = "chwn".into();
+    std::fs::write(&bad, m.to_string()).expect("write");
+    let out = Command::new(python())
+        .arg("-c")
+        .arg(script)
+        .arg(&schema)
+        .arg(&bad)
+        .output()
+        .expect("python");
+    failed(&out);
+}

@@ -39,7 +39,7 @@ const PY_DATA_PACKAGES: &[&str] = &[
     "pillow==13.0.0",
 ];
 /// What the Python client (`clients/python`) needs beyond torch (its HTTP library, the
-/// safetensors reader), and what `hapi-model import` needs for ONNX files. Not part of the
+/// safetensors reader), and what `hapi-model import` needs (ONNX files, the manifest schema). Not part of the
 /// model packages' key: they do not change an export.
 const PY_CLIENT_PACKAGES: &[&str] = &[
     "requests==2.32.5",
@@ -47,6 +47,7 @@ const PY_CLIENT_PACKAGES: &[&str] = &[
     "packaging==25.0",
     "onnx==1.19.1",
     "onnx2torch==1.5.15",
+    "jsonschema==4.23.0",
 ];
 const WASM_TARGET: &str = "wasm32-wasip2";
 pub const FASHION_MNIST_DIR: &str = "/usr/share/datasets/fashion-mnist";

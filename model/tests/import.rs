@@ -271,11 +271,12 @@ fn every_manifest_follows_the_schema() {
             "models",
         ],
     ));
-    let mut manifests: Vec<std::path::PathBuf> = hapi_model::list_packages(&hapi_model::models_dir())
-        .expect("packages (run `cargo xtask setup`)")
-        .into_iter()
-        .map(|p| p.join("manifest.json"))
-        .collect();
+    let mut manifests: Vec<std::path::PathBuf> =
+        hapi_model::list_packages(&hapi_model::models_dir())
+            .expect("packages (run `cargo xtask setup`)")
+            .into_iter()
+            .map(|p| p.join("manifest.json"))
+            .collect();
     assert!(manifests.len() >= 7, "{manifests:?}");
     manifests.push(d.join("models/tiny_py/manifest.json"));
     let schema = Path::new(env!("CARGO_MANIFEST_DIR")).join("manifest.schema.json");
@@ -292,7 +293,10 @@ fn every_manifest_follows_the_schema() {
         .output()
         .expect("python");
     let text = ok(&out);
-    assert!(text.contains(&format!("{} valid", manifests.len())), "{text}");
+    assert!(
+        text.contains(&format!("{} valid", manifests.len())),
+        "{text}"
+    );
 
     // A manifest the schema refuses: an unknown layout.
     let bad = d.join("bad.json");

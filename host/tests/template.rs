@@ -99,6 +99,20 @@ fn expected(bytes: &[u8], rgb: bool) -> Vec<f32> {
     out
 }
 
+/// Each row of `values` is [`expected`] of its object, within f32 rounding.
+fn assert_stats(values: &[f32], row: usize, keys: &[String], objects: &[Vec<u8>], rgb: bool) {
+    for ((got, bytes), key) in values.chunks_exact(row).zip(objects).zip(keys) {
+        let want = expected(bytes, rgb);
+        assert_eq!(got.len(), want.len(), "{key}");
+        for (g, w) in got.iter().zip(&want) {
+            assert!(
+                (g - w).abs() <= 1e-3 * w.abs().max(1.0),
+                "{key} (rgb: {rgb}): {got:?} != {want:?}"
+            );
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_function_from_the_template_builds_deploys_and_computes_image_statistics() {
     let tmp = tempfile::tempdir().expect("tempdir");
@@ -113,20 +127,7 @@ async fn a_function_from_the_template_builds_deploys_and_computes_image_statisti
     let photo_key = "fashion-mnist/coffee.png";
     std::fs::write(h.store.join("datasets").join(photo_key), &photo).expect("write photo");
 
-    let resp = h
-        .client
-        .put(format!("{}/v1/functions/image-stats", h.url))
-        .bearer_auth(ALICE)
-        .body(wasm)
-        .send()
-        .await
-        .expect("PUT");
-    assert_eq!(
-        resp.status(),
-        201,
-        "{}",
-        resp.text().await.unwrap_or_default()
-    );
+    deploy(&h, "image-stats", wasm).await;
 
     let mut keys: Vec<String> = SAMPLES.iter().map(|&i| sample_key(i)).collect();
     keys.push(photo_key.to_string());
@@ -144,16 +145,7 @@ async fn a_function_from_the_template_builds_deploys_and_computes_image_statisti
             .await;
         let (shape, values) = features(resp).await;
         assert_eq!(shape, [keys.len(), row], "{space}");
-        for (i, (got, bytes)) in values.chunks_exact(row).zip(&objects).enumerate() {
-            let want = expected(bytes, rgb);
-            for (g, w) in got.iter().zip(&want) {
-                assert!(
-                    (g - w).abs() <= 1e-3 * w.abs().max(1.0),
-                    "{space} {}: {got:?} != {want:?}",
-                    keys[i]
-                );
-            }
-        }
+        assert_stats(&values, row, &keys, &objects, rgb);
     }
     // The photo is RGB: its channels differ, unlike a grayscale sample's.
     let photo_row = expected(&photo, true);
@@ -258,9 +250,33 @@ async fn cargo_component_builds_deploy_and_answer_as_plain_builds_do() {
         "not a separate build"
     );
 
-    let h = TestHost::start().await;
+    // On wasm32-wasip1, std seeds a HashMap through `wasi:random/random` (wasm32-wasip2 uses
+    // `insecure-seed`, which every component gets), and feature-extract's WebP decoder keeps
+    // one: its cargo-component build needs the `random` capability. The template's does not.
+    let h = common::start_tenants(|store, state| {
+        common::policy_text(store, state).replace(
+            "deploy = true\n",
+            "deploy = true\ncapabilities = [\"random\"]\n",
+        )
+    })
+    .await;
+    let fe_bytes = fe.clone();
     deploy(&h, "fe-cc", fe).await;
-    deploy(&h, "stats-cc", stats).await;
+    deploy(&h, "stats-cc", stats.clone()).await;
+    // Without `random`, the template's build deploys; feature-extract's is refused, naming it.
+    let plain_host = TestHost::start().await;
+    deploy(&plain_host, "stats-cc", stats).await;
+    let resp = plain_host
+        .client
+        .put(format!("{}/v1/functions/fe-cc", plain_host.url))
+        .bearer_auth(ALICE)
+        .body(fe_bytes)
+        .send()
+        .await
+        .expect("PUT");
+    let (code, message) = error_code(resp, 422).await;
+    assert_eq!(code, "bad_component");
+    assert!(message.contains("wasi:random/random"), "{message}");
     let keys: Vec<String> = SAMPLES.iter().map(|&i| sample_key(i)).collect();
     let body = json!({"bucket": "datasets", "keys": keys, "model": "resnet18", "split": 3});
     let (shape, plain) = features(h.warm(ALICE, "feature-extract", body.clone()).await).await;
@@ -275,14 +291,9 @@ async fn cargo_component_builds_deploy_and_answer_as_plain_builds_do() {
         .await;
     let (shape, values) = features(resp).await;
     assert_eq!(shape, [keys.len(), 4]);
-    for (got, key) in values.chunks_exact(4).zip(&keys) {
-        let bytes = std::fs::read(h.store.join("datasets").join(key)).expect("object");
-        let want = expected(&bytes, false);
-        for (g, w) in got.iter().zip(&want) {
-            assert!(
-                (g - w).abs() <= 1e-3 * w.abs().max(1.0),
-                "{key}: {got:?} != {want:?}"
-            );
-        }
-    }
+    let objects: Vec<Vec<u8>> = keys
+        .iter()
+        .map(|k| std::fs::read(h.store.join("datasets").join(k)).expect("object"))
+        .collect();
+    assert_stats(&values, 4, &keys, &objects, false);
 }

@@ -6,6 +6,15 @@ use hapi_model::{Manifest, ModelPackage};
 use std::path::Path;
 use std::process::{Command, Output};
 
+/// This package's directory: the run-time value first (clones sharing a build directory may
+/// share this test binary, and the path compiled into it may be another clone's).
+fn package_dir() -> std::path::PathBuf {
+    std::env::var_os("CARGO_MANIFEST_DIR").map_or_else(
+        || std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")),
+        std::path::PathBuf::from,
+    )
+}
+
 fn python() -> String {
     std::env::var("HAPI_PYTHON").expect(
         "HAPI_PYTHON is not set: run the tests through `cargo xtask test`, or `source <(cargo xtask env)` first",
@@ -48,7 +57,7 @@ fn failed(out: &Output) -> String {
 fn sources() -> tempfile::TempDir {
     let dir = tempfile::tempdir().expect("tempdir");
     std::fs::copy(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/tinynets.py"),
+        package_dir().join("tests/tinynets.py"),
         dir.path().join("tinynets.py"),
     )
     .expect("copy tinynets.py");
@@ -279,7 +288,7 @@ fn every_manifest_follows_the_schema() {
             .collect();
     assert!(manifests.len() >= 7, "{manifests:?}");
     manifests.push(d.join("models/tiny_py/manifest.json"));
-    let schema = Path::new(env!("CARGO_MANIFEST_DIR")).join("manifest.schema.json");
+    let schema = package_dir().join("manifest.schema.json");
     let script = "import json, sys, jsonschema\n\
         schema = json.load(open(sys.argv[1]))\n\
         jsonschema.Draft202012Validator.check_schema(schema)\n\

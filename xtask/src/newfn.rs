@@ -119,7 +119,10 @@ mod tests {
     fn the_template_is_rendered_with_the_wit_beside_it_and_never_over_existing_files() {
         let tmp = std::env::temp_dir().join(format!("xtask-newfn-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&tmp);
-        let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        // The run-time value first: clones sharing a build directory may share this binary.
+        let manifest_dir = std::env::var_os("CARGO_MANIFEST_DIR")
+            .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from);
+        let workspace = manifest_dir.join("..");
         let dir = tmp.join("my-fn");
         assert_eq!(create(&workspace, "my-fn", &dir), Ok(8));
         let cargo = std::fs::read_to_string(dir.join("Cargo.toml")).expect("Cargo.toml");

@@ -226,12 +226,6 @@ impl std::fmt::Debug for Job {
     }
 }
 
-/// Opens the bucket's object store (`hapi_data::open_bucket`: the meaning of `--store` and
-/// `--bucket` every tool shares).
-pub fn open_bucket(store: &str, bucket: &str) -> anyhow::Result<Arc<dyn ObjectStore>> {
-    hapi_data::open_bucket(store, bucket, false)
-}
-
 /// A line above the progress bar, or on stderr when there is no bar to print above.
 fn log(pb: &ProgressBar, line: &str) {
     if pb.is_hidden() {
@@ -282,7 +276,7 @@ impl Job {
                 .enable_all()
                 .build()?,
         );
-        let store = open_bucket(&cfg.store, &cfg.bucket)?;
+        let store = hapi_data::open_bucket(&cfg.store, &cfg.bucket, false)?;
         let limits = Limits {
             train: cfg.train_limit,
             test: cfg.test_limit,

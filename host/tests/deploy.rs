@@ -11,16 +11,6 @@ use serde_json::json;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-async fn put(h: &TestHost, token: &str, name: &str, body: Vec<u8>) -> reqwest::Response {
-    h.client
-        .put(format!("{}/v1/functions/{name}", h.url))
-        .bearer_auth(token)
-        .body(body)
-        .send()
-        .await
-        .expect("request")
-}
-
 async fn delete(h: &TestHost, token: &str, name: &str) -> reqwest::Response {
     h.client
         .delete(format!("{}/v1/functions/{name}", h.url))
@@ -63,7 +53,7 @@ async fn uploads_that_are_not_granted_components_are_rejected_before_compiling()
         ),
     ] {
         let started = Instant::now();
-        let (code, message) = error_code(put(&h, ALICE, "mine", body).await, 422).await;
+        let (code, message) = error_code(h.put_function(ALICE, "mine", body).await, 422).await;
         assert_eq!(code, "bad_component", "{message}");
         assert!(message.contains(needle), "{needle}: {message}");
         assert!(
@@ -81,7 +71,7 @@ async fn uploads_that_are_not_granted_components_are_rejected_before_compiling()
     );
     assert!(files(&state.join("functions/alice")).is_empty());
     // A tenant without the deploy right cannot upload at all.
-    let (code, _) = error_code(put(&h, BOB, "mine", wasm("hostile")).await, 403).await;
+    let (code, _) = error_code(h.put_function(BOB, "mine", wasm("hostile")).await, 403).await;
     assert_eq!(code, "deploy_not_allowed");
 }
 
@@ -89,7 +79,9 @@ async fn uploads_that_are_not_granted_components_are_rejected_before_compiling()
 async fn a_deployed_function_is_invoked_listed_and_removed_with_its_code() {
     let h = TestHost::start().await;
     let state = h.policy_path.with_file_name("state");
-    let resp = put(&h, ALICE, "mine", variant("hostile", "mine")).await;
+    let resp = h
+        .put_function(ALICE, "mine", variant("hostile", "mine"))
+        .await;
     assert_eq!(resp.status(), 201);
     let info: serde_json::Value = resp.json().await.expect("json");
     let sha = info["sha256"].as_str().expect("sha256").to_string();
@@ -135,12 +127,14 @@ async fn a_deployed_function_is_invoked_listed_and_removed_with_its_code() {
     assert_eq!(code, "function_not_found");
     // Redeployed with other bytes: the old code goes.
     assert_eq!(
-        put(&h, ALICE, "mine", wasm("sleeper")).await.status(),
+        h.put_function(ALICE, "mine", wasm("sleeper"))
+            .await
+            .status(),
         422,
         "not granted clocks"
     );
     assert_eq!(
-        put(&h, ALICE, "mine", variant("hostile", "mine-2"))
+        h.put_function(ALICE, "mine", variant("hostile", "mine-2"))
             .await
             .status(),
         201
@@ -158,7 +152,12 @@ async fn a_deployed_function_is_invoked_listed_and_removed_with_its_code() {
 async fn every_route_checks_names_and_nothing_outside_a_tenants_files_is_touched() {
     let h = TestHost::start().await;
     let state = h.policy_path.with_file_name("state");
-    assert_eq!(put(&h, ALICE, "mine", wasm("hostile")).await.status(), 201);
+    assert_eq!(
+        h.put_function(ALICE, "mine", wasm("hostile"))
+            .await
+            .status(),
+        201
+    );
     for name in [
         "..%2Fbob%2Ffeature-extract",
         "..%2F..%2Fpolicy.toml",
@@ -169,7 +168,7 @@ async fn every_route_checks_names_and_nothing_outside_a_tenants_files_is_touched
     ] {
         let (code, message) = error_code(delete(&h, ALICE, name).await, 400).await;
         assert_eq!(code, "bad_name", "{name}: {message}");
-        let (code, _) = error_code(put(&h, ALICE, name, wasm("hostile")).await, 400).await;
+        let (code, _) = error_code(h.put_function(ALICE, name, wasm("hostile")).await, 400).await;
         assert_eq!(code, "bad_name", "{name}");
         let (code, _) = error_code(
             h.invoke(
@@ -186,7 +185,7 @@ async fn every_route_checks_names_and_nothing_outside_a_tenants_files_is_touched
     // The operator's functions cannot be replaced or removed through the API.
     let (code, _) = error_code(delete(&h, ALICE, "feature-extract").await, 409).await;
     assert_eq!(code, "function_managed_by_policy");
-    let (code, _) = error_code(put(&h, ALICE, "hostile", wasm("hostile")).await, 409).await;
+    let (code, _) = error_code(h.put_function(ALICE, "hostile", wasm("hostile")).await, 409).await;
     assert_eq!(code, "function_managed_by_policy");
     // Everything is where it was; the host starts again from the same state.
     assert_eq!(files(&state.join("functions/alice")), ["mine.wasm"]);
@@ -216,23 +215,24 @@ async fn function_quotas_obeyed_and_violated() {
         hostile("x").len()
     );
     let t0 = tenant_token(0);
-    assert_eq!(put(&h, &t0, "a", hostile("a")).await.status(), 201);
-    assert_eq!(put(&h, &t0, "b", hostile("b")).await.status(), 201);
+    assert_eq!(h.put_function(&t0, "a", hostile("a")).await.status(), 201);
+    assert_eq!(h.put_function(&t0, "b", hostile("b")).await.status(), 201);
     // Replacing one of them stays within the count.
-    assert_eq!(put(&h, &t0, "b", hostile("b2")).await.status(), 201);
-    let (code, message) = error_code(put(&h, &t0, "c", hostile("c")).await, 403).await;
+    assert_eq!(h.put_function(&t0, "b", hostile("b2")).await.status(), 201);
+    let (code, message) = error_code(h.put_function(&t0, "c", hostile("c")).await, 403).await;
     assert_eq!(code, "quota_exceeded", "{message}");
     assert!(message.contains("may keep 2"), "{message}");
     assert_eq!(delete(&h, &t0, "b").await.status(), 204);
-    assert_eq!(put(&h, &t0, "c", hostile("c")).await.status(), 201);
+    assert_eq!(h.put_function(&t0, "c", hostile("c")).await.status(), 201);
     // Bytes: two fit in 200 KiB, a third does not; one larger than the quota is not even read.
     let t1 = tenant_token(1);
-    assert_eq!(put(&h, &t1, "a", hostile("a")).await.status(), 201);
-    assert_eq!(put(&h, &t1, "b", hostile("b")).await.status(), 201);
-    let (code, message) = error_code(put(&h, &t1, "c", hostile("c")).await, 403).await;
+    assert_eq!(h.put_function(&t1, "a", hostile("a")).await.status(), 201);
+    assert_eq!(h.put_function(&t1, "b", hostile("b")).await.status(), 201);
+    let (code, message) = error_code(h.put_function(&t1, "c", hostile("c")).await, 403).await;
     assert_eq!(code, "quota_exceeded", "{message}");
     assert!(message.contains("quota is 204800"), "{message}");
-    let (code, message) = error_code(put(&h, &t1, "d", wasm("feature-extract")).await, 413).await;
+    let (code, message) =
+        error_code(h.put_function(&t1, "d", wasm("feature-extract")).await, 413).await;
     assert_eq!(code, "body_too_large", "{message}");
 }
 
@@ -247,10 +247,15 @@ async fn compiled_code_is_kept_per_tenant() {
     let state = h.policy_path.with_file_name("state");
     let bytes = variant("hostile", "shared");
     assert_eq!(
-        put(&h, &tenant_token(0), "a", bytes.clone()).await.status(),
+        h.put_function(&tenant_token(0), "a", bytes.clone())
+            .await
+            .status(),
         201
     );
-    assert_eq!(put(&h, &tenant_token(1), "a", bytes).await.status(), 201);
+    assert_eq!(
+        h.put_function(&tenant_token(1), "a", bytes).await.status(),
+        201
+    );
     // The same bytes, compiled for each tenant and cached apart: one tenant's upload tells
     // another nothing (its own compile takes as long as the first).
     let mine = files(&state.join("compiled/t0"));
@@ -325,7 +330,7 @@ async fn the_compile_queue_is_bounded() {
     let uploads = (0..tenants).map(|t| {
         let (h, bytes) = (&h, bytes.clone());
         async move {
-            put(h, &tenant_token(t), "big", bytes)
+            h.put_function(&tenant_token(t), "big", bytes)
                 .await
                 .status()
                 .as_u16()

@@ -179,20 +179,9 @@ async fn a_function_from_the_template_builds_deploys_and_computes_image_statisti
     assert!(message.contains("fashion-mnist/corrupt.png"), "{message}");
 }
 
-/// `PUT /v1/functions/{name}` as alice.
-async fn put(h: &TestHost, name: &str, wasm: Vec<u8>) -> reqwest::Response {
-    h.client
-        .put(format!("{}/v1/functions/{name}", h.url))
-        .bearer_auth(ALICE)
-        .body(wasm)
-        .send()
-        .await
-        .expect("PUT")
-}
-
-/// [`put`]; panics unless the host took it.
+/// `PUT /v1/functions/{name}` as alice; panics unless the host took it.
 async fn deploy(h: &TestHost, name: &str, wasm: Vec<u8>) {
-    let resp = put(h, name, wasm).await;
+    let resp = h.put_function(ALICE, name, wasm).await;
     let status = resp.status();
     assert_eq!(
         status,
@@ -270,7 +259,7 @@ async fn cargo_component_builds_deploy_and_answer_as_plain_builds_do() {
     // Without `random`, the template's build deploys; feature-extract's is refused, naming it.
     let plain_host = TestHost::start().await;
     deploy(&plain_host, "stats-cc", stats).await;
-    let resp = put(&plain_host, "fe-cc", fe_bytes).await;
+    let resp = plain_host.put_function(ALICE, "fe-cc", fe_bytes).await;
     let (code, message) = error_code(resp, 422).await;
     assert_eq!(code, "bad_component");
     assert!(message.contains("wasi:random/random"), "{message}");

@@ -78,22 +78,6 @@ fn unit() -> f32 {
 }
 
 impl InputSpec {
-    /// torchvision's ImageNet recipe: (3, crop, crop), shorter side, bilinear, RGB, NCHW, [0, 1].
-    pub fn imagenet(resize: u32, crop: u32, mean: [f32; 3], std: [f32; 3]) -> Self {
-        Self {
-            shape: vec![3, i64::from(crop), i64::from(crop)],
-            resize,
-            crop,
-            mean,
-            std,
-            resize_mode: shorter(),
-            interpolation: bilinear(),
-            channel_order: rgb(),
-            layout: nchw(),
-            scale: unit(),
-        }
-    }
-
     /// The preprocessing this model expects, as both tiers run it; an error names the field
     /// that is not one of its values.
     pub fn try_transform(&self) -> Result<hapi_preprocess::Transform, String> {

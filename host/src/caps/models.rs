@@ -50,21 +50,16 @@ impl wit::Host for ModelsCtx {
         };
         use hapi_preprocess::{ChannelOrder, Filter, Layout, ResizeMode};
         let t = m.input.transform();
-        let [channels, height, width] = match t.layout {
-            Layout::Nchw => t.sample_shape(),
-            Layout::Nhwc => {
-                let [h, w, c] = t.sample_shape();
-                [c, h, w]
-            }
-        };
         let info = wit::ModelInfo {
             name: m.name.clone(),
             layers: m.layers.len() as u32,
             freeze_index: m.freeze_index as u32,
             input: wit::InputSpec {
-                channels,
-                height,
-                width,
+                // A loaded manifest's input shape is what its preprocessing makes (checked when
+                // it is read): three channels of crop x crop, laid out as `layout` says.
+                channels: 3,
+                height: t.crop,
+                width: t.crop,
                 resize: t.resize,
                 crop: t.crop,
                 mean: t.mean.to_vec(),

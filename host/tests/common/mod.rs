@@ -276,6 +276,17 @@ impl TestHost {
     ) -> reqwest::Response {
         invoke_at(&self.client, &self.url, token, function, body).await
     }
+
+    /// `PUT /v1/functions/{name}` with `token` and the component `body`.
+    pub async fn put_function(&self, token: &str, name: &str, body: Vec<u8>) -> reqwest::Response {
+        self.client
+            .put(format!("{}/v1/functions/{name}", self.url))
+            .bearer_auth(token)
+            .body(body)
+            .send()
+            .await
+            .expect("request")
+    }
 }
 
 /// `GET {url}/v1/models/{model}/profile`, read with tenant 0's token.

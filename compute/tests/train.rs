@@ -78,6 +78,10 @@ models = "{models}"
 state = "{state}"
 device = "cpu"
 operator_token_sha256 = "{operator}"
+# Device batches made from each call alone, not pooled with the job's other calls in flight:
+# libtorch's kernels round differently at different batch sizes (last bits of a feature), and
+# two jobs compared loss for loss must see the same batches, not those timing made.
+pool = false
 
 [tenants.trainer]
 token_sha256 = "{hash}"

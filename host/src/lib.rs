@@ -72,9 +72,12 @@ impl Host {
         let h = &policy.host;
         let device = hapi_model::device::parse(&h.device)?;
         let models = Arc::new(
-            Models::open(&h.models, device, Some(h.state.join("memory")))
-                .with_context(|| format!("reading model packages in {}", h.models.display()))?,
+            Models::open(&policy, device, Some(h.state.join("memory")))
+                .context("reading the model packages")?,
         );
+        if h.measure_at_start {
+            models.measure_ahead(&models.usable(&policy));
+        }
         let store = store::Store::open(&h.store)
             .with_context(|| format!("opening the object store {:?}", h.store))?;
         let device = Device::start(
@@ -121,11 +124,29 @@ impl Host {
     }
 
     /// Replaces the policy (SIGHUP). In-flight invocations finish under the settings they
-    /// started with; admission counts carry over. Returns the host settings that changed but
-    /// take effect only at the next restart.
-    pub fn reload(&self, policy: Policy) -> anyhow::Result<Vec<&'static str>> {
-        let restart = self.policy().host.restart_only_changes(&policy.host);
+    /// started with; admission counts carry over. The model directories are read again (new
+    /// packages measured first when `measure_at_start`). Returns what changed but takes effect
+    /// only at the next restart: host settings, and model packages changed on disk.
+    pub fn reload(&self, policy: Policy) -> anyhow::Result<Vec<String>> {
+        let mut restart: Vec<String> = self
+            .policy()
+            .host
+            .restart_only_changes(&policy.host)
+            .into_iter()
+            .map(str::to_string)
+            .collect();
+        let found = policy::packages::PolicyModels::read(&policy).map_err(anyhow::Error::msg)?;
         self.functions.load_all(&self.runtime, &policy)?;
+        let models = self.runtime.models();
+        restart.extend(
+            models
+                .reload(&found)
+                .into_iter()
+                .map(|id| format!("model package `{id}` (its files changed)")),
+        );
+        if policy.host.measure_at_start {
+            models.measure_ahead(&models.usable(&policy));
+        }
         self.admissions.reload(&policy);
         *self.policy.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(policy);
         Ok(restart)
@@ -199,14 +220,14 @@ impl Host {
         self.functions.undeploy(&self.runtime, tenant, name)
     }
 
-    /// Per-layer time, output size and memory of `model` on this host's device (loaded and
-    /// measured on first use).
-    pub async fn profile(&self, model: &str) -> Result<ModelProfile, DeviceError> {
+    /// Per-layer time, output size and memory of model `id` on this host's device (loaded and
+    /// measured on first use), reported under the tenant's name for it, `model`.
+    pub async fn profile(&self, id: &str, model: &str) -> Result<ModelProfile, DeviceError> {
         let deadline = Deadline::new(PROFILE_TIMEOUT);
-        let pin = self.device.acquire(model, &deadline).await?;
+        let pin = self.device.acquire(id, &deadline).await?;
         let models = Arc::clone(self.runtime.models());
-        let (name, package) = (model.to_string(), Arc::clone(&pin.model));
-        let layers = tokio::task::spawn_blocking(move || models.profile(&name, &package))
+        let (id, package) = (id.to_string(), Arc::clone(&pin.model));
+        let layers = tokio::task::spawn_blocking(move || models.profile(&id, &package))
             .await
             .map_err(|e| DeviceError::Failed(format!("profile worker: {e}")))?
             .map_err(DeviceError::Failed)?;

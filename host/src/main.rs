@@ -28,8 +28,14 @@ enum Command {
     },
     /// Print the sha256 of a token, for a tenant's `token_sha256` or the operator's.
     HashToken { token: String },
-    /// Check a policy file (every key, range and model name) and print its tenants.
+    /// Check a policy file (every key, range and model package) and print its tenants.
     Check {
+        #[arg(long)]
+        policy: PathBuf,
+    },
+    /// Make and keep (in the state directory) the memory model of every model a tenant may use,
+    /// on the policy's device: what `serve` would do before serving, done at install time.
+    Measure {
         #[arg(long)]
         policy: PathBuf,
     },
@@ -101,15 +107,36 @@ async fn main() -> anyhow::Result<()> {
         Command::HashToken { token } => println!("{}", hash_token(&token)),
         Command::Check { policy } => {
             let p = Policy::load(&policy)?;
+            let found =
+                hapi_host::policy::packages::PolicyModels::read(&p).map_err(anyhow::Error::msg)?;
             for t in p.tenants.values() {
+                let private: Vec<&String> = found
+                    .private
+                    .get(&t.name)
+                    .map(|m| m.keys().collect())
+                    .unwrap_or_default();
                 println!(
-                    "{}: {} grant(s), models {:?}, limits {:?}",
+                    "{}: {} grant(s), models {:?}, private models {:?}, limits {:?}",
                     t.name,
                     t.grants.len(),
                     t.models,
+                    private,
                     t.limits
                 );
             }
+        }
+        Command::Measure { policy } => {
+            let p = Policy::load(&policy)?;
+            let device = hapi_model::device::parse(&p.host.device)?;
+            let models =
+                hapi_host::models::Models::open(&p, device, Some(p.host.state.join("memory")))?;
+            let ids = models.usable(&p);
+            models.measure_ahead(&ids);
+            println!(
+                "{} model(s) measured or already kept on {device:?} in {}",
+                ids.len(),
+                p.host.state.join("memory").display()
+            );
         }
         Command::Serve {
             policy: path,

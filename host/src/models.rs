@@ -1,19 +1,32 @@
-//! The model packages this host serves: manifests read at start, packages loaded when the
-//! device asks (it decides what stays loaded), and per-model measurements made once and kept:
-//! the memory model ([`crate::memory`]) and the per-layer profile.
+//! The model packages this host serves, and per-model measurements made once and kept: the
+//! memory model ([`crate::memory`]) and the per-layer profile.
 //!
-//! A memory model is also kept on disk (`<state>/memory/`), keyed by the package's manifest and
-//! the device, and shared within the process: a restarted host, or a second host in the same
-//! process, plans with the same model instead of measuring again (seconds per model, and a
-//! measurement that varies a little from run to run).
+//! **The catalog.** Packages come from the policy's `host.models` directories (shared: a tenant
+//! may use those its `models` names) and from each tenant's `private_models` directories
+//! (that tenant's alone: listed, described and loadable by it only). A tenant names a model by
+//! its manifest name; names are scoped per tenant, so two tenants may each have a private
+//! `mynet`. Inside the host a model is known by its id: the name for a shared package,
+//! `<tenant>/<name>` for a private one (manifest names cannot hold `/`), which is what the device
+//! loads, charges and reports. A policy reload reads the directories again: packages appear and
+//! disappear; one whose files changed keeps serving as first read until a restart (the device
+//! may hold it loaded), and the reload says so.
+//!
+//! **Measured before serving.** The memory model of every package some tenant may use is made
+//! when the host starts (or when a reload adds it), with progress in the log, so that no
+//! tenant's first call waits for it. It is kept on disk (`<state>/memory/`), keyed by the
+//! package's manifest and the device, and shared within the process: a restarted host, or a
+//! second host in the same process, plans with the same model instead of measuring again.
 
 use crate::memory;
+use crate::policy::packages::{Found, PolicyModels};
+use crate::policy::{Policy, Tenant};
 use hapi_model::profile::profile_layers;
-use hapi_model::{Manifest, ModelPackage, list_packages};
+use hapi_model::{Manifest, ModelPackage};
 use hapi_wire::profile::{LayerProfile, ModelMemory};
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock};
+use std::time::Instant;
 use tch::Device;
 
 /// Batch size of the profile endpoint's measurements.
@@ -26,14 +39,29 @@ type Slot<T> = Arc<OnceLock<Result<Arc<T>, String>>>;
 /// Bumped when the measurement changes, so that kept models of an older one are not used.
 const MEMORY_MODEL_VERSION: u32 = 1;
 
+#[derive(Debug, Clone)]
+struct Entry {
+    found: Found,
+    /// What identifies the memory model: the package's manifest, the device, the measurement.
+    memory_key: String,
+}
+
+/// Packages by id (`name`, or `tenant/name` for a private one).
+#[derive(Debug, Default)]
+struct Catalog {
+    entries: BTreeMap<String, Entry>,
+}
+
+/// The id of tenant `tenant`'s private model `name`.
+pub fn private_id(tenant: &str, name: &str) -> String {
+    format!("{tenant}/{name}")
+}
+
 #[derive(Debug)]
 pub struct Models {
     device: Device,
-    manifests: BTreeMap<String, (PathBuf, Manifest)>,
+    catalog: RwLock<Arc<Catalog>>,
     profiles: Mutex<HashMap<String, Slot<Vec<LayerProfile>>>>,
-    /// What identifies each model's memory model: the package's manifest, the device, the
-    /// measurement.
-    memory_keys: BTreeMap<String, String>,
     /// Where memory models are kept across restarts.
     kept: Option<PathBuf>,
 }
@@ -45,62 +73,216 @@ fn measured(key: &str) -> Slot<ModelMemory> {
     Models::slot(M.get_or_init(Mutex::default), key)
 }
 
+/// A model as a tenant sees it: its id on this host and its manifest.
+#[derive(Debug, Clone)]
+pub struct Resolved {
+    pub id: String,
+    pub manifest: Arc<Manifest>,
+}
+
 impl Models {
-    /// Reads every package manifest under `dir`; a broken package is an error naming it.
-    /// Memory models are kept under `kept` (created if need be).
-    pub fn open(dir: &Path, device: Device, kept: Option<PathBuf>) -> anyhow::Result<Self> {
-        let (mut manifests, mut memory_keys) = (BTreeMap::new(), BTreeMap::new());
-        for pkg in list_packages(dir)? {
-            let m = Manifest::load(&pkg)?;
-            let file = pkg.join("manifest.json");
-            let bytes = std::fs::read(&file)
-                .map_err(|e| anyhow::anyhow!("reading {}: {e}", file.display()))?;
-            let digest = crate::policy::hash_bytes(&bytes);
-            let key = format!(
-                "{}-{}-{device:?}-v{MEMORY_MODEL_VERSION}",
-                m.name,
-                &digest[..16]
-            );
-            memory_keys.insert(m.name.clone(), key);
-            manifests.insert(m.name.clone(), (pkg, m));
-        }
+    /// The catalog of `policy`'s packages (see the module's doc). Memory models are kept under
+    /// `kept` (created if need be).
+    pub fn open(policy: &Policy, device: Device, kept: Option<PathBuf>) -> anyhow::Result<Self> {
+        let found = PolicyModels::read(policy).map_err(anyhow::Error::msg)?;
         if let Some(k) = &kept {
             std::fs::create_dir_all(k)?;
         }
-        Ok(Self {
+        let models = Self {
             device,
-            manifests,
+            catalog: RwLock::default(),
             profiles: Mutex::default(),
-            memory_keys,
             kept,
-        })
+        };
+        *models
+            .catalog
+            .write()
+            .unwrap_or_else(PoisonError::into_inner) = Arc::new(models.catalog_of(&found, None).0);
+        Ok(models)
+    }
+
+    fn catalog_of(&self, found: &PolicyModels, old: Option<&Catalog>) -> (Catalog, Vec<String>) {
+        let device = self.device;
+        let mut changed = Vec::new();
+        let mut entries = BTreeMap::new();
+        let ids = found
+            .shared
+            .iter()
+            .map(|(name, f)| (name.clone(), f))
+            .chain(found.private.iter().flat_map(|(tenant, mine)| {
+                mine.iter()
+                    .map(move |(name, f)| (private_id(tenant, name), f))
+            }));
+        for (id, f) in ids {
+            let mut entry = Entry {
+                memory_key: format!(
+                    "{}-{}-{device:?}-v{MEMORY_MODEL_VERSION}",
+                    f.manifest.name,
+                    &f.manifest_digest[..16]
+                ),
+                found: f.clone(),
+            };
+            if let Some(before) = old.and_then(|c| c.entries.get(&id))
+                && before.found.fingerprint != f.fingerprint
+            {
+                // The device may hold the package as first read; serving the new files under
+                // the same id would mix the two.
+                changed.push(id.clone());
+                entry = before.clone();
+            }
+            entries.insert(id, entry);
+        }
+        (Catalog { entries }, changed)
+    }
+
+    fn catalog(&self) -> Arc<Catalog> {
+        Arc::clone(&self.catalog.read().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    /// Reads the packages of `policy` again. Returns the ids of packages whose files changed:
+    /// they keep serving as first read until the host restarts.
+    pub fn reload(&self, found: &PolicyModels) -> Vec<String> {
+        let old = self.catalog();
+        let (catalog, changed) = self.catalog_of(found, Some(&old));
+        *self.catalog.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(catalog);
+        changed
+    }
+
+    /// The ids of the models some tenant of `policy` may use.
+    pub fn usable(&self, policy: &Policy) -> Vec<String> {
+        let catalog = self.catalog();
+        let mut ids: Vec<String> = catalog
+            .entries
+            .keys()
+            .filter(|id| match id.split_once('/') {
+                Some((tenant, _)) => policy.tenants.contains_key(tenant),
+                None => policy.tenants.values().any(|t| t.models.contains(*id)),
+            })
+            .cloned()
+            .collect();
+        ids.sort();
+        ids
+    }
+
+    /// Makes the memory model of every model in `ids` that is neither in this process nor kept
+    /// on disk, logging progress. A model that fails to load or measure is logged and left to
+    /// fail at first use with the same error (the others still get measured).
+    pub fn measure_ahead(&self, ids: &[String]) {
+        let catalog = self.catalog();
+        let mut todo = Vec::new();
+        for id in ids {
+            let Some(e) = catalog.entries.get(id) else {
+                continue;
+            };
+            if self.kept_model(e).is_some() {
+                continue;
+            }
+            match measured(&e.memory_key).get() {
+                // Measured by another host of this process: kept here too.
+                Some(Ok(m)) => self.keep(e, m),
+                _ => todo.push(id),
+            }
+        }
+        if todo.is_empty() {
+            return;
+        }
+        let started = Instant::now();
+        tracing::info!(
+            "measuring the memory model of {} model(s) on {:?} before serving ({} already kept)",
+            todo.len(),
+            self.device,
+            ids.len() - todo.len()
+        );
+        for (i, id) in todo.iter().enumerate() {
+            tracing::info!(
+                "memory model {}/{}: `{id}`: loading and measuring",
+                i + 1,
+                todo.len()
+            );
+            let result = self.load(id).and_then(|pkg| self.memory(id, &pkg));
+            if let Err(e) = result {
+                tracing::error!("memory model {}/{}: `{id}`: {e}", i + 1, todo.len());
+            }
+        }
+        tracing::info!(
+            "memory models ready in {:.1}s",
+            started.elapsed().as_secs_f64()
+        );
+    }
+
+    /// Model `name` as `tenant` may use it: its private package of that name, else a shared one
+    /// it is granted. `None` for a model it may not use, whether or not it exists.
+    pub fn resolve(&self, tenant: &Tenant, name: &str) -> Option<Resolved> {
+        // A name with `/` could only be another tenant's id.
+        if name.contains('/') {
+            return None;
+        }
+        let catalog = self.catalog();
+        let private = private_id(&tenant.name, name);
+        let id = if catalog.entries.contains_key(&private) {
+            private
+        } else if tenant.models.contains(name) && catalog.entries.contains_key(name) {
+            name.to_string()
+        } else {
+            return None;
+        };
+        let manifest = Arc::clone(&catalog.entries[&id].found.manifest);
+        Some(Resolved { id, manifest })
+    }
+
+    /// Every model `tenant` may use, by the name it uses.
+    pub fn visible(&self, tenant: &Tenant) -> Vec<(String, Arc<Manifest>)> {
+        let catalog = self.catalog();
+        let mut names: Vec<String> = tenant.models.iter().cloned().collect();
+        let prefix = private_id(&tenant.name, "");
+        names.extend(
+            catalog
+                .entries
+                .keys()
+                .filter_map(|id| id.strip_prefix(&prefix).map(str::to_string)),
+        );
+        names.sort();
+        names.dedup();
+        names
+            .into_iter()
+            .filter_map(|n| self.resolve(tenant, &n).map(|r| (n, r.manifest)))
+            .collect()
     }
 
     pub fn device(&self) -> Device {
         self.device
     }
 
-    pub fn manifests(&self) -> impl Iterator<Item = &Manifest> {
-        self.manifests.values().map(|(_, m)| m)
+    /// The manifest of model `id`.
+    pub fn manifest(&self, id: &str) -> Option<Arc<Manifest>> {
+        self.catalog()
+            .entries
+            .get(id)
+            .map(|e| Arc::clone(&e.found.manifest))
     }
 
-    pub fn manifest(&self, name: &str) -> Option<&Manifest> {
-        self.manifests.get(name).map(|(_, m)| m)
-    }
-
-    /// Bytes of `name`'s weights (f32 parameters), from its manifest.
-    pub fn weights(&self, name: &str) -> Option<u64> {
-        let m = self.manifest(name)?;
+    /// Bytes of `id`'s weights (f32 parameters), from its manifest.
+    pub fn weights(&self, id: &str) -> Option<u64> {
+        let m = self.manifest(id)?;
         Some(m.layers.iter().map(|l| 4 * l.params).sum())
     }
 
-    /// Loads `name` from disk onto this host's device (blocking; the device calls it).
-    pub fn load(&self, name: &str) -> Result<ModelPackage, String> {
-        let (dir, _) = self
-            .manifests
-            .get(name)
-            .ok_or_else(|| format!("no model `{name}` on this host"))?;
-        ModelPackage::load(dir, self.device).map_err(|e| e.to_string())
+    /// Loads `id` from disk onto this host's device (blocking; the device calls it).
+    pub fn load(&self, id: &str) -> Result<ModelPackage, String> {
+        let entry = self
+            .catalog()
+            .entries
+            .get(id)
+            .cloned()
+            .ok_or_else(|| format!("no model `{id}` on this host"))?;
+        let pkg = ModelPackage::load(&entry.found.dir, self.device).map_err(|e| e.to_string())?;
+        if pkg.manifest() != entry.found.manifest.as_ref() {
+            return Err(format!(
+                "model `{id}`: {} changed since the host read it; reload the policy (SIGHUP) to serve the new package",
+                entry.found.dir.display()
+            ));
+        }
+        Ok(pkg)
     }
 
     fn slot<T>(map: &Mutex<HashMap<String, Slot<T>>>, name: &str) -> Slot<T> {
@@ -111,12 +293,13 @@ impl Models {
     /// The memory model of `name`: kept (in this process or on disk), else measured on `pkg`
     /// (concurrent callers wait) and kept.
     pub fn memory(&self, name: &str, pkg: &ModelPackage) -> Result<Arc<ModelMemory>, String> {
-        let key = self
-            .memory_keys
+        let catalog = self.catalog();
+        let entry = catalog
+            .entries
             .get(name)
             .ok_or_else(|| format!("no model `{name}` on this host"))?;
-        measured(key)
-            .get_or_init(|| self.kept_or_measured(name, key, pkg))
+        measured(&entry.memory_key)
+            .get_or_init(|| self.kept_or_measured(name, entry, pkg))
             .clone()
     }
 
@@ -124,30 +307,47 @@ impl Models {
     fn kept_or_measured(
         &self,
         name: &str,
-        key: &str,
+        entry: &Entry,
         pkg: &ModelPackage,
     ) -> Result<Arc<ModelMemory>, String> {
-        let file = self
-            .kept
-            .as_ref()
-            .map(|dir| dir.join(format!("{key}.json")));
-        let kept = file
-            .as_ref()
-            .and_then(|f| std::fs::read(f).ok())
-            .and_then(|b| serde_json::from_slice::<ModelMemory>(&b).ok())
-            .filter(|m| m.layers.len() == pkg.num_layers());
-        if let Some(m) = kept {
+        if let Some(m) = self.kept_model(entry) {
             return Ok(Arc::new(m));
         }
         let m = self.measure(name, pkg)?;
-        if let Some(f) = &file
-            && let Err(e) = serde_json::to_vec(m.as_ref())
-                .map_err(std::io::Error::other)
-                .and_then(|b| std::fs::write(f, b))
+        self.keep(entry, &m);
+        Ok(m)
+    }
+
+    /// Writes `m` where a restarted host finds it, whole or not at all (a failure is logged:
+    /// it only costs a measurement at the next start).
+    fn keep(&self, entry: &Entry, m: &ModelMemory) {
+        let Some(f) = self.kept_file(entry) else {
+            return;
+        };
+        static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let part = f.with_extension(format!("part-{}-{n}", std::process::id()));
+        if let Err(e) = serde_json::to_vec(m)
+            .map_err(std::io::Error::other)
+            .and_then(|b| std::fs::write(&part, b))
+            .and_then(|()| std::fs::rename(&part, &f))
         {
             tracing::warn!("not keeping the memory model at {}: {e}", f.display());
         }
-        Ok(m)
+    }
+
+    fn kept_file(&self, entry: &Entry) -> Option<PathBuf> {
+        self.kept
+            .as_ref()
+            .map(|dir| dir.join(format!("{}.json", entry.memory_key)))
+    }
+
+    /// The memory model kept on disk for `entry`, if any and whole.
+    fn kept_model(&self, entry: &Entry) -> Option<ModelMemory> {
+        self.kept_file(entry)
+            .and_then(|f| std::fs::read(f).ok())
+            .and_then(|b| serde_json::from_slice::<ModelMemory>(&b).ok())
+            .filter(|m| m.layers.len() == entry.found.manifest.layers.len())
     }
 
     fn measure(&self, name: &str, pkg: &ModelPackage) -> Result<Arc<ModelMemory>, String> {

@@ -128,3 +128,244 @@ async fn an_imported_nhwc_bgr_model_is_served_with_its_declared_preprocessing() 
     assert!(diff <= 1e-4, "max |wasm - native| = {diff}");
     assert!(native.iter().any(|v| *v != 0.0));
 }
+
+/// `from` as a package named `name` in `to`: its layer files linked, its manifest renamed.
+fn renamed_package(from: &std::path::Path, to: &std::path::Path, name: &str) {
+    std::fs::create_dir_all(to).expect("mkdir");
+    for entry in std::fs::read_dir(from).expect("package") {
+        let path = entry.expect("entry").path();
+        let file = path.file_name().expect("name");
+        if file != "manifest.json" {
+            std::os::unix::fs::symlink(&path, to.join(file)).expect("link");
+        }
+    }
+    let mut m: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(from.join("manifest.json")).expect("manifest"))
+            .expect("json");
+    m["name"] = json!(name);
+    std::fs::write(to.join("manifest.json"), m.to_string()).expect("write manifest");
+}
+
+async fn model_names(h: &TestHost, token: &str) -> Vec<(String, u64)> {
+    let list: serde_json::Value = h
+        .client
+        .get(format!("{}/v1/models", h.url))
+        .bearer_auth(token)
+        .send()
+        .await
+        .expect("list")
+        .json()
+        .await
+        .expect("json");
+    list.as_array()
+        .expect("array")
+        .iter()
+        .map(|m| {
+            (
+                m["name"].as_str().expect("name").to_string(),
+                m["layers"].as_u64().expect("layers"),
+            )
+        })
+        .collect()
+}
+
+/// Private packages: alice's `mine` (resnet18's layers) and bob's `mine` (EfficientNet-Lite0's)
+/// share a name and never meet; no other tenant lists, describes, profiles or loads either,
+/// not even by the host's internal id; every usable package's memory model is kept before the
+/// first call; a reload serves a new private package and holds back a changed one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn private_models_are_scoped_per_tenant_and_measured_before_serving() {
+    use common::{BOB, TIGHT, error_code};
+    let tmp = tempfile::tempdir().expect("tmp");
+    let d = tmp.path();
+    let (alice_models, bob_models) = (d.join("alice-models"), d.join("bob-models"));
+    renamed_package(
+        &models_dir().join("resnet18"),
+        &alice_models.join("mine"),
+        "mine",
+    );
+    renamed_package(
+        &models_dir().join("efficientnet_lite0"),
+        &bob_models.join("mine"),
+        "mine",
+    );
+    let store = d.join("store");
+    common::write_store(&store);
+    let bob_png = "bob/sample.png";
+    std::fs::copy(
+        store.join("datasets").join(sample_key(0)),
+        store.join("secret").join(bob_png),
+    )
+    .expect("bob's image");
+    let state = d.join("state");
+    let text = common::policy_text(&store, &state)
+        .replace(
+            "\n[tenants.alice.functions]",
+            &format!(
+                "\nprivate_models = \"{}\"\n[tenants.alice.functions]",
+                alice_models.display()
+            ),
+        )
+        .replace(
+            "\n[tenants.bob.functions]",
+            &format!(
+                "\nprivate_models = [\"{}\"]\n[tenants.bob.functions]",
+                bob_models.display()
+            ),
+        );
+    let h = TestHost::start_with(tmp, store, text).await;
+
+    // Measured before serving: a kept memory model per usable package, none for the rest.
+    let kept: Vec<String> = std::fs::read_dir(state.join("memory"))
+        .expect("memory models kept")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    let count = |prefix: &str| kept.iter().filter(|f| f.starts_with(prefix)).count();
+    assert_eq!(count("mine-"), 2, "{kept:?}");
+    assert_eq!(count("resnet18-"), 1, "{kept:?}");
+    assert_eq!(count("efficientnet_lite0-"), 1, "{kept:?}");
+    assert_eq!(kept.len(), 4, "only packages some tenant may use: {kept:?}");
+
+    // Each lists its own `mine`.
+    let alice = model_names(&h, ALICE).await;
+    assert!(alice.contains(&("mine".into(), 15)), "{alice:?}");
+    assert!(
+        alice.contains(&("efficientnet_lite0".into(), 26)),
+        "{alice:?}"
+    );
+    let bob = model_names(&h, BOB).await;
+    assert_eq!(bob, [("mine".into(), 26), ("resnet18".into(), 15)]);
+    assert!(
+        !model_names(&h, TIGHT)
+            .await
+            .iter()
+            .any(|(n, _)| n.contains("mine")),
+        "tight has no private models"
+    );
+
+    // Alice's `mine` is resnet18's weights: the same features.
+    let fe = |model: &str, split: u32, keys: &[String], bucket: &str| json!({"bucket": bucket, "keys": keys, "model": model, "split": split});
+    let keys = vec![sample_key(0), sample_key(1)];
+    let (shape, mine) = features(
+        h.warm(ALICE, "feature-extract", fe("mine", 4, &keys, "datasets"))
+            .await,
+    )
+    .await;
+    let (shape_r, resnet) = features(
+        h.warm(
+            ALICE,
+            "feature-extract",
+            fe("resnet18", 4, &keys, "datasets"),
+        )
+        .await,
+    )
+    .await;
+    assert_eq!((shape.clone(), mine), (shape_r, resnet));
+    assert_eq!(shape, [2, 64, 56, 56]);
+    // Bob's `mine` is EfficientNet-Lite0's: its layer-3 output.
+    let (shape, _) = features(
+        h.warm(
+            BOB,
+            "feature-extract",
+            fe("mine", 3, &[bob_png.to_string()], "secret"),
+        )
+        .await,
+    )
+    .await;
+    let lite0 = hapi_model::Manifest::load(&bob_models.join("mine")).expect("manifest");
+    let want: Vec<usize> = std::iter::once(1)
+        .chain(lite0.layers[2].output_shape.iter().map(|&d| d as usize))
+        .collect();
+    assert_eq!(shape, want);
+
+    // Tight may use neither, by name or by the host's id for alice's.
+    for model in ["mine", "alice/mine", "bob/mine"] {
+        let (code, message) = error_code(
+            h.invoke(TIGHT, "hostile", json!({"bucket": "datasets", "keys": [], "model": "resnet18", "split": 0,
+                "options": {"mode": "graph", "graph": format!("{model}[0..1]"), "dims": "1,3,224,224", "bytes": "602112"}}))
+                .await,
+            422,
+        )
+        .await;
+        assert_eq!(code, "inference_failed", "{message}");
+        // An id is not even a graph name; `mine` is not tight's.
+        let needle = if model.contains('/') {
+            "is not `<model>[a..b]`"
+        } else {
+            "not one tenant `tight` may use"
+        };
+        assert!(message.contains(needle), "{model}: {message}");
+        let resp = h
+            .client
+            .get(format!(
+                "{}/v1/models/{}/profile",
+                h.url,
+                model.replace('/', "%2F")
+            ))
+            .bearer_auth(TIGHT)
+            .send()
+            .await
+            .expect("profile");
+        // An id is not a name the API takes (400 bad_name); `mine` is not tight's (404).
+        let want = if model.contains('/') { 400 } else { 404 };
+        assert_eq!(resp.status().as_u16(), want, "{model}");
+    }
+    // Nor bob alice's, through feature-extract's `describe` and load.
+    let (code, message) = error_code(
+        h.invoke(
+            BOB,
+            "feature-extract",
+            fe("alice/mine", 2, &[bob_png.to_string()], "secret"),
+        )
+        .await,
+        400,
+    )
+    .await;
+    assert_eq!(code, "bad_request", "{message}");
+    assert!(
+        message.contains("not one tenant `bob` may use"),
+        "{message}"
+    );
+
+    // A reload: bob's new package is measured and served; alice's changed one keeps serving as
+    // first read, and the reload says so.
+    renamed_package(
+        &models_dir().join("alexnet"),
+        &bob_models.join("other"),
+        "other",
+    );
+    let manifest = alice_models.join("mine/manifest.json");
+    let mut m: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&manifest).expect("read")).expect("json");
+    m["display_name"] = json!("changed");
+    std::fs::write(&manifest, m.to_string()).expect("write");
+    let policy = hapi_host::policy::Policy::load(&h.policy_path).expect("policy");
+    let host = std::sync::Arc::clone(&h.host);
+    let restart = tokio::task::spawn_blocking(move || host.reload(policy))
+        .await
+        .expect("join")
+        .expect("reloaded");
+    assert_eq!(
+        restart,
+        ["model package `alice/mine` (its files changed)".to_string()]
+    );
+    assert!(
+        std::fs::read_dir(state.join("memory"))
+            .expect("memory")
+            .any(|e| e
+                .expect("entry")
+                .file_name()
+                .to_string_lossy()
+                .starts_with("other-")),
+        "the new package is measured at the reload"
+    );
+    let bob = model_names(&h, BOB).await;
+    assert!(bob.contains(&("other".into(), 22)), "{bob:?}");
+    let (shape, again) = features(
+        h.warm(ALICE, "feature-extract", fe("mine", 4, &keys, "datasets"))
+            .await,
+    )
+    .await;
+    assert_eq!(shape, [2, 64, 56, 56]);
+    assert!(again.iter().any(|v| *v != 0.0));
+}

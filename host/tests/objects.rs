@@ -20,6 +20,7 @@ fn tenant() -> Arc<Tenant> {
             prefix: "fashion-mnist/".into(),
         }],
         models: Default::default(),
+        private_models: Vec::new(),
         limits: Limits {
             max_object: 2048,
             max_read: 3072,

@@ -224,5 +224,65 @@ fn a_model_that_no_package_has_is_named_with_its_line() {
     )
     .expect("write");
     let e = Policy::load(&path).expect_err("no models").to_string();
-    assert!(e.contains("host.models = /nonexistent"), "{e}");
+    assert!(e.contains("host.models: /nonexistent"), "{e}");
+}
+
+#[test]
+fn model_directories_and_private_models_are_checked() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let models = hapi_model::models_dir();
+    // A second directory holding another package named `resnet18`, and one named `mine`.
+    let (extra, private) = (dir.path().join("extra"), dir.path().join("alice"));
+    std::fs::create_dir_all(&extra).expect("mkdir");
+    std::fs::create_dir_all(&private).expect("mkdir");
+    std::os::unix::fs::symlink(models.join("resnet18"), extra.join("copy")).expect("link");
+    std::os::unix::fs::symlink(models.join("resnet18"), private.join("r18")).expect("link");
+    let policy = |host_models: &str, tenant: &str| {
+        format!(
+            "[host]\nstore = \"s\"\nmodels = {host_models}\nstate = \"x\"\n\n[tenants.alice]\ntoken_sha256 = \"{}\"\n{tenant}\n",
+            hash_token("t")
+        )
+    };
+    let path = dir.path().join("p.toml");
+    let load = |text: String| {
+        std::fs::write(&path, text).expect("write");
+        Policy::load(&path).map_err(|e| e.to_string())
+    };
+    let m = format!("\"{}\"", models.display());
+    let both = format!("[{m}, \"{}\"]", extra.display());
+    let e = load(policy(&both, "")).expect_err("one name, two packages");
+    assert!(
+        e.contains("host.models: two packages are named `resnet18`"),
+        "{e}"
+    );
+    assert!(e.contains(&extra.join("copy").display().to_string()), "{e}");
+    for (value, needle) in [
+        ("[]", "host.models: the list is empty"),
+        (
+            "[1]",
+            "host.models: expected a directory or a list of directories, got a integer",
+        ),
+        (&format!("[{m}, {m}]") as &str, "is listed twice"),
+    ] {
+        let e = load(policy(value, "")).expect_err(value);
+        assert!(e.contains(needle), "{value}: {e}");
+        assert!(e.contains("line 3"), "{value}: {e}");
+    }
+    // Private packages: a name that means a granted shared model too is refused with its line;
+    // ungranted, the private one is the tenant's.
+    let mine = format!("private_models = \"{}\"", private.display());
+    let e = load(policy(&m, &format!("models = [\"resnet18\"]\n{mine}"))).expect_err("clash");
+    assert!(e.contains("line 9"), "{e}");
+    assert!(
+        e.contains("tenants.alice.private_models: package `resnet18`")
+            && e.contains("has the name of a shared model in tenants.alice.models"),
+        "{e}"
+    );
+    let p = load(policy(&m, &format!("models = [\"vgg11\"]\n{mine}"))).expect("no clash");
+    assert_eq!(p.tenants["alice"].private_models, [private.clone()]);
+    let e = load(policy(&m, "private_models = [\"/nonexistent\"]")).expect_err("missing");
+    assert!(
+        e.contains("tenants.alice.private_models: /nonexistent"),
+        "{e}"
+    );
 }

@@ -4,6 +4,7 @@
 //! the exporter's Python tools, Fashion-MNIST, model packages) into a cache outside the clone,
 //! so that a fresh clone on a warm machine is ready in seconds.
 
+mod features;
 mod jobs;
 mod layout;
 mod newfn;
@@ -38,6 +39,8 @@ commands:
                      root); table, target/eval-split/summary.json and split-choice.svg
   layout [crate]     the module graph of host/src (or the crate's src/); fails on an import
                      cycle (part of `test`)
+  features           every package builds tch and its dependencies with the workspace's
+                     features, so `cargo run -p <any>` does not rebuild them (part of `test`)
   soak [--tenants N] [--minutes M] [--quiet-neighbours]
                      well-behaved tenants in closed loops beside hostile ones against one
                      hapi-host: 5xx count, per-tenant p50/p99 against solo, resident set over
@@ -66,6 +69,7 @@ fn main() -> ExitCode {
         Some("eval-split") => jobs::eval_split(&args[1..]),
         Some("new-function") => setup::workspace().and_then(|w| newfn::run(&w, &args[1..])),
         Some("layout") => setup::workspace().and_then(|w| layout::run(&w, &args[1..])),
+        Some("features") => setup::workspace().and_then(|w| features::run(&w)),
         Some("soak") => soak(&args[1..]),
         Some("-h" | "--help" | "help") | None => {
             print!("{USAGE}");
@@ -111,6 +115,8 @@ fn test(args: &[String]) -> Result<(), String> {
     if lint {
         sh::step("module layout (no import cycles)");
         layout::run(&env.workspace, &[])?;
+        sh::step("torch crates alike for every package");
+        features::run(&env.workspace)?;
         sh::step("cargo fmt --check");
         env.cargo(&["fmt", "--all", "--check"])?;
         sh::step("cargo clippy");

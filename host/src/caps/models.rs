@@ -38,20 +38,17 @@ impl ModelsCtx {
 impl wit::Host for ModelsCtx {
     async fn describe(&mut self, name: String) -> wasmtime::Result<Result<wit::ModelInfo, String>> {
         let tenant = &self.caller.tenant;
-        if !tenant.models.contains(&name) {
+        let Some(m) = self.models.resolve(tenant, &name).map(|r| r.manifest) else {
             return Ok(Err(format!(
                 "model `{}` is not one tenant `{}` may use",
                 quote(&name),
                 tenant.name
             )));
-        }
-        let Some(m) = self.models.manifest(&name) else {
-            return Ok(Err(format!("no model `{}` on this host", quote(&name))));
         };
         use hapi_preprocess::{ChannelOrder, Filter, Layout, ResizeMode};
         let t = m.input.transform();
         let info = wit::ModelInfo {
-            name: m.name.clone(),
+            name,
             layers: m.layers.len() as u32,
             freeze_index: m.freeze_index as u32,
             input: wit::InputSpec {

@@ -23,12 +23,11 @@ struct ModelInfo<'a> {
 }
 
 pub async fn list(State(host): State<Arc<Host>>, Authed(tenant): Authed) -> impl IntoResponse {
-    let models = host.runtime().models();
+    let models = host.runtime().models().visible(&tenant);
     let list: Vec<ModelInfo<'_>> = models
-        .manifests()
-        .filter(|m| tenant.models.contains(&m.name))
-        .map(|m| ModelInfo {
-            name: &m.name,
+        .iter()
+        .map(|(name, m)| ModelInfo {
+            name,
             display_name: &m.display_name,
             weights: &m.weights,
             layers: m.layers.len(),
@@ -49,11 +48,11 @@ pub async fn profile(
     Authed(tenant): Authed,
     Name(name): Name,
 ) -> Result<impl IntoResponse, ApiError> {
-    if !tenant.models.contains(&name) || host.runtime().models().manifest(&name).is_none() {
+    let Some(model) = host.runtime().models().resolve(&tenant, &name) else {
         return Err(ApiError::new(
             ErrorCode::ModelNotFound,
             format!("no model `{name}` for tenant `{}`", tenant.name),
         ));
-    }
-    Ok(Json(host.profile(&name).await?))
+    };
+    Ok(Json(host.profile(&model.id, &name).await?))
 }

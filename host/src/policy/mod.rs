@@ -8,7 +8,8 @@
 //! [host]
 //! listen = "127.0.0.1:8080"
 //! store = "/var/lib/hapi/store"        # a directory whose subdirectories are buckets
-//! models = "/var/lib/hapi/models"      # model packages
+//! models = "/var/lib/hapi/models"      # model packages; or several: ["/a", "/b"]
+//! measure_at_start = true              # memory models of usable models made before serving
 //! state = "/var/lib/hapi/state"        # deployed functions and their compiled code
 //! device = "auto"                      # auto | cpu | cuda | cuda:N
 //! memory_budget = "4GiB"               # device memory shared by all in-flight work
@@ -32,7 +33,8 @@
 //! [tenants.alice]
 //! token_sha256 = "<hex of sha256(token)>"   # `hapi-host hash-token` prints it
 //! grants = [{ bucket = "datasets", prefix = "fashion-mnist/" }]
-//! models = ["efficientnet_lite0", "resnet18"]
+//! models = ["efficientnet_lite0", "resnet18"]        # shared packages it may use
+//! private_models = "/var/lib/hapi/tenants/alice"    # packages only alice sees (or a list)
 //! memory = "256MiB"      # guest memory and what the host holds for one invocation
 //! timeout = "30s"        # wall time of one invocation, host calls included
 //! max_output = "64MiB"   # bytes of the response body
@@ -49,6 +51,7 @@
 //! feature-extract = "/opt/hapi/feature_extract.wasm"   # deployed at start
 //! ```
 
+pub mod packages;
 mod parse;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -151,7 +154,11 @@ impl Default for HttpSettings {
 pub struct HostSettings {
     pub listen: SocketAddr,
     pub store: StoreLocation,
-    pub models: PathBuf,
+    /// Directories of shared model packages.
+    pub models: Vec<PathBuf>,
+    /// Make the memory model of every usable model when starting (and when a reload adds
+    /// one), before serving; else at the model's first use.
+    pub measure_at_start: bool,
     pub state: PathBuf,
     pub device: String,
     pub memory_budget: u64,
@@ -187,8 +194,8 @@ impl HostSettings {
         };
         check("listen", self.listen != other.listen);
         check("store", self.store != other.store);
-        check("models", self.models != other.models);
         check("state", self.state != other.state);
+
         check("device", self.device != other.device);
         check("memory_budget", self.memory_budget != other.memory_budget);
         check("adapt_batch", self.adapt_batch != other.adapt_batch);
@@ -268,7 +275,10 @@ pub struct Tenant {
     pub name: String,
     pub token_sha256: [u8; 32],
     pub grants: Vec<Grant>,
+    /// Shared models (from `host.models`) it may use, by name.
     pub models: BTreeSet<String>,
+    /// Directories of packages only this tenant sees.
+    pub private_models: Vec<PathBuf>,
     pub limits: Limits,
     pub deploy: bool,
     pub capabilities: Capabilities,

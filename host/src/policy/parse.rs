@@ -20,7 +20,8 @@ struct RawPolicy {
 struct RawHost {
     listen: Option<Spanned<String>>,
     store: Spanned<String>,
-    models: Spanned<String>,
+    models: Spanned<toml::Value>,
+    measure_at_start: Option<bool>,
     state: Spanned<String>,
     device: Option<Spanned<String>>,
     memory_budget: Option<Spanned<String>>,
@@ -74,6 +75,7 @@ struct RawTenant {
     grants: Vec<Spanned<RawGrant>>,
     #[serde(default)]
     models: Vec<Spanned<String>>,
+    private_models: Option<Spanned<toml::Value>>,
     memory: Option<Spanned<String>>,
     timeout: Option<Spanned<String>>,
     max_output: Option<Spanned<String>>,
@@ -174,6 +176,35 @@ impl Ctx<'_> {
         }
     }
 
+    /// A directory or a list of them (at least one, none twice).
+    fn paths(&self, key: &str, v: &Spanned<toml::Value>) -> Result<Vec<PathBuf>, PolicyError> {
+        let items: Vec<&toml::Value> = match v.get_ref() {
+            toml::Value::Array(a) => a.iter().collect(),
+            one => vec![one],
+        };
+        let mut dirs = Vec::with_capacity(items.len());
+        for item in items {
+            let Some(s) = item.as_str().filter(|s| !s.is_empty()) else {
+                return self.err(
+                    v.span(),
+                    format!(
+                        "{key}: expected a directory or a list of directories, got a {}",
+                        item.type_str()
+                    ),
+                );
+            };
+            let dir = self.base.join(s);
+            if dirs.contains(&dir) {
+                return self.err(v.span(), format!("{key}: {s:?} is listed twice"));
+            }
+            dirs.push(dir);
+        }
+        if dirs.is_empty() {
+            return self.err(v.span(), format!("{key}: the list is empty"));
+        }
+        Ok(dirs)
+    }
+
     fn path(&self, v: &Spanned<String>) -> PathBuf {
         let p = Path::new(v.get_ref().strip_prefix("file://").unwrap_or(v.get_ref()));
         if p.is_absolute() {
@@ -211,15 +242,6 @@ fn parse_sha256(hex: &str) -> Option<[u8; 32]> {
 }
 
 /// The names of the model packages under `dir` (their manifests' names).
-fn model_names(dir: &Path) -> Result<BTreeSet<String>, String> {
-    let mut names = BTreeSet::new();
-    for pkg in hapi_model::list_packages(dir).map_err(|e| e.to_string())? {
-        let m = hapi_model::Manifest::load(&pkg).map_err(|e| e.to_string())?;
-        names.insert(m.name);
-    }
-    Ok(names)
-}
-
 impl Policy {
     /// Reads and validates the policy file at `path`, including that every model a tenant is
     /// granted exists in the host's models directory. Relative paths in it are relative to the
@@ -232,14 +254,15 @@ impl Policy {
             message: e.to_string(),
         })?;
         let base = path.parent().unwrap_or(Path::new("."));
-        // The models directory is known only once `[host]` is read: parse twice, the second
-        // time with the models it holds.
+        // The models directories are known only once the policy is read: parse twice, the
+        // second time with the packages they hold.
         let first = Self::parse(&file, &text, base)?;
-        let models = model_names(&first.host.models).map_err(|e| PolicyError {
-            file: file.clone(),
-            line: None,
-            message: format!("host.models = {}: {e}", first.host.models.display()),
-        })?;
+        let models =
+            super::packages::PolicyModels::read(&first).map_err(|message| PolicyError {
+                file: file.clone(),
+                line: None,
+                message,
+            })?;
         Self::parse_with(&file, &text, base, Some(&models))
     }
 
@@ -248,12 +271,13 @@ impl Policy {
         Self::parse_with(file, text, base, None)
     }
 
-    /// Parses policy text, checking tenants' model names against `models` when given.
+    /// Parses policy text, checking tenants' model names against the packages `models` found
+    /// when given.
     pub fn parse_with(
         file: &str,
         text: &str,
         base: &Path,
-        models: Option<&BTreeSet<String>>,
+        models: Option<&super::packages::PolicyModels>,
     ) -> Result<Self, PolicyError> {
         let ctx = Ctx { file, text, base };
         let raw: RawPolicy = toml::from_str(text).map_err(|e| PolicyError {
@@ -386,7 +410,8 @@ fn host_settings(ctx: &Ctx<'_>, h: &RawHost) -> Result<HostSettings, PolicyError
     Ok(HostSettings {
         listen,
         store,
-        models: ctx.path(&h.models),
+        models: ctx.paths("host.models", &h.models)?,
+        measure_at_start: h.measure_at_start.unwrap_or(true),
         state: ctx.path(&h.state),
         device,
         memory_budget: ctx.size(
@@ -448,7 +473,7 @@ fn tenant(
     ctx: &Ctx<'_>,
     name: &str,
     t: &Spanned<RawTenant>,
-    known_models: Option<&BTreeSet<String>>,
+    known_models: Option<&super::packages::PolicyModels>,
 ) -> Result<Tenant, PolicyError> {
     let span = t.span();
     let t = t.get_ref();
@@ -498,18 +523,37 @@ fn tenant(
     for m in &t.models {
         let model = m.get_ref();
         if let Some(known) = known_models
-            && !known.contains(model)
+            && !known.shared.contains_key(model)
         {
             return ctx.err(
                 m.span(),
                 format!(
                     "{}: no model package `{model}` in host.models (it has: {})",
                     key("models"),
-                    known.iter().cloned().collect::<Vec<_>>().join(", ")
+                    known.shared.keys().cloned().collect::<Vec<_>>().join(", ")
                 ),
             );
         }
         models.insert(model.clone());
+    }
+    let private_models = match &t.private_models {
+        None => Vec::new(),
+        Some(v) => ctx.paths(&key("private_models"), v)?,
+    };
+    // A name the tenant uses must mean one package.
+    if let (Some(known), Some(v)) = (known_models, &t.private_models)
+        && let Some(mine) = known.private.get(name)
+        && let Some((clash, f)) = mine.iter().find(|(n, _)| models.contains(*n))
+    {
+        return ctx.err(
+            v.span(),
+            format!(
+                "{}: package `{clash}` ({}) has the name of a shared model in {}; rename one",
+                key("private_models"),
+                f.dir.display(),
+                key("models")
+            ),
+        );
     }
     let d = Limits::default();
     let limits = Limits {
@@ -598,6 +642,7 @@ fn tenant(
         token_sha256,
         grants,
         models,
+        private_models,
         limits,
         deploy: t.deploy.unwrap_or(false),
         capabilities,

@@ -158,7 +158,7 @@ impl graph::Host for NnView<'_> {
             Err(e) => return self.error(Code::InvalidArgument, e),
         };
         let tenant = Arc::clone(&self.ctx.caller.tenant);
-        if !tenant.models.contains(model) {
+        let Some(resolved) = self.ctx.models.resolve(&tenant, model) else {
             return self.error(
                 Code::NotFound,
                 format!(
@@ -166,10 +166,8 @@ impl graph::Host for NnView<'_> {
                     tenant.name
                 ),
             );
-        }
-        let Some(manifest) = self.ctx.models.manifest(model) else {
-            return self.error(Code::NotFound, format!("no model `{model}` on this host"));
         };
+        let manifest = resolved.manifest;
         let layers = manifest.layers.len();
         if range.end > layers {
             return self.error(
@@ -183,14 +181,14 @@ impl graph::Host for NnView<'_> {
         let pin = self
             .ctx
             .device
-            .acquire(model, &self.ctx.caller.deadline)
+            .acquire(&resolved.id, &self.ctx.caller.deadline)
             .await;
         self.ctx.queue_time += started.elapsed();
         if let Err(e) = pin {
             return self.device_error(e);
         }
         let info = GraphInfo {
-            model: model.to_string(),
+            model: resolved.id,
             range,
             input_shape,
         };

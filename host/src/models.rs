@@ -24,7 +24,7 @@ use hapi_model::profile::profile_layers;
 use hapi_model::{Manifest, ModelPackage};
 use hapi_wire::profile::{LayerProfile, ModelMemory};
 use std::collections::{BTreeMap, HashMap};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock};
 use std::time::Instant;
 use tch::Device;

@@ -1,6 +1,7 @@
 //! From TOML text to a validated [`Policy`]: raw serde types that reject unknown keys, then
 //! every value checked against its named range, with the key and line in every error.
 
+use super::packages::PolicyModels;
 use super::*;
 use crate::units::{parse_duration, parse_size};
 use serde::Deserialize;
@@ -257,12 +258,11 @@ impl Policy {
         // The models directories are known only once the policy is read: parse twice, the
         // second time with the packages they hold.
         let first = Self::parse(&file, &text, base)?;
-        let models =
-            super::packages::PolicyModels::read(&first).map_err(|message| PolicyError {
-                file: file.clone(),
-                line: None,
-                message,
-            })?;
+        let models = PolicyModels::read(&first).map_err(|message| PolicyError {
+            file: file.clone(),
+            line: None,
+            message,
+        })?;
         Self::parse_with(&file, &text, base, Some(&models))
     }
 
@@ -277,7 +277,7 @@ impl Policy {
         file: &str,
         text: &str,
         base: &Path,
-        models: Option<&super::packages::PolicyModels>,
+        models: Option<&PolicyModels>,
     ) -> Result<Self, PolicyError> {
         let ctx = Ctx { file, text, base };
         let raw: RawPolicy = toml::from_str(text).map_err(|e| PolicyError {
@@ -473,7 +473,7 @@ fn tenant(
     ctx: &Ctx<'_>,
     name: &str,
     t: &Spanned<RawTenant>,
-    known_models: Option<&super::packages::PolicyModels>,
+    known_models: Option<&PolicyModels>,
 ) -> Result<Tenant, PolicyError> {
     let span = t.span();
     let t = t.get_ref();

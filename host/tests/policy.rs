@@ -279,7 +279,10 @@ fn model_directories_and_private_models_are_checked() {
         "{e}"
     );
     let p = load(policy(&m, &format!("models = [\"vgg11\"]\n{mine}"))).expect("no clash");
-    assert_eq!(p.tenants["alice"].private_models, std::slice::from_ref(&private));
+    assert_eq!(
+        p.tenants["alice"].private_models,
+        std::slice::from_ref(&private)
+    );
     let e = load(policy(&m, "private_models = [\"/nonexistent\"]")).expect_err("missing");
     assert!(
         e.contains("tenants.alice.private_models: /nonexistent"),

@@ -199,9 +199,16 @@ impl Models {
                 i + 1,
                 todo.len()
             );
-            let result = self.load(id).and_then(|pkg| self.memory(id, &pkg));
-            if let Err(e) = result {
-                tracing::error!("memory model {}/{}: `{id}`: {e}", i + 1, todo.len());
+            match self.load(id).and_then(|pkg| self.memory(id, &pkg)) {
+                // Another host of this process may have been measuring it: keep it here too.
+                Ok(m) => {
+                    if let Some(e) = catalog.entries.get(*id)
+                        && self.kept_model(e).is_none()
+                    {
+                        self.keep(e, &m);
+                    }
+                }
+                Err(e) => tracing::error!("memory model {}/{}: `{id}`: {e}", i + 1, todo.len()),
             }
         }
         tracing::info!(

@@ -151,7 +151,8 @@ impl Models {
     /// The ids of the models some tenant of `policy` may use.
     pub fn usable(&self, policy: &Policy) -> Vec<String> {
         let catalog = self.catalog();
-        let mut ids: Vec<String> = catalog
+        // In id order: the catalog is a BTreeMap.
+        catalog
             .entries
             .keys()
             .filter(|id| match id.split_once('/') {
@@ -159,9 +160,7 @@ impl Models {
                 None => policy.tenants.values().any(|t| t.models.contains(*id)),
             })
             .cloned()
-            .collect();
-        ids.sort();
-        ids
+            .collect()
     }
 
     /// Makes the memory model of every model in `ids` that is neither in this process nor kept

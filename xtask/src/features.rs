@@ -90,7 +90,13 @@ fn package(u: &Value) -> String {
     if tail.contains('@') {
         tail.to_string()
     } else {
-        let name = id.rsplit('/').next().unwrap_or(id).split('#').next().unwrap_or(id);
+        let name = id
+            .rsplit('/')
+            .next()
+            .unwrap_or(id)
+            .split('#')
+            .next()
+            .unwrap_or(id);
         format!("{name}@{tail}")
     }
 }
@@ -173,7 +179,10 @@ pub fn run(workspace: &Path) -> Result<(), String> {
     let reference = ["test", "--workspace", "--no-run"];
     let whole = root_units(&unit_graph(workspace, &reference)?)?;
     if whole.is_empty() {
-        return Err(format!("`cargo {}` builds no `{ROOT}`", reference.join(" ")));
+        return Err(format!(
+            "`cargo {}` builds no `{ROOT}`",
+            reference.join(" ")
+        ));
     }
     let mut whole_closure = BTreeSet::new();
     for u in &whole {

@@ -15,6 +15,9 @@ pub struct Sample {
     pub key: String,
     /// Index into [`Dataset::classes`].
     pub label: i64,
+    /// The object's version as listed: entity tag, size and modification time. The feature
+    /// store serves a sample only at the version it was extracted from.
+    pub version: String,
 }
 
 /// The listed data set.
@@ -54,7 +57,7 @@ impl Dataset {
                 .try_collect()
                 .await
                 .with_context(|| format!("listing `{root}/`"))?;
-            let mut by_class: BTreeMap<String, Vec<String>> = BTreeMap::new();
+            let mut by_class: BTreeMap<String, Vec<(String, String)>> = BTreeMap::new();
             for meta in metas {
                 let key = meta.location.to_string();
                 let rest = key
@@ -67,7 +70,16 @@ impl Dataset {
                 if name.is_empty() || name.contains('/') {
                     bail!("`{key}`: expected `{root}/<class>/<object>` (ImageFolder layout)");
                 }
-                by_class.entry(class.to_string()).or_default().push(key);
+                let version = format!(
+                    "{}/{}/{}",
+                    meta.e_tag.as_deref().unwrap_or("-"),
+                    meta.size,
+                    meta.last_modified.timestamp_millis()
+                );
+                by_class
+                    .entry(class.to_string())
+                    .or_default()
+                    .push((key, version));
             }
             if by_class.is_empty() {
                 bail!(
@@ -82,12 +94,16 @@ impl Dataset {
         if let Some(extra) = test_map.keys().find(|c| !train_map.contains_key(*c)) {
             bail!("test class `{extra}` has no training samples (train classes: {classes:?})");
         }
-        let flatten = |map: BTreeMap<String, Vec<String>>| -> Vec<Sample> {
+        let flatten = |map: BTreeMap<String, Vec<(String, String)>>| -> Vec<Sample> {
             let mut out = Vec::new();
             for (class, mut keys) in map {
                 let label = classes.iter().position(|c| *c == class).unwrap_or(0) as i64;
                 keys.sort();
-                out.extend(keys.into_iter().map(|key| Sample { key, label }));
+                out.extend(keys.into_iter().map(|(key, version)| Sample {
+                    key,
+                    label,
+                    version,
+                }));
             }
             out
         };

@@ -3,6 +3,7 @@
 
 use crate::client::{RetryPolicy, StorageClient};
 use crate::dataset::{Dataset, Limits, Sample, epoch_order};
+use crate::features::{self, FeatureStore, Identity};
 use crate::head::{Head, OptimizerKind};
 use crate::pipeline::{self, StageTimes};
 use crate::plan::{Costs, Drift, Estimate, Split, min_output_split};
@@ -13,7 +14,7 @@ use hapi_model::ModelPackage;
 use indicatif::{ProgressBar, ProgressStyle};
 use object_store::{ObjectStore, ObjectStoreExt};
 use serde::{Deserialize, Serialize};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
@@ -79,6 +80,9 @@ pub struct JobConfig {
     pub memory_limit: Option<u64>,
     pub replan_threshold: f64,
     pub cache_features: bool,
+    /// The feature store's directory ([`crate::features`]); implies `cache_features`.
+    #[serde(default)]
+    pub feature_store: Option<PathBuf>,
     pub checkpoint: Option<PathBuf>,
     pub resume: bool,
     pub out: Option<PathBuf>,
@@ -214,8 +218,12 @@ pub struct Job {
     store: Arc<dyn ObjectStore>,
     client: Option<Arc<StorageClient>>,
     head: Head,
-    /// Frozen features (the head's input) by key, with --cache-features.
+    /// Frozen features (the head's input) by key, with --cache-features or --feature-store.
     cache: HashMap<String, Vec<f32>>,
+    /// With --feature-store: where features persist across jobs.
+    features: Option<FeatureStore>,
+    /// Keys whose features were computed since they were last written to the feature store.
+    unsaved: Vec<String>,
 }
 
 impl std::fmt::Debug for Job {
@@ -283,6 +291,20 @@ impl Job {
             seed: cfg.seed,
         };
         let data = rt.block_on(Dataset::list(store.as_ref(), &cfg.prefix, limits))?;
+        let (features, cache) = match &cfg.feature_store {
+            Some(root) => {
+                let (fs, cache) = open_feature_store(root, &cfg, &pkg, freeze, &data)?;
+                (Some(fs), cache)
+            }
+            None => (None, HashMap::new()),
+        };
+        // Every sample stored: the job needs no storage host (it may be down).
+        let all_stored = features.is_some()
+            && data
+                .train
+                .iter()
+                .chain(&data.test)
+                .all(|s| cache.contains_key(&s.key));
         let client = if cfg.split == SplitArg::None {
             None
         } else {
@@ -296,7 +318,9 @@ impl Job {
                 cfg.function.clone(),
                 retry,
             )?;
-            rt.block_on(c.check_reachable())?;
+            if !all_stored {
+                rt.block_on(c.check_reachable())?;
+            }
             Some(Arc::new(c))
         };
         let head = Head::new(
@@ -318,8 +342,21 @@ impl Job {
             store,
             client,
             head,
-            cache: HashMap::new(),
+            cache,
+            features,
+            unsaved: Vec::new(),
         })
+    }
+
+    /// Whether the feature store gave the features of every sample (nothing to extract).
+    fn all_stored(&self) -> bool {
+        self.features.is_some()
+            && self
+                .data
+                .train
+                .iter()
+                .chain(&self.data.test)
+                .all(|s| self.cache.contains_key(&s.key))
     }
 
     pub fn dataset(&self) -> &Dataset {
@@ -633,9 +670,43 @@ impl Job {
         let all: Vec<f32> = Vec::<f32>::try_from(&flat)?;
         let per = all.len() / keys.len().max(1);
         for (k, row) in keys.iter().zip(all.chunks_exact(per.max(1))) {
-            self.cache.insert(k.clone(), row.to_vec());
+            if self.cache.insert(k.clone(), row.to_vec()).is_none() && self.features.is_some() {
+                self.unsaved.push(k.clone());
+            }
         }
         Ok(())
+    }
+
+    /// Writes the features computed since the last call to the feature store. A failure (a
+    /// full disk, say) is reported and the job goes on: it holds them in memory, and a later
+    /// job extracts them again.
+    fn save_features(&mut self, pb: &ProgressBar) {
+        let Some(fs) = &self.features else {
+            return;
+        };
+        if self.unsaved.is_empty() {
+            return;
+        }
+        let keys: HashSet<String> = std::mem::take(&mut self.unsaved).into_iter().collect();
+        let samples: Vec<&Sample> = self
+            .data
+            .train
+            .iter()
+            .chain(&self.data.test)
+            .filter(|s| keys.contains(&s.key))
+            .collect();
+        match fs.add(&samples, &self.cache) {
+            Ok(Some(path)) => log(
+                pb,
+                &format!(
+                    "feature store: {} samples added ({})",
+                    samples.len(),
+                    path.display()
+                ),
+            ),
+            Ok(None) => {}
+            Err(e) => log(pb, &format!("feature store: not written: {e:#}")),
+        }
     }
 
     fn cached_tensor(&self, samples: &[Sample]) -> Option<(Tensor, Tensor)> {
@@ -690,7 +761,7 @@ impl Job {
         mut step: impl FnMut(&mut Head, &Tensor, &Tensor) -> anyhow::Result<()>,
     ) -> anyhow::Result<(StageTimes, Traffic, bool)> {
         let mut traffic = Traffic::default();
-        let use_cache = use_cache && self.cfg.cache_features;
+        let use_cache = use_cache && (self.cfg.cache_features || self.features.is_some());
         let cached = use_cache
             && batches
                 .iter()
@@ -731,6 +802,7 @@ impl Job {
             pb.inc(1);
             Ok(())
         })?;
+        self.save_features(pb);
         Ok((times, traffic, false))
     }
 
@@ -863,7 +935,11 @@ impl Job {
             }
         }
         let mut costs = None;
-        if self.cfg.split == SplitArg::Auto {
+        if self.cfg.split == SplitArg::Auto && results.plan.is_none() && self.all_stored() {
+            eprintln!(
+                "every sample's features are in the feature store: nothing to extract, no split to choose"
+            );
+        } else if self.cfg.split == SplitArg::Auto {
             let report = match results.plan.clone() {
                 Some(p) => p,
                 None => {
@@ -999,6 +1075,55 @@ impl Job {
     }
 }
 
+/// Opens the job's folder of the feature store under `root` and reads what it holds of the data
+/// set (the features of samples whose object has not changed since).
+fn open_feature_store(
+    root: &Path,
+    cfg: &JobConfig,
+    pkg: &ModelPackage,
+    freeze: usize,
+    data: &Dataset,
+) -> anyhow::Result<(FeatureStore, HashMap<String, Vec<f32>>)> {
+    let store = if cfg.store.contains("://") {
+        format!(
+            "{} (endpoint {})",
+            cfg.store,
+            std::env::var("AWS_ENDPOINT").unwrap_or_default()
+        )
+    } else {
+        std::fs::canonicalize(&cfg.store)
+            .map_or_else(|_| cfg.store.clone(), |p| p.display().to_string())
+    };
+    let identity = Identity {
+        store,
+        bucket: cfg.bucket.clone(),
+        function: cfg.function.clone(),
+        model: cfg.model.clone(),
+        package_digest: features::package_digest(pkg, freeze)?,
+        freeze,
+        dtype: "f32".into(),
+        sample_shape: pkg.manifest().layers[freeze].input_shape.clone(),
+    };
+    let fs = FeatureStore::open(root, identity)?;
+    let all: Vec<Sample> = data.train.iter().chain(&data.test).cloned().collect();
+    let loaded = fs.load(&all);
+    for w in &loaded.warnings {
+        eprintln!("feature store: {w}");
+    }
+    eprintln!(
+        "feature store {}: {} of {} samples stored{}",
+        fs.dir().display(),
+        loaded.features.len(),
+        all.len(),
+        if loaded.stale > 0 {
+            format!(" ({} objects changed since: extracted again)", loaded.stale)
+        } else {
+            String::new()
+        }
+    );
+    Ok((fs, loaded.features))
+}
+
 /// Writes `value` as pretty JSON, atomically.
 pub fn write_json<T: Serialize>(path: &Path, value: &T) -> anyhow::Result<()> {
     if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
@@ -1088,7 +1213,7 @@ fn print_epoch(r: &EpochResult, epochs: usize) {
         format!(" (predicted {} / {} ms)", ms(p.storage), ms(p.compute))
     });
     eprintln!(
-        "epoch {}/{epochs}: split {}, {} it, {:.1} s, {:.0} samples/s, storage stage {} ms/it, compute stage {} ms/it{pred}, {:.1} MB received, loss {:.4}{}{}",
+        "epoch {}/{epochs}: split {}, {} it, {:.1} s, {:.0} samples/s, storage stage {} ms/it, compute stage {} ms/it{pred}, {:.1} MB received, loss {:.4}{}{}{}",
         r.epoch + 1,
         r.split,
         r.iterations,
@@ -1106,6 +1231,11 @@ fn print_epoch(r: &EpochResult, epochs: usize) {
             String::new()
         } else {
             format!(", {} bad objects skipped", r.skipped.len())
+        },
+        if r.from_cache {
+            ", features from memory or the feature store"
+        } else {
+            ""
         },
     );
 }

@@ -8,6 +8,7 @@
 /// The storage tier's HTTP API, as the public `hapi-client` crate offers it.
 pub use hapi_client as client;
 pub mod dataset;
+pub mod features;
 pub mod head;
 pub mod job;
 pub mod pipeline;

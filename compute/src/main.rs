@@ -114,6 +114,11 @@ struct Cli {
     /// from them (no storage traffic; the frozen layers are deterministic).
     #[arg(long)]
     cache_features: bool,
+    /// Keep the frozen features in DIR and reuse them in any later job on the same objects,
+    /// model, freeze index and function, so that a sweep of heads or learning rates extracts
+    /// once (implies --cache-features; an object changed since is extracted again).
+    #[arg(long, value_name = "DIR")]
+    feature_store: Option<PathBuf>,
     /// Directory for per-epoch checkpoints.
     #[arg(long)]
     checkpoint: Option<PathBuf>,
@@ -188,6 +193,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         memory_limit: cli.memory_limit,
         replan_threshold: cli.replan_threshold,
         cache_features: cli.cache_features,
+        feature_store: cli.feature_store,
         checkpoint: cli.checkpoint,
         resume: cli.resume,
         out: cli.out.clone(),

@@ -440,3 +440,117 @@ fn a_resumed_job_continues_exactly_where_the_checkpoint_left_it() {
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("different job"));
 }
+
+/// The shard files of a feature store directory.
+fn shards(dir: &Path) -> Vec<PathBuf> {
+    walk(dir)
+        .into_iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "safetensors"))
+        .collect()
+}
+
+#[test]
+fn stored_features_serve_later_jobs_with_the_losses_they_would_have_had() {
+    let fx = Fixture::new();
+    let host = fx.start_host("127.0.0.1:0");
+    let tmp = fx.dir.path();
+    let store = tmp.join("features");
+    let fs = store.to_string_lossy().into_owned();
+    let common = ["--split", "freeze", "--epochs", "2"];
+    let with_store = |name: &str, lr: &str, url: &str| -> Command {
+        let mut cmd = trainer(&fx, url, &tmp.join(name), &common);
+        cmd.args(["--lr", lr, "--feature-store", &fs]);
+        cmd
+    };
+    let from_cache = |r: &Value| -> Vec<bool> {
+        r["epochs"]
+            .as_array()
+            .expect("epochs")
+            .iter()
+            .map(|e| e["from_cache"].as_bool().expect("from_cache"))
+            .collect()
+    };
+
+    // Job 1 extracts in its first epoch and stores every train and test sample.
+    let first = run_ok(&mut with_store("first.json", "0.001", &host.url));
+    assert_eq!(from_cache(&first), [false, true]);
+    assert!(!shards(&store).is_empty(), "nothing stored");
+
+    // Job 2, another learning rate: not one invocation, not one byte from the storage tier...
+    let before = invocations(&host.url);
+    let second = run_ok(&mut with_store("second.json", "0.003", &host.url));
+    assert_eq!(
+        invocations(&host.url),
+        before,
+        "job 2 invoked the storage tier"
+    );
+    assert_eq!(from_cache(&second), [true, true]);
+    for e in second["epochs"].as_array().expect("epochs") {
+        assert_eq!(e["bytes_received"], 0);
+    }
+    // ...and the losses and accuracy the same job has without the store.
+    let plain =
+        run_ok(trainer(&fx, &host.url, &tmp.join("plain.json"), &common).args(["--lr", "0.003"]));
+    let d = max_diff(&losses(&plain), &losses(&second));
+    assert!(
+        d <= 1e-6,
+        "losses differ from the job without the store by {d}"
+    );
+    assert_eq!(
+        plain["epochs"][1]["test_accuracy"],
+        second["epochs"][1]["test_accuracy"]
+    );
+
+    // Every sample stored: no storage host is needed, not even to choose a split.
+    let down = run_ok(
+        trainer(&fx, "http://127.0.0.1:9", &tmp.join("down.json"), &[]).args([
+            "--split",
+            "auto",
+            "--epochs",
+            "1",
+            "--lr",
+            "0.003",
+            "--feature-store",
+            &fs,
+        ]),
+    );
+    assert!(down["plan"].is_null(), "a plan with every sample stored");
+    let d = max_diff(&losses(&down), &losses(&second)[..TRAIN.div_ceil(16)]);
+    assert!(d <= 1e-6, "{d}");
+
+    // An object rewritten since has another version: the job extracts again and stores it anew.
+    let (path, key) = fx.first_train_object();
+    let mut others = walk(&fx.store().join("datasets/fashion-mnist/test"));
+    others.sort();
+    std::fs::copy(&others[0], &path).expect("rewrite an object");
+    let changed = run_ok(&mut with_store("changed.json", "0.003", &host.url));
+    assert_eq!(from_cache(&changed), [false, true], "`{key}` changed");
+    assert!(
+        max_diff(&losses(&changed), &losses(&second)) > 0.0,
+        "the new image changed nothing"
+    );
+    let again = run_ok(&mut with_store("again.json", "0.003", &host.url));
+    assert_eq!(from_cache(&again), [true, true]);
+    let d = max_diff(&losses(&again), &losses(&changed));
+    assert!(d <= 1e-6, "{d}");
+
+    // Damaged shards are named, and what they held is extracted again with the same result.
+    for s in shards(&store) {
+        std::fs::write(&s, b"not a safetensors file").expect("damage");
+    }
+    let out = tmp.join("damaged.json");
+    let o = with_store("damaged.json", "0.003", &host.url)
+        .output()
+        .expect("runs");
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("shard-") && stderr.contains("will be extracted again"),
+        "{stderr}"
+    );
+    let damaged: Value =
+        serde_json::from_slice(&std::fs::read(out).expect("results")).expect("json");
+    assert_eq!(from_cache(&damaged), [false, true]);
+    let d = max_diff(&losses(&damaged), &losses(&changed));
+    assert!(d <= 1e-6, "{d}");
+}

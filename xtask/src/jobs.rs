@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-const TOKEN: &str = "demo-token";
+pub(crate) const TOKEN: &str = "demo-token";
 
 /// The dev-profile binaries directory (where `cargo build` puts them for this checkout).
 fn bin_dir(env: &Env) -> PathBuf {
@@ -16,7 +16,7 @@ fn bin_dir(env: &Env) -> PathBuf {
         .join("debug")
 }
 
-fn build(env: &Env) -> Result<PathBuf, String> {
+pub(crate) fn build(env: &Env) -> Result<PathBuf, String> {
     env.build_guests()?;
     sh::step("building hapi-host, hapi-train, hapi-data");
     env.cargo(&[
@@ -32,9 +32,9 @@ fn build(env: &Env) -> Result<PathBuf, String> {
 }
 
 /// A running `hapi-host serve`, stopped on drop.
-struct HostProcess {
+pub(crate) struct HostProcess {
     child: Child,
-    url: String,
+    pub(crate) url: String,
 }
 
 impl Drop for HostProcess {
@@ -44,7 +44,7 @@ impl Drop for HostProcess {
     }
 }
 
-fn start_host(mut cmd: Command) -> Result<HostProcess, String> {
+pub(crate) fn start_host(mut cmd: Command) -> Result<HostProcess, String> {
     let mut child = cmd
         .stdout(Stdio::piped())
         .spawn()
@@ -64,7 +64,7 @@ fn start_host(mut cmd: Command) -> Result<HostProcess, String> {
     })
 }
 
-fn token_hash(bins: &Path) -> Result<String, String> {
+pub(crate) fn token_hash(bins: &Path) -> Result<String, String> {
     Ok(
         sh::output(Command::new(bins.join("hapi-host")).args(["hash-token", TOKEN]))?
             .trim()
@@ -72,7 +72,7 @@ fn token_hash(bins: &Path) -> Result<String, String> {
     )
 }
 
-fn policy(
+pub(crate) fn policy(
     env: &Env,
     store: &str,
     s3: &str,
@@ -134,14 +134,7 @@ pub fn demo(args: &[String]) -> Result<(), String> {
     let bins = build(&env)?;
     let data = env.workspace.join("data");
     let store = data.join("store");
-    sh::step("loading Fashion-MNIST into the local store (data/store/datasets)");
-    sh::run(
-        Command::new(bins.join("hapi-data"))
-            .arg("--store")
-            .arg(&store)
-            .args(["--bucket", "datasets", "fashion-mnist"])
-            .envs(env.vars()),
-    )?;
+    load_fashion_mnist(&env, &bins, &store)?;
     let demo = data.join("demo");
     std::fs::create_dir_all(&demo).map_err(|e| format!("{}: {e}", demo.display()))?;
     let policy_path = demo.join("policy.toml");
@@ -203,6 +196,18 @@ pub fn demo(args: &[String]) -> Result<(), String> {
     )?;
     println!("results: {}", demo.display());
     Ok(())
+}
+
+/// Fashion-MNIST into the local store's `datasets` bucket (skipped when there).
+pub(crate) fn load_fashion_mnist(env: &Env, bins: &Path, store: &Path) -> Result<(), String> {
+    sh::step("loading Fashion-MNIST into the local store (data/store/datasets)");
+    sh::run(
+        Command::new(bins.join("hapi-data"))
+            .arg("--store")
+            .arg(store)
+            .args(["--bucket", "datasets", "fashion-mnist"])
+            .envs(env.vars()),
+    )
 }
 
 /// Runs `cmd`, failing with its name.

@@ -10,6 +10,7 @@ mod layout;
 mod newfn;
 mod setup;
 mod sh;
+mod sweep;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -37,6 +38,10 @@ commands:
                      split choice against every split: storage and compute tiers in two
                      network namespaces over a tc-shaped veth pair, one core each (needs
                      root); table, target/eval-split/summary.json and split-choice.svg
+  eval-sweep [--model M] [--train-limit N] [--test-limit N] [--epochs N] [--lrs A,B,..]
+                     a sweep of heads (learning rates) through the feature store: job 1
+                     extracts, the others train from the store, each checked against the
+                     same job without it (table, target/eval-sweep/summary.json)
   layout [crate]     the module graph of host/src (or the crate's src/); fails on an import
                      cycle (part of `test`)
   features           every package builds tch and its dependencies with the workspace's
@@ -67,6 +72,7 @@ fn main() -> ExitCode {
         Some("bench") => bench(&args[1..]),
         Some("demo") => jobs::demo(&args[1..]),
         Some("eval-split") => jobs::eval_split(&args[1..]),
+        Some("eval-sweep") => sweep::run(&args[1..]),
         Some("new-function") => setup::workspace().and_then(|w| newfn::run(&w, &args[1..])),
         Some("layout") => setup::workspace().and_then(|w| layout::run(&w, &args[1..])),
         Some("features") => setup::workspace().and_then(|w| features::run(&w)),

@@ -1,0 +1,230 @@
+//! `cargo xtask eval-sweep`: a sweep of heads (learning rates) on the same data through the
+//! feature store. Job 1 extracts through the storage tier and stores the features; jobs 2-N
+//! train from the store. Each later job is run a second time without the store, to show it
+//! trains exactly as it would have: same step losses, same accuracy.
+
+use crate::jobs::{self, TOKEN};
+use crate::setup;
+use crate::sh;
+use serde_json::{Value, json};
+use std::path::Path;
+use std::process::Command;
+use std::time::Instant;
+
+struct Options {
+    model: String,
+    train: String,
+    test: String,
+    epochs: String,
+    lrs: Vec<String>,
+}
+
+fn options(args: &[String]) -> Result<Options, String> {
+    let mut o = Options {
+        model: "efficientnet_lite0".into(),
+        train: "2000".into(),
+        test: "500".into(),
+        epochs: "3".into(),
+        lrs: vec![],
+    };
+    let mut lrs = "0.0003,0.001,0.003,0.01".to_string();
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let slot = match a.as_str() {
+            "--model" => &mut o.model,
+            "--train-limit" => &mut o.train,
+            "--test-limit" => &mut o.test,
+            "--epochs" => &mut o.epochs,
+            "--lrs" => &mut lrs,
+            other => {
+                return Err(format!(
+                    "unknown option `{other}` for `eval-sweep` (known: --model M, --train-limit N, --test-limit N, --epochs N, --lrs A,B,...)"
+                ));
+            }
+        };
+        *slot = it.next().ok_or(format!("{a} needs a value"))?.clone();
+    }
+    o.lrs = lrs.split(',').map(|s| s.trim().to_string()).collect();
+    if o.lrs.len() < 2 || o.lrs.iter().any(|l| l.parse::<f64>().is_err()) {
+        return Err(format!(
+            "--lrs `{lrs}`: at least two learning rates, comma-separated"
+        ));
+    }
+    Ok(o)
+}
+
+/// One hapi-train run: its results and its wall time (the whole process: model load, listing,
+/// extraction or the store, training, evaluation).
+fn train(bins: &Path, args: &[&str], out: &Path, env: &setup::Env) -> Result<(Value, f64), String> {
+    let started = Instant::now();
+    sh::run(
+        Command::new(bins.join("hapi-train"))
+            .args(args)
+            .arg("--out")
+            .arg(out)
+            .envs(env.vars()),
+    )?;
+    let wall = started.elapsed().as_secs_f64();
+    let text = std::fs::read(out).map_err(|e| format!("{}: {e}", out.display()))?;
+    let v: Value = serde_json::from_slice(&text).map_err(|e| format!("{}: {e}", out.display()))?;
+    Ok((v, wall))
+}
+
+fn losses(r: &Value) -> Vec<f64> {
+    r["epochs"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|e| e["step_losses"].as_array().cloned().unwrap_or_default())
+        .filter_map(|v| v.as_f64())
+        .collect()
+}
+
+fn accuracy(r: &Value) -> f64 {
+    r["epochs"]
+        .as_array()
+        .and_then(|e| e.last())
+        .and_then(|e| e["test_accuracy"].as_f64())
+        .unwrap_or(f64::NAN)
+}
+
+pub fn run(args: &[String]) -> Result<(), String> {
+    let o = options(args)?;
+    let env = setup::run()?;
+    let bins = jobs::build(&env)?;
+    let store = env.workspace.join("data/store");
+    jobs::load_fashion_mnist(&env, &bins, &store)?;
+    let out = env.workspace.join("target/eval-sweep");
+    let _ = std::fs::remove_dir_all(&out);
+    std::fs::create_dir_all(&out).map_err(|e| format!("{}: {e}", out.display()))?;
+    let features = out.join("features");
+    // Device batches from each call alone: jobs compared loss for loss must see the same
+    // batches, not those that timing made (libtorch rounds differently per batch size).
+    let text = jobs::policy(
+        &env,
+        &store.display().to_string(),
+        "",
+        &out.join("host-state"),
+        &jobs::token_hash(&bins)?,
+        &format!("\"{}\"", o.model),
+        "fashion-mnist",
+    )
+    .replace("device = \"auto\"\n", "device = \"auto\"\npool = false\n");
+    let policy_path = out.join("policy.toml");
+    std::fs::write(&policy_path, text).map_err(|e| format!("{}: {e}", policy_path.display()))?;
+    let mut cmd = Command::new(bins.join("hapi-host"));
+    cmd.args(["serve", "--policy"])
+        .arg(&policy_path)
+        .envs(env.vars());
+    let host = jobs::start_host(cmd)?;
+    let store_s = store.display().to_string();
+    let features_s = features.display().to_string();
+    let common: Vec<&str> = vec![
+        "--host",
+        &host.url,
+        "--token",
+        TOKEN,
+        "--store",
+        &store_s,
+        "--bucket",
+        "datasets",
+        "--prefix",
+        "fashion-mnist",
+        "--model",
+        &o.model,
+        "--batch",
+        "32",
+        "--split",
+        "freeze",
+        "--train-limit",
+        &o.train,
+        "--test-limit",
+        &o.test,
+        "--epochs",
+        &o.epochs,
+        "--quiet",
+    ];
+    let mut rows = Vec::new();
+    let mut first_s = f64::NAN;
+    for (i, lr) in o.lrs.iter().enumerate() {
+        sh::step(&format!("job {}: lr {lr}, with the feature store", i + 1));
+        let mut a = common.clone();
+        a.extend(["--lr", lr, "--feature-store", &features_s]);
+        let (stored, wall) = train(&bins, &a, &out.join(format!("job{}.json", i + 1)), &env)?;
+        if i == 0 {
+            first_s = wall;
+        }
+        let mut row = json!({
+            "job": i + 1,
+            "lr": lr.parse::<f64>().unwrap_or(f64::NAN),
+            "wall_s": wall,
+            "speedup_vs_job1": first_s / wall,
+            "epochs_without_extraction": stored["epochs"].as_array().map_or(0, |e| e.iter().filter(|e| e["from_cache"] == true).count()),
+            "bytes_received": stored["epochs"].as_array().map_or(0, |e| e.iter().filter_map(|e| e["bytes_received"].as_u64()).sum::<u64>()),
+            "test_accuracy": accuracy(&stored),
+        });
+        if i > 0 {
+            sh::step(&format!(
+                "job {}: lr {lr}, without the store (the reference)",
+                i + 1
+            ));
+            let mut a = common.clone();
+            a.extend(["--lr", lr, "--cache-features"]);
+            let (plain, plain_wall) = train(
+                &bins,
+                &a,
+                &out.join(format!("job{}-plain.json", i + 1)),
+                &env,
+            )?;
+            let (x, y) = (losses(&stored), losses(&plain));
+            let diff = if x.len() == y.len() {
+                x.iter()
+                    .zip(&y)
+                    .map(|(a, b)| (a - b).abs())
+                    .fold(0.0, f64::max)
+            } else {
+                f64::INFINITY
+            };
+            row["plain_wall_s"] = json!(plain_wall);
+            row["max_loss_diff_vs_plain"] = json!(diff);
+            row["plain_test_accuracy"] = json!(accuracy(&plain));
+        }
+        rows.push(row);
+    }
+    drop(host);
+    println!(
+        "\nsweep of {} heads: {}, {} train / {} test Fashion-MNIST, {} epochs, --split freeze",
+        rows.len(),
+        o.model,
+        o.train,
+        o.test,
+        o.epochs
+    );
+    println!(
+        "  job  lr       wall s  vs job 1  no extraction  MB received  test acc  max |loss diff| without store"
+    );
+    for r in &rows {
+        println!(
+            "  {:>3}  {:<7}  {:>6.1}  {:>7.1}x  {:>13}  {:>11.1}  {:>7.2}%  {}",
+            r["job"].to_string(),
+            r["lr"].to_string(),
+            r["wall_s"].as_f64().unwrap_or(f64::NAN),
+            r["speedup_vs_job1"].as_f64().unwrap_or(f64::NAN),
+            format!("{}/{}", r["epochs_without_extraction"], o.epochs),
+            r["bytes_received"].as_u64().unwrap_or(0) as f64 / 1e6,
+            r["test_accuracy"].as_f64().unwrap_or(f64::NAN) * 100.0,
+            r["max_loss_diff_vs_plain"]
+                .as_f64()
+                .map_or("-".to_string(), |d| format!("{d:.1e}")),
+        );
+    }
+    let summary = out.join("summary.json");
+    let doc = json!({"model": o.model, "train": o.train, "test": o.test, "epochs": o.epochs, "jobs": rows});
+    std::fs::write(
+        &summary,
+        serde_json::to_vec_pretty(&doc).map_err(|e| e.to_string())?,
+    )
+    .map_err(|e| format!("{}: {e}", summary.display()))?;
+    println!("summary: {}", summary.display());
+    Ok(())
+}

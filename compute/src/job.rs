@@ -1,7 +1,7 @@
 //! A transfer-learning job: list the data, choose the split, train epochs through the
 //! pipeline, evaluate, checkpoint, and write the results.
 
-use crate::client::{RetryPolicy, StorageClient};
+use crate::client::{RetryPolicy, StorageClient, WireDtype};
 use crate::dataset::{Dataset, Limits, Sample, epoch_order};
 use crate::features::{self, FeatureStore, Identity};
 use crate::head::{Head, OptimizerKind};
@@ -83,6 +83,9 @@ pub struct JobConfig {
     /// The feature store's directory ([`crate::features`]); implies `cache_features`.
     #[serde(default)]
     pub feature_store: Option<PathBuf>,
+    /// Element type of pushed-down features on the network (splits >= 1).
+    #[serde(default)]
+    pub wire_dtype: WireDtype,
     pub checkpoint: Option<PathBuf>,
     pub resume: bool,
     pub out: Option<PathBuf>,
@@ -317,7 +320,8 @@ impl Job {
                 cfg.token.clone(),
                 cfg.function.clone(),
                 retry,
-            )?;
+            )?
+            .with_dtype(cfg.wire_dtype);
             if !all_stored {
                 rt.block_on(c.check_reachable())?;
             }
@@ -396,15 +400,17 @@ impl Job {
         self.cfg.max_iters.map_or(n, |m| m.min(n))
     }
 
-    /// Bytes per sample sent at each split 0..=freeze.
+    /// Bytes per sample sent at each split 0..=freeze (split 0 in f32, the others in the
+    /// wire dtype).
     fn bytes_at(&self) -> Vec<u64> {
         let m = self.pkg.manifest();
         let input: i64 = m.input.shape.iter().product();
+        let wire = self.cfg.wire_dtype.size();
         std::iter::once(input as u64 * 4)
             .chain(
                 m.layers[..self.freeze]
                     .iter()
-                    .map(|l| l.output_bytes_per_sample()),
+                    .map(|l| l.output_bytes_per_sample() / 4 * wire),
             )
             .collect()
     }
@@ -899,7 +905,10 @@ impl Job {
             c.optimizer,
             c.lr,
             self.data.train.first().map(|s| &s.key),
-        )
+        ) + &match c.wire_dtype {
+            WireDtype::F32 => String::new(),
+            other => format!(" wire={other}"),
+        }
     }
 
     /// Runs the whole job.
@@ -1101,7 +1110,7 @@ fn open_feature_store(
         model: cfg.model.clone(),
         package_digest: features::package_digest(pkg, freeze)?,
         freeze,
-        dtype: "f32".into(),
+        dtype: cfg.wire_dtype.name().into(),
         sample_shape: pkg.manifest().layers[freeze].input_shape.clone(),
     };
     let fs = FeatureStore::open(root, identity)?;

@@ -119,6 +119,10 @@ struct Cli {
     /// once (implies --cache-features; an object changed since is extracted again).
     #[arg(long, value_name = "DIR")]
     feature_store: Option<PathBuf>,
+    /// Element type of pushed-down features on the network: f32, f16 or bf16 (half the bytes;
+    /// narrowed on the storage tier's device, widened here). Split 0 and `none` stay f32.
+    #[arg(long, default_value = "f32")]
+    wire_dtype: hapi_train::client::WireDtype,
     /// Directory for per-epoch checkpoints.
     #[arg(long)]
     checkpoint: Option<PathBuf>,
@@ -194,6 +198,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         replan_threshold: cli.replan_threshold,
         cache_features: cli.cache_features,
         feature_store: cli.feature_store,
+        wire_dtype: cli.wire_dtype,
         checkpoint: cli.checkpoint,
         resume: cli.resume,
         out: cli.out.clone(),

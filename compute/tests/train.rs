@@ -554,3 +554,49 @@ fn stored_features_serve_later_jobs_with_the_losses_they_would_have_had() {
     let d = max_diff(&losses(&damaged), &losses(&changed));
     assert!(d <= 1e-6, "{d}");
 }
+
+#[test]
+fn half_precision_on_the_wire_halves_the_bytes_and_trains_alike() {
+    let fx = Fixture::new();
+    let host = fx.start_host("127.0.0.1:0");
+    let run = |dtype: &str| {
+        run_ok(
+            trainer(
+                &fx,
+                &host.url,
+                &fx.dir.path().join(format!("{dtype}.json")),
+                &[],
+            )
+            .args(["--split", "freeze", "--no-test", "--wire-dtype", dtype]),
+        )
+    };
+    let wide = run("f32");
+    let bytes = |r: &Value| r["epochs"][0]["bytes_received"].as_u64().expect("bytes");
+    for dtype in ["f16", "bf16"] {
+        let narrow = run(dtype);
+        let ratio = bytes(&narrow) as f64 / bytes(&wide) as f64;
+        assert!(
+            (0.45..=0.52).contains(&ratio),
+            "{dtype}: {} bytes against {} ({ratio:.3})",
+            bytes(&narrow),
+            bytes(&wide)
+        );
+        // Rounded features train the same head to nearly the same losses, not the same ones.
+        let d = max_diff(&losses(&wide), &losses(&narrow));
+        assert!(
+            d > 0.0 && d < 0.05,
+            "{dtype}: losses differ from f32 by {d}"
+        );
+    }
+    // An unknown dtype is a usage error naming the choices.
+    let o = trainer(
+        &fx,
+        &host.url,
+        &fx.dir.path().join("x.json"),
+        &["--wire-dtype", "f8"],
+    )
+    .output()
+    .expect("runs");
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("expected f32, f16 or bf16"));
+}

@@ -74,7 +74,21 @@ async fn malformed_requests_are_400() {
     let body = json!({"bucket": "datasets", "keys": [sample_key(0)], "model": "resnet18", "split": 1, "options": {"resize": "128"}});
     let (code, message) = error_code(h.invoke(ALICE, "feature-extract", body).await, 400).await;
     assert_eq!(code, "bad_request");
-    assert!(message.contains("takes no options"), "{message}");
+    assert!(
+        message.contains("takes one option, `dtype` (got `resize`)"),
+        "{message}"
+    );
+    let body = json!({"bucket": "datasets", "keys": [sample_key(0)], "model": "resnet18", "split": 1, "options": {"dtype": "int4"}});
+    let (code, message) = error_code(h.invoke(ALICE, "feature-extract", body).await, 400).await;
+    assert_eq!(code, "bad_request");
+    assert!(
+        message.contains("dtype `int4`: expected f32, f16 or bf16"),
+        "{message}"
+    );
+    let body = json!({"bucket": "datasets", "keys": [sample_key(0)], "model": "resnet18", "split": 0, "options": {"dtype": "f16"}});
+    let (code, message) = error_code(h.invoke(ALICE, "feature-extract", body).await, 400).await;
+    assert_eq!(code, "bad_request");
+    assert!(message.contains("needs split >= 1"), "{message}");
     let resp = h
         .client
         .get(format!("{}/v2/nothing", h.url))

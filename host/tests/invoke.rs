@@ -130,3 +130,59 @@ async fn without_a_split_features_stop_at_the_freeze_index_and_without_a_model_t
     assert_eq!(code, "bad_request");
     assert!(message.contains("needs `model`"), "{message}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn f16_and_bf16_features_are_the_f32_ones_narrowed_on_the_device_in_half_the_bytes() {
+    let h = TestHost::start().await;
+    let keys: Vec<String> = SAMPLES.iter().map(|&i| sample_key(i)).collect();
+    let body = |dtype: &str| {
+        json!({"bucket": "datasets", "keys": keys, "model": "efficientnet_lite0", "split": 25,
+               "options": {"dtype": dtype}})
+    };
+    let wide = h.warm(ALICE, "feature-extract", body("f32")).await;
+    assert!(wide.status().is_success(), "{}", wide.status());
+    let wide = wide.bytes().await.expect("body");
+    let (shape, f32s) = hapi_client::parse_features(&wide).expect("f32 features");
+    assert!(f32s.iter().any(|v| *v != 0.0));
+    for (dtype, kind, name) in [
+        ("f16", tch::Kind::Half, safetensors::Dtype::F16),
+        ("bf16", tch::Kind::BFloat16, safetensors::Dtype::BF16),
+    ] {
+        let resp = h.warm(ALICE, "feature-extract", body(dtype)).await;
+        assert!(resp.status().is_success(), "{dtype}: {}", resp.status());
+        let bytes = resp.bytes().await.expect("body");
+        let st = safetensors::SafeTensors::deserialize(&bytes).expect("safetensors");
+        let t = st.tensor("features").expect("features");
+        assert_eq!(t.dtype(), name, "{dtype}");
+        let dims: Vec<i64> = t.shape().iter().map(|&d| d as i64).collect();
+        assert_eq!(dims, shape, "{dtype}");
+        // Exactly the f32 features rounded as libtorch rounds them, two bytes each.
+        let narrowed = tch::Tensor::from_slice(&f32s).to_kind(kind);
+        let mut expected = vec![0u8; 2 * f32s.len()];
+        narrowed.copy_data_u8(&mut expected, f32s.len());
+        assert!(
+            t.data() == &expected[..],
+            "{dtype}: not the f32 features narrowed"
+        );
+        println!(
+            "{dtype}: {} bytes against {} for f32 ({:.3}x)",
+            bytes.len(),
+            wide.len(),
+            bytes.len() as f64 / wide.len() as f64
+        );
+        assert!(
+            bytes.len() * 2 <= wide.len() + 256,
+            "{dtype}: {} bytes",
+            bytes.len()
+        );
+        // The client widens them back to what libtorch widens them to.
+        let (client_shape, widened) = hapi_client::parse_features(&bytes).expect("widened");
+        assert_eq!(client_shape, shape);
+        let back: Vec<f32> =
+            Vec::try_from(narrowed.to_kind(tch::Kind::Float)).expect("widened by libtorch");
+        assert!(
+            widened == back,
+            "{dtype}: the client widens otherwise than libtorch"
+        );
+    }
+}

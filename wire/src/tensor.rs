@@ -18,6 +18,10 @@ pub enum Dtype {
     F32,
     U8,
     I64,
+    /// IEEE 754 half precision.
+    F16,
+    /// bfloat16 (an f32's upper 16 bits).
+    BF16,
 }
 
 impl Dtype {
@@ -26,6 +30,7 @@ impl Dtype {
             Dtype::F32 => 4,
             Dtype::U8 => 1,
             Dtype::I64 => 8,
+            Dtype::F16 | Dtype::BF16 => 2,
         }
     }
 
@@ -35,6 +40,8 @@ impl Dtype {
             Dtype::F32 => "F32",
             Dtype::U8 => "U8",
             Dtype::I64 => "I64",
+            Dtype::F16 => "F16",
+            Dtype::BF16 => "BF16",
         }
     }
 }

@@ -42,6 +42,9 @@ commands:
                      a sweep of heads (learning rates) through the feature store: job 1
                      extracts, the others train from the store, each checked against the
                      same job without it (table, target/eval-sweep/summary.json)
+  eval-dtype [--model M] [--train-limit N] [--test-limit N] [--epochs N]
+                     the same linear probe with features sent as f32, f16 and bf16: bytes
+                     per sample and test accuracy (table, target/eval-dtype/summary.json)
   layout [crate]     the module graph of host/src (or the crate's src/); fails on an import
                      cycle (part of `test`)
   features           every package builds tch and its dependencies with the workspace's
@@ -73,6 +76,7 @@ fn main() -> ExitCode {
         Some("demo") => jobs::demo(&args[1..]),
         Some("eval-split") => jobs::eval_split(&args[1..]),
         Some("eval-sweep") => sweep::run(&args[1..]),
+        Some("eval-dtype") => sweep::dtype(&args[1..]),
         Some("new-function") => setup::workspace().and_then(|w| newfn::run(&w, &args[1..])),
         Some("layout") => setup::workspace().and_then(|w| layout::run(&w, &args[1..])),
         Some("features") => setup::workspace().and_then(|w| features::run(&w)),

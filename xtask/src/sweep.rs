@@ -1,5 +1,5 @@
-//! `cargo xtask eval-sweep`: a sweep of heads (learning rates) on the same data through the
-//! feature store. Job 1 extracts through the storage tier and stores the features; jobs 2-N
+//! `cargo xtask eval-sweep` and `eval-dtype`. eval-sweep: a sweep of heads (learning rates) on
+//! the same data through the feature store. Job 1 extracts through the storage tier and stores the features; jobs 2-N
 //! train from the store. Each later job is run a second time without the store, to show it
 //! trains exactly as it would have: same step losses, same accuracy.
 
@@ -220,6 +220,124 @@ pub fn run(args: &[String]) -> Result<(), String> {
     }
     let summary = out.join("summary.json");
     let doc = json!({"model": o.model, "train": o.train, "test": o.test, "epochs": o.epochs, "jobs": rows});
+    std::fs::write(
+        &summary,
+        serde_json::to_vec_pretty(&doc).map_err(|e| e.to_string())?,
+    )
+    .map_err(|e| format!("{}: {e}", summary.display()))?;
+    println!("summary: {}", summary.display());
+    Ok(())
+}
+
+/// `cargo xtask eval-dtype`: the same linear probe (EfficientNet-Lite0's frozen layers pushed
+/// down, a new classifier trained) with features sent as f32, f16 and bf16: bytes per sample
+/// on the network and test accuracy.
+pub fn dtype(args: &[String]) -> Result<(), String> {
+    let mut o = options(args)?;
+    if !args.iter().any(|a| a == "--train-limit") {
+        o.train = "5000".into();
+    }
+    if !args.iter().any(|a| a == "--test-limit") {
+        o.test = "2000".into();
+    }
+    if !args.iter().any(|a| a == "--epochs") {
+        o.epochs = "10".into();
+    }
+    if args.iter().any(|a| a == "--lrs") {
+        return Err("eval-dtype trains one head per dtype; --lrs is for eval-sweep".into());
+    }
+    let env = setup::run()?;
+    let bins = jobs::build(&env)?;
+    let store = env.workspace.join("data/store");
+    jobs::load_fashion_mnist(&env, &bins, &store)?;
+    let out = env.workspace.join("target/eval-dtype");
+    let _ = std::fs::remove_dir_all(&out);
+    std::fs::create_dir_all(&out).map_err(|e| format!("{}: {e}", out.display()))?;
+    let text = jobs::policy(
+        &env,
+        &store.display().to_string(),
+        "",
+        &out.join("host-state"),
+        &jobs::token_hash(&bins)?,
+        &format!("\"{}\"", o.model),
+        "fashion-mnist",
+    );
+    let policy_path = out.join("policy.toml");
+    std::fs::write(&policy_path, text).map_err(|e| format!("{}: {e}", policy_path.display()))?;
+    let mut cmd = Command::new(bins.join("hapi-host"));
+    cmd.args(["serve", "--policy"])
+        .arg(&policy_path)
+        .envs(env.vars());
+    let host = jobs::start_host(cmd)?;
+    let store_s = store.display().to_string();
+    let mut rows = Vec::new();
+    for dtype in ["f32", "f16", "bf16"] {
+        sh::step(&format!("--wire-dtype {dtype}"));
+        let args: Vec<&str> = vec![
+            "--host",
+            &host.url,
+            "--token",
+            TOKEN,
+            "--store",
+            &store_s,
+            "--bucket",
+            "datasets",
+            "--prefix",
+            "fashion-mnist",
+            "--model",
+            &o.model,
+            "--batch",
+            "32",
+            "--split",
+            "freeze",
+            "--train-limit",
+            &o.train,
+            "--test-limit",
+            &o.test,
+            "--epochs",
+            &o.epochs,
+            "--quiet",
+            "--cache-features",
+            "--wire-dtype",
+            dtype,
+        ];
+        let (r, wall) = train(&bins, &args, &out.join(format!("{dtype}.json")), &env)?;
+        let first = &r["epochs"][0];
+        let bytes = first["bytes_received"].as_u64().unwrap_or(0);
+        let samples = first["samples"].as_u64().unwrap_or(0).max(1);
+        rows.push(json!({
+            "dtype": dtype,
+            "bytes_per_sample": bytes as f64 / samples as f64,
+            "epoch1_s": first["wall_s"],
+            "wall_s": wall,
+            "test_accuracy": accuracy(&r),
+        }));
+    }
+    drop(host);
+    let base_bytes = rows[0]["bytes_per_sample"].as_f64().unwrap_or(f64::NAN);
+    let base_acc = rows[0]["test_accuracy"].as_f64().unwrap_or(f64::NAN);
+    println!(
+        "\nwire dtypes: {}, {} train / {} test Fashion-MNIST, {} epochs, --split freeze",
+        o.model, o.train, o.test, o.epochs
+    );
+    println!("  dtype  bytes/sample  vs f32  epoch 1 s  test acc  vs f32 (points)");
+    for r in &mut rows {
+        let b = r["bytes_per_sample"].as_f64().unwrap_or(f64::NAN);
+        let a = r["test_accuracy"].as_f64().unwrap_or(f64::NAN);
+        r["bytes_vs_f32"] = json!(b / base_bytes);
+        r["accuracy_points_vs_f32"] = json!((a - base_acc) * 100.0);
+        println!(
+            "  {:<5}  {:>12.1}  {:>5.3}x  {:>9.1}  {:>7.2}%  {:+.2}",
+            r["dtype"].as_str().unwrap_or("?"),
+            b,
+            b / base_bytes,
+            r["epoch1_s"].as_f64().unwrap_or(f64::NAN),
+            a * 100.0,
+            (a - base_acc) * 100.0
+        );
+    }
+    let summary = out.join("summary.json");
+    let doc = json!({"model": o.model, "train": o.train, "test": o.test, "epochs": o.epochs, "dtypes": rows});
     std::fs::write(
         &summary,
         serde_json::to_vec_pretty(&doc).map_err(|e| e.to_string())?,

@@ -130,6 +130,9 @@ class FeatureDataset(IterableDataset):
     @staticmethod
     def _rows(future: Future) -> Iterator[Tuple[torch.Tensor, int]]:
         features, labels = future.result()
+        if features is not None and features.is_floating_point():
+            # f16/bf16 on the wire (options={"dtype": "f16"}) halve the bytes; training sees f32.
+            features = features.float()
         for i, label in enumerate(labels):
             yield features[i], label
 

@@ -112,6 +112,55 @@ pub struct StorageClient {
     next: AtomicUsize,
     /// Requests retried so far.
     retries: AtomicUsize,
+    /// Element type [`StorageClient::invoke`] asks for at splits >= 1.
+    dtype: WireDtype,
+}
+
+/// The element type features travel in (`feature-extract`'s `dtype` option). They are widened
+/// to f32 on arrival; f16 and bf16 halve the bytes on the network.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WireDtype {
+    #[default]
+    F32,
+    F16,
+    Bf16,
+}
+
+impl WireDtype {
+    /// Bytes per element on the wire.
+    pub fn size(self) -> u64 {
+        match self {
+            WireDtype::F32 => 4,
+            WireDtype::F16 | WireDtype::Bf16 => 2,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            WireDtype::F32 => "f32",
+            WireDtype::F16 => "f16",
+            WireDtype::Bf16 => "bf16",
+        }
+    }
+}
+
+impl std::str::FromStr for WireDtype {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "f32" => Ok(Self::F32),
+            "f16" => Ok(Self::F16),
+            "bf16" => Ok(Self::Bf16),
+            other => Err(format!("`{other}`: expected f32, f16 or bf16")),
+        }
+    }
+}
+
+impl std::fmt::Display for WireDtype {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
 }
 
 enum Attempt {
@@ -146,7 +195,19 @@ impl StorageClient {
             retry,
             next: AtomicUsize::new(0),
             retries: AtomicUsize::new(0),
+            dtype: WireDtype::F32,
         })
+    }
+
+    /// Asks for features in `dtype` at splits >= 1 (split 0, the preprocessed input, stays f32).
+    #[must_use]
+    pub fn with_dtype(mut self, dtype: WireDtype) -> Self {
+        self.dtype = dtype;
+        self
+    }
+
+    pub fn dtype(&self) -> WireDtype {
+        self.dtype
     }
 
     pub fn hosts(&self) -> &[String] {
@@ -209,7 +270,8 @@ impl StorageClient {
     }
 
     /// Runs the pushdown function on `keys` with layers [0, `split`) of `model`, retrying
-    /// transient failures.
+    /// transient failures. At splits >= 1 the features travel in the client's
+    /// [`WireDtype`] and arrive widened to f32.
     pub async fn invoke(
         &self,
         bucket: &str,
@@ -222,14 +284,18 @@ impl StorageClient {
             keys: keys.to_vec(),
             model: Some(model.to_string()),
             split: Some(u32::try_from(split).unwrap_or(u32::MAX)),
-            options: Default::default(),
+            options: if split > 0 && self.dtype != WireDtype::F32 {
+                [("dtype".to_string(), self.dtype.name().to_string())].into()
+            } else {
+                Default::default()
+            },
         };
         self.call(&body).await
     }
 
     /// Sends any invocation (`model` and `split` optional, the function's own options) to the
-    /// client's function, retrying transient failures. The function must answer with an f32
-    /// tensor (`feature-extract` does).
+    /// client's function, retrying transient failures. The function must answer with an f32,
+    /// f16 or bf16 tensor (`feature-extract` does); the latter two are widened to f32.
     pub async fn call(&self, body: &InvokeRequest) -> Result<Features, InvokeError> {
         let keys = &body.keys;
         let started = Instant::now();
@@ -350,23 +416,54 @@ impl StorageClient {
     }
 }
 
-/// The `features` tensor of a safetensors body as f32s.
+/// The `features` tensor of a safetensors body as f32s (F16 and BF16 widened exactly).
 pub fn parse_features(body: &[u8]) -> Result<(Vec<i64>, Vec<f32>), String> {
     let st = safetensors::SafeTensors::deserialize(body)
         .map_err(|e| format!("response is not safetensors: {e:?}"))?;
     let t = st
         .tensor("features")
         .map_err(|e| format!("response has no `features` tensor: {e:?}"))?;
-    if t.dtype() != safetensors::Dtype::F32 {
-        return Err(format!("`features` is {:?}, expected F32", t.dtype()));
-    }
     let shape: Vec<i64> = t.shape().iter().map(|&d| d as i64).collect();
-    let data = t
-        .data()
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect();
+    let halves = || {
+        t.data()
+            .chunks_exact(2)
+            .map(|c| u16::from_le_bytes([c[0], c[1]]))
+    };
+    let data = match t.dtype() {
+        safetensors::Dtype::F32 => t
+            .data()
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect(),
+        safetensors::Dtype::F16 => halves().map(f16_to_f32).collect(),
+        safetensors::Dtype::BF16 => halves().map(bf16_to_f32).collect(),
+        other => {
+            return Err(format!(
+                "`features` is {other:?}, expected F32, F16 or BF16"
+            ));
+        }
+    };
     Ok((shape, data))
+}
+
+/// An IEEE 754 half as f32 (exact: every half is an f32).
+pub fn f16_to_f32(h: u16) -> f32 {
+    let negative = h & 0x8000 != 0;
+    let exp = u32::from((h >> 10) & 0x1f);
+    let man = u32::from(h & 0x3ff);
+    let magnitude = match exp {
+        // Zero and subnormals: man x 2^-24.
+        0 => man as f32 * (1.0 / 16_777_216.0),
+        0x1f if man == 0 => f32::INFINITY,
+        0x1f => f32::from_bits(0x7fc0_0000 | (man << 13)),
+        e => f32::from_bits(((e + 127 - 15) << 23) | (man << 13)),
+    };
+    if negative { -magnitude } else { magnitude }
+}
+
+/// A bfloat16 as f32 (exact: it is an f32's upper half).
+pub fn bf16_to_f32(h: u16) -> f32 {
+    f32::from_bits(u32::from(h) << 16)
 }
 
 /// An error with its sources, which is where reqwest says "connection refused".
@@ -391,5 +488,27 @@ mod tests {
     #[test]
     fn features_that_are_not_safetensors_are_an_error() {
         assert!(parse_features(b"not a tensor").is_err());
+    }
+
+    #[test]
+    fn halves_widen_exactly() {
+        for (h, v) in [
+            (0x0000, 0.0),
+            (0x3c00, 1.0),
+            (0xc000, -2.0),
+            (0x3555, 0.333_251_95),
+            (0x7bff, 65504.0),
+            (0x0400, 6.103_515_6e-5),
+            (0x0001, 5.960_464_5e-8),
+            (0x83ff, -6.097_555e-5),
+            (0x7c00, f32::INFINITY),
+            (0xfc00, f32::NEG_INFINITY),
+        ] {
+            assert_eq!(f16_to_f32(h), v, "{h:#06x}");
+        }
+        assert!(f16_to_f32(0x7e00).is_nan());
+        assert_eq!(f16_to_f32(0x8000).to_bits(), (-0.0f32).to_bits());
+        assert_eq!(bf16_to_f32(0x3f80), 1.0);
+        assert_eq!(bf16_to_f32(0xc0a0), -5.0);
     }
 }

@@ -7,7 +7,11 @@
 //! dimension follows the order of the invocation's keys. `model` is required; without `split`
 //! it runs up to the model's freeze index (all its frozen layers).
 //!
-//! Options: none; any option is rejected, so a typo does not go unnoticed.
+//! Options: `dtype` = `f32` (the default), `f16` or `bf16`: the element type of the output. The
+//! layers run in FP32 either way; the host's device narrows their output (the graph is loaded
+//! as `<model>[0..split]@f16`), which halves what the response carries. Split 0 (the
+//! preprocessed input itself) is f32 only. Any other option is rejected, so a typo does not go
+//! unnoticed.
 //!
 //! Build: `cargo component build --release --target wasm32-wasip2`, or plain
 //! `cargo build --release` in `guest-fns/` (its `.cargo/config.toml` selects wasm32-wasip2).
@@ -37,10 +41,16 @@ struct FeatureExtract;
 
 impl Guest for FeatureExtract {
     fn run(invocation: Invocation) -> Result<TensorOut, Error> {
-        if let Some((key, _)) = invocation.options.first() {
-            return Err(Error::BadRequest(format!(
-                "feature-extract takes no options (got `{key}`)"
-            )));
+        let mut dtype = Dtype::F32;
+        for (key, value) in &invocation.options {
+            match key.as_str() {
+                "dtype" => dtype = Dtype::parse(value)?,
+                _ => {
+                    return Err(Error::BadRequest(format!(
+                        "feature-extract takes one option, `dtype` (got `{key}`)"
+                    )));
+                }
+            }
         }
         if invocation.keys.is_empty() || invocation.keys.len() > MAX_KEYS {
             return Err(Error::BadRequest(format!(
@@ -77,13 +87,57 @@ impl Guest for FeatureExtract {
         let mut dims = vec![invocation.keys.len() as u32];
         dims.extend(transform.sample_shape());
         if split == 0 {
+            if dtype != Dtype::F32 {
+                return Err(Error::BadRequest(format!(
+                    "dtype `{}` needs split >= 1: split 0 returns the preprocessed input, in f32",
+                    dtype.name()
+                )));
+            }
             return Ok(TensorOut {
                 dimensions: dims,
                 ty: ElementType::F32,
                 data,
             });
         }
-        infer(&info.name, split, dims, data)
+        infer(&info.name, split, dtype, dims, data)
+    }
+}
+
+/// The `dtype` option.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Dtype {
+    F32,
+    F16,
+    Bf16,
+}
+
+impl Dtype {
+    fn parse(s: &str) -> Result<Self, Error> {
+        match s {
+            "f32" => Ok(Self::F32),
+            "f16" => Ok(Self::F16),
+            "bf16" => Ok(Self::Bf16),
+            other => Err(Error::BadRequest(format!(
+                "dtype `{other}`: expected f32, f16 or bf16"
+            ))),
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Self::F32 => "f32",
+            Self::F16 => "f16",
+            Self::Bf16 => "bf16",
+        }
+    }
+
+    /// What wasi-nn returns and what the output says.
+    fn types(self) -> (tensor::TensorType, ElementType) {
+        match self {
+            Self::F32 => (tensor::TensorType::Fp32, ElementType::F32),
+            Self::F16 => (tensor::TensorType::Fp16, ElementType::F16),
+            Self::Bf16 => (tensor::TensorType::Bf16, ElementType::Bf16),
+        }
     }
 }
 
@@ -126,8 +180,18 @@ fn nn_error(what: &str, e: nn::errors::Error) -> Error {
     Error::Inference(format!("{what}: {:?}: {}", e.code(), e.data()))
 }
 
-fn infer(model: &str, split: u32, dims: Vec<u32>, data: Vec<u8>) -> Result<TensorOut, Error> {
-    let name = format!("{model}[0..{split}]");
+fn infer(
+    model: &str,
+    split: u32,
+    dtype: Dtype,
+    dims: Vec<u32>,
+    data: Vec<u8>,
+) -> Result<TensorOut, Error> {
+    let name = match dtype {
+        Dtype::F32 => format!("{model}[0..{split}]"),
+        other => format!("{model}[0..{split}]@{}", other.name()),
+    };
+    let (nn_type, out_type) = dtype.types();
     let graph =
         graph::load_by_name(&name).map_err(|e| nn_error(&format!("loading graph `{name}`"), e))?;
     let context = graph
@@ -144,15 +208,15 @@ fn infer(model: &str, split: u32, dims: Vec<u32>, data: Vec<u8>) -> Result<Tenso
         )));
     }
     let (_, output) = outputs.remove(0);
-    if output.ty() != tensor::TensorType::Fp32 {
+    if output.ty() != nn_type {
         return Err(Error::Inference(format!(
-            "`{name}` returned {:?}, expected FP32",
+            "`{name}` returned {:?}, expected {nn_type:?}",
             output.ty()
         )));
     }
     Ok(TensorOut {
         dimensions: output.dimensions(),
-        ty: ElementType::F32,
+        ty: out_type,
         data: output.data(),
     })
 }

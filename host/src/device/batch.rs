@@ -7,7 +7,10 @@ use hapi_model::ModelPackage;
 use std::ops::Range;
 use tch::{Device, Kind, Tensor};
 
-/// Bytes of one f32 element: inputs and outputs are f32, in the machine's (little-endian) order.
+use crate::device::job::OutKind;
+
+/// Bytes of one f32 element: inputs are f32, in the machine's (little-endian) order, and so are
+/// outputs unless a call asks for a narrower [`OutKind`].
 const F32: usize = 4;
 #[cfg(not(target_endian = "little"))]
 compile_error!(
@@ -19,11 +22,13 @@ compile_error!(
 pub struct Dest<'a> {
     pub out: &'a mut Vec<u8>,
     pub take: i64,
+    /// The element type this slice's output is written in.
+    pub kind: OutKind,
 }
 
 /// Runs layers `range` of `model` on the concatenation of `inputs` (each a whole number of
-/// samples of `shape`) and appends each input's output to its `dests` entry. The output of
-/// each sample must have `out_shape`.
+/// samples of `shape`) and appends each input's output to its `dests` entry, narrowed on the
+/// device to the entry's [`OutKind`]. The output of each sample must have `out_shape`.
 pub fn run(
     model: &ModelPackage,
     range: Range<usize>,
@@ -83,11 +88,6 @@ fn run_inner(
     };
     let y = model.run(range, &x).map_err(|e| e.to_string())?;
     drop(x);
-    hapi_model::device::synchronize(model.device());
-    let y = y
-        .f_to_device(Device::Cpu)
-        .and_then(|y| y.f_contiguous())
-        .map_err(|e| e.to_string())?;
     if y.kind() != Kind::Float {
         return Err(format!("the segment returned {:?}, not f32", y.kind()));
     }
@@ -107,12 +107,23 @@ fn run_inner(
     let mut offset = 0i64;
     for d in dests.iter_mut() {
         let part = y.f_narrow(0, offset, d.take).map_err(|e| e.to_string())?;
+        // Narrowed where the batch ran (on a GPU, before the copy to the host), then copied.
+        let part = if d.kind == OutKind::F32 {
+            part
+        } else {
+            part.f_to_kind(d.kind.kind()).map_err(|e| e.to_string())?
+        };
+        let part = part
+            .f_to_device(Device::Cpu)
+            .and_then(|p| p.f_contiguous())
+            .map_err(|e| e.to_string())?;
         let numel = per_sample * usize::try_from(d.take).map_err(|_| "negative slice")?;
         let start = d.out.len();
-        d.out.resize(start + numel * F32, 0);
+        d.out.resize(start + numel * d.kind.size() as usize, 0);
         part.f_copy_data_u8(&mut d.out[start..], numel)
             .map_err(|e| e.to_string())?;
         offset += d.take;
     }
+    hapi_model::device::synchronize(model.device());
     Ok(())
 }

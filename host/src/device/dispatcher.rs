@@ -30,7 +30,7 @@
 use crate::account::{Charge, Deadline};
 use crate::device::batch::{self, Dest};
 use crate::device::budget::{Budget, Pin, Reservation};
-use crate::device::job::{Input, Ran};
+use crate::device::job::{Input, OutKind, Ran};
 use crate::device::schedule::{Fair, Pending, Slice, fill, stretch};
 use crate::device::stats::Stats;
 use crate::device::types::{DeviceConfig, DeviceError};
@@ -115,6 +115,7 @@ impl Job {
                     let dest = Dest {
                         out: &mut c.output,
                         take: *take,
+                        kind: c.out_kind,
                     };
                     (input, dest)
                 })
@@ -165,6 +166,8 @@ pub struct Call {
     pub input: Input,
     /// Per-sample output shape.
     pub out_shape: Vec<i64>,
+    /// The output's element type.
+    pub out_kind: OutKind,
     /// Filled slice by slice; its capacity was charged when the call was made.
     pub output: Vec<u8>,
     pub out_charge: Charge,

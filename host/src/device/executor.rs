@@ -116,6 +116,7 @@ impl Device {
             pin,
             range,
             input,
+            out,
             account,
             deadline,
         } = job;
@@ -128,7 +129,7 @@ impl Device {
             .to_vec();
         let out_bytes = out_shape
             .iter()
-            .try_fold(4u64 * n as u64, |acc, &d| acc.checked_mul(d as u64))
+            .try_fold(out.size() * n as u64, |acc, &d| acc.checked_mul(d as u64))
             .ok_or_else(|| DeviceError::TooLarge("output dimensions overflow".into()))?;
         let out_charge = account
             .charge(out_bytes, "compute output")
@@ -188,6 +189,7 @@ impl Device {
                 cost,
                 input,
                 out_shape,
+                out_kind: out,
                 output,
                 out_charge,
                 held,
@@ -219,6 +221,7 @@ impl Device {
                     &cost,
                     &input,
                     &out_shape,
+                    out,
                     &mut output,
                     &d,
                     &cancel,
@@ -254,6 +257,7 @@ fn run_here(
     cost: &hapi_wire::profile::SegmentCost,
     input: &crate::device::job::Input,
     out_shape: &[i64],
+    out: crate::device::job::OutKind,
     output: &mut Vec<u8>,
     deadline: &Deadline,
     cancel: &AtomicBool,
@@ -301,6 +305,7 @@ fn run_here(
             &mut [Dest {
                 out: output,
                 take: b,
+                kind: out,
             }],
         );
         let took = started.elapsed();

@@ -439,6 +439,8 @@ fn encode(
         ElementType::F32 => Dtype::F32,
         ElementType::U8 => Dtype::U8,
         ElementType::I64 => Dtype::I64,
+        ElementType::F16 => Dtype::F16,
+        ElementType::Bf16 => Dtype::BF16,
     };
     let shape: Vec<u64> = out.dimensions.iter().map(|&d| u64::from(d)).collect();
     let header = hapi_wire::tensor::header(dtype, &shape, out.data.len() as u64, meta)

@@ -9,8 +9,9 @@ use crate::bindings::wasi::nn::tensor::{self, TensorDimensions, TensorType};
 use crate::caps::caller::{Caller, Stop};
 use crate::caps::nn::resources::{
     Code, Context, ElemType, Graph, GraphInfo, NnError, Tensor, check_input, parse_graph_name,
+    split_out_kind,
 };
-use crate::device::{Device, DeviceError, Input, Job};
+use crate::device::{Device, DeviceError, Input, Job, OutKind};
 use crate::models::Models;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -153,7 +154,10 @@ impl graph::Host for NnView<'_> {
     }
 
     async fn load_by_name(&mut self, name: String) -> Answer<Resource<Graph>> {
-        let (model, range) = match parse_graph_name(&name) {
+        let parsed = split_out_kind(&name).and_then(|(graph, out)| {
+            parse_graph_name(graph).map(|(model, range)| (model, range, out))
+        });
+        let (model, range, out) = match parsed {
             Ok(p) => p,
             Err(e) => return self.error(Code::InvalidArgument, e),
         };
@@ -191,6 +195,7 @@ impl graph::Host for NnView<'_> {
             model: resolved.id,
             range,
             input_shape,
+            out,
         };
         let charge = self
             .ctx
@@ -331,6 +336,7 @@ impl inference::HostGraphExecutionContext for NnView<'_> {
                 shape: info.input_shape.clone(),
                 n,
             },
+            out: info.out,
             account: Arc::clone(&caller.account),
             deadline: Arc::clone(&caller.deadline),
         };
@@ -357,7 +363,11 @@ impl inference::HostGraphExecutionContext for NnView<'_> {
             .map_err(trap)?;
         let out = self.table.push(Tensor {
             dimensions,
-            ty: ElemType::Fp32,
+            ty: match info.out {
+                OutKind::F32 => ElemType::Fp32,
+                OutKind::F16 => ElemType::Fp16,
+                OutKind::Bf16 => ElemType::Bf16,
+            },
             data: ran.output,
             charge: ran.charge.absorb(handle),
         })?;

@@ -2,9 +2,9 @@
 //! (layers [0, s) already applied there), or the stored objects themselves (no pushdown: the
 //! trainer reads, decodes and preprocesses them with the same code the guest uses).
 
-use crate::client::{InvokeError, ServerTiming, StorageClient};
 use crate::dataset::Sample;
 use futures::{StreamExt, TryStreamExt};
+use hapi_client::{InvokeError, ServerTiming, StorageClient};
 use hapi_preprocess::Transform;
 use object_store::{ObjectStore, ObjectStoreExt};
 use std::sync::Arc;

@@ -46,7 +46,7 @@ commands:
                      the same linear probe with features sent as f32, f16 and bf16: bytes
                      per sample and test accuracy (table, target/eval-dtype/summary.json)
   layout [crate]     the module graph of host/src (or the crate's src/); fails on an import
-                     cycle (part of `test`)
+                     cycle (part of `test`, for host/ and compute/)
   features           every package builds tch and its dependencies with the workspace's
                      features, so `cargo run -p <any>` does not rebuild them (part of `test`)
   soak [--tenants N] [--minutes M] [--quiet-neighbours]
@@ -125,6 +125,7 @@ fn test(args: &[String]) -> Result<(), String> {
     if lint {
         sh::step("module layout (no import cycles)");
         layout::run(&env.workspace, &[])?;
+        layout::run(&env.workspace, &["compute".to_string()])?;
         sh::step("torch crates alike for every package");
         features::run(&env.workspace)?;
         sh::step("cargo fmt --check");

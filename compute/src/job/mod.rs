@@ -1,0 +1,16 @@
+//! A transfer-learning job: list the data, choose the split, train epochs through the
+//! pipeline, evaluate, checkpoint, and write the results.
+
+mod cache;
+mod checkpoint;
+mod config;
+mod plan;
+mod report;
+mod sweep;
+mod train;
+
+pub use config::{EpochResult, JobConfig, PlanReport, Probe, Results, SplitArg};
+pub use plan::{PLAUSIBLE, PROBE_CANDIDATES, PROBE_ITERATIONS, probe_candidates};
+pub use report::{print_plan, write_json};
+pub use sweep::{SweepCase, SweepResults};
+pub use train::Job;

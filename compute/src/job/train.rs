@@ -1,0 +1,533 @@
+//! The job itself: opening it (model, data, hosts, feature store), feeding batches through the
+//! pipeline, training epochs, evaluating, and the whole run.
+
+use crate::dataset::{Dataset, Limits, Sample, epoch_order};
+use crate::features::{self, FeatureStore, Identity};
+use crate::head::Head;
+use crate::pipeline::{self, StageTimes};
+use crate::plan::{Drift, Split};
+use crate::source::{Fetched, Source};
+use anyhow::{Context, bail};
+use hapi_client::{RetryPolicy, StorageClient};
+use hapi_model::ModelPackage;
+use indicatif::{ProgressBar, ProgressStyle};
+use object_store::ObjectStore;
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Instant;
+use tch::{Device, Tensor};
+use tokio::runtime::Runtime;
+
+use super::config::{EpochResult, JobConfig, Results, SplitArg};
+use super::report::{print_epoch, print_plan, write_json};
+
+/// A job ready to run.
+pub struct Job {
+    pub(super) cfg: JobConfig,
+    pub(super) rt: Arc<Runtime>,
+    pub(super) pkg: Arc<ModelPackage>,
+    pub(super) freeze: usize,
+    pub(super) device: Device,
+    pub(super) data: Dataset,
+    pub(super) store: Arc<dyn ObjectStore>,
+    pub(super) client: Option<Arc<StorageClient>>,
+    pub(super) head: Head,
+    /// Frozen features (the head's input) by key, with --cache-features or --feature-store.
+    pub(super) cache: HashMap<String, Vec<f32>>,
+    /// With --feature-store: where features persist across jobs.
+    pub(super) features: Option<FeatureStore>,
+    /// Keys whose features were computed since they were last written to the feature store.
+    pub(super) unsaved: Vec<String>,
+}
+
+impl std::fmt::Debug for Job {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Job")
+            .field("cfg", &self.cfg)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A line above the progress bar, or on stderr when there is no bar to print above.
+pub(super) fn log(pb: &ProgressBar, line: &str) {
+    if pb.is_hidden() {
+        eprintln!("{line}");
+    } else {
+        pb.println(line);
+    }
+}
+
+/// What a pass over batches received from the storage tier or the store.
+#[derive(Debug, Default)]
+pub(super) struct Traffic {
+    pub(super) bytes: u64,
+    pub(super) requests: usize,
+    pub(super) server: hapi_client::ServerTiming,
+    /// Keys left out as bad (`--skip-bad`).
+    pub(super) skipped: Vec<String>,
+}
+
+impl Job {
+    /// Loads the model, lists the data and reaches the storage hosts.
+    pub fn open(cfg: JobConfig) -> anyhow::Result<Self> {
+        let device = hapi_model::device::parse(&cfg.device)?;
+        let pkg_dir = cfg.models.join(&cfg.model);
+        let pkg = Arc::new(
+            ModelPackage::load(&pkg_dir, device)
+                .with_context(|| format!("model `{}` in {}", cfg.model, cfg.models.display()))?,
+        );
+        let n = pkg.num_layers();
+        let freeze = cfg.freeze.unwrap_or(pkg.freeze_index());
+        if freeze == 0 || freeze >= n {
+            bail!(
+                "--freeze {freeze}: `{}` has {n} layers; the freeze index must be in 1..{n}",
+                cfg.model
+            );
+        }
+        if let SplitArg::At(s) = cfg.split
+            && s > freeze
+        {
+            bail!(
+                "--split {s} is past the freeze index {freeze}: only frozen layers can be pushed down"
+            );
+        }
+        anyhow::ensure!(cfg.batch > 0, "--batch must be at least 1");
+        let rt = Arc::new(
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()?,
+        );
+        let store = hapi_data::open_bucket(&cfg.store, &cfg.bucket, false)?;
+        let limits = Limits {
+            train: cfg.train_limit,
+            test: cfg.test_limit,
+            seed: cfg.seed,
+        };
+        let data = rt.block_on(Dataset::list(store.as_ref(), &cfg.prefix, limits))?;
+        let (features, cache) = match &cfg.feature_store {
+            Some(root) => {
+                let (fs, cache) = open_feature_store(root, &cfg, &pkg, freeze, &data)?;
+                (Some(fs), cache)
+            }
+            None => (None, HashMap::new()),
+        };
+        // Every sample stored: the job needs no storage host (it may be down).
+        let all_stored = features.is_some()
+            && data
+                .train
+                .iter()
+                .chain(&data.test)
+                .all(|s| cache.contains_key(&s.key));
+        let client = if cfg.split == SplitArg::None {
+            None
+        } else {
+            let retry = RetryPolicy {
+                give_up_after: std::time::Duration::from_secs_f64(cfg.retry_secs),
+                ..RetryPolicy::default()
+            };
+            let c = StorageClient::new(
+                cfg.hosts.clone(),
+                cfg.token.clone(),
+                cfg.function.clone(),
+                retry,
+            )?
+            .with_dtype(cfg.wire_dtype);
+            if !all_stored {
+                rt.block_on(c.check_reachable())?;
+            }
+            Some(Arc::new(c))
+        };
+        let head = Head::new(
+            &pkg,
+            freeze,
+            data.classes.len(),
+            device,
+            cfg.seed,
+            cfg.optimizer,
+            cfg.lr,
+        )?;
+        Ok(Self {
+            cfg,
+            rt,
+            pkg,
+            freeze,
+            device,
+            data,
+            store,
+            client,
+            head,
+            cache,
+            features,
+            unsaved: Vec::new(),
+        })
+    }
+
+    pub fn dataset(&self) -> &Dataset {
+        &self.data
+    }
+
+    pub fn freeze(&self) -> usize {
+        self.freeze
+    }
+
+    pub(super) fn source(&self, split: Split) -> anyhow::Result<Source> {
+        Ok(match split {
+            Split::None => Source::Local {
+                store: Arc::clone(&self.store),
+                transform: self.pkg.manifest().input.transform(),
+                in_flight: self.cfg.in_flight * self.cfg.request_size,
+                skip_bad: self.cfg.skip_bad,
+            },
+            Split::At(s) => Source::Pushdown {
+                client: Arc::clone(
+                    self.client
+                        .as_ref()
+                        .context("a pushdown split needs --host")?,
+                ),
+                bucket: self.cfg.bucket.clone(),
+                model: self.cfg.model.clone(),
+                split: s,
+                request_size: self.cfg.request_size,
+                in_flight: self.cfg.in_flight,
+                skip_bad: self.cfg.skip_bad,
+            },
+        })
+    }
+
+    pub(super) fn iterations(&self) -> usize {
+        let n = self.data.train.len().div_ceil(self.cfg.batch);
+        self.cfg.max_iters.map_or(n, |m| m.min(n))
+    }
+
+    pub(super) fn to_tensor(&self, f: &Fetched) -> anyhow::Result<Tensor> {
+        let shape: Vec<i64> = std::iter::once(f.labels.len() as i64)
+            .chain(f.sample_shape.iter().copied())
+            .collect();
+        Ok(Tensor::from_slice(&f.data)
+            .f_view(shape.as_slice())
+            .context("batch tensor")?
+            .to_device(self.device))
+    }
+
+    /// Layers [s, freeze) on this tier: the head's input.
+    pub(super) fn frozen_rest(&self, split: Split, x: &Tensor) -> anyhow::Result<Tensor> {
+        let start = match split {
+            Split::None => 0,
+            Split::At(s) => s,
+        };
+        Ok(self.pkg.run(start..self.freeze, x)?)
+    }
+
+    pub(super) fn progress(&self, len: usize, prefix: String) -> ProgressBar {
+        let pb = if self.cfg.progress {
+            ProgressBar::new(len as u64)
+        } else {
+            ProgressBar::hidden()
+        };
+        pb.set_style(
+            ProgressStyle::with_template(
+                "{prefix:>12} [{bar:30}] {pos}/{len} it  {msg}  ETA {eta}",
+            )
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> "),
+        );
+        pb.set_prefix(prefix);
+        pb
+    }
+
+    /// Feeds `batches` to `step(head, features, labels)`, where the features are the head's
+    /// input: from the feature cache when it holds every sample, else through the pipeline at
+    /// `split` (layers [s, freeze) run here, and fill the cache with `--cache-features`).
+    /// Returns the stage times, what came over the network, and whether the cache served.
+    /// With `use_cache` false (the planner's probes) the cache is neither read nor filled.
+    pub(super) fn feed(
+        &mut self,
+        split: Split,
+        batches: Vec<Vec<Sample>>,
+        pb: &ProgressBar,
+        use_cache: bool,
+        mut step: impl FnMut(&mut Head, &Tensor, &Tensor) -> anyhow::Result<()>,
+    ) -> anyhow::Result<(StageTimes, Traffic, bool)> {
+        let mut traffic = Traffic::default();
+        let use_cache = use_cache && (self.cfg.cache_features || self.features.is_some());
+        let cached = use_cache
+            && batches
+                .iter()
+                .flatten()
+                .all(|s| self.cache.contains_key(&s.key));
+        if cached {
+            let mut times = StageTimes::default();
+            for batch in &batches {
+                let started = Instant::now();
+                let (x, y) = self
+                    .cached_tensor(batch)
+                    .context("feature cache incomplete")?;
+                step(&mut self.head, &x, &y)?;
+                times.compute.push(started.elapsed().as_secs_f64());
+                pb.inc(1);
+            }
+            return Ok((times, traffic, true));
+        }
+        let source = self.source(split)?;
+        let rt = Arc::clone(&self.rt);
+        let times = pipeline::run(&rt, &source, batches, self.cfg.prefetch, |mut f| {
+            traffic.bytes += f.bytes;
+            traffic.requests += f.requests;
+            traffic.server.add(&f.server);
+            for (key, message) in std::mem::take(&mut f.skipped) {
+                log(pb, &format!("skipped bad object `{key}`: {message}"));
+                traffic.skipped.push(key);
+            }
+            if !f.labels.is_empty() {
+                let x = self.to_tensor(&f)?;
+                let feats = self.frozen_rest(split, &x)?;
+                if use_cache {
+                    self.cache_batch(&f.keys, &feats)?;
+                }
+                let y = Tensor::from_slice(&f.labels).to_device(self.device);
+                step(&mut self.head, &feats, &y)?;
+            }
+            pb.inc(1);
+            Ok(())
+        })?;
+        self.save_features(pb);
+        Ok((times, traffic, false))
+    }
+
+    /// Trains one epoch at `split`; `iters` batches of the epoch's order.
+    pub fn train_epoch(
+        &mut self,
+        epoch: usize,
+        split: Split,
+        iters: usize,
+    ) -> anyhow::Result<EpochResult> {
+        let order = epoch_order(self.data.train.len(), self.cfg.seed, epoch);
+        let batches: Vec<Vec<Sample>> = order
+            .chunks(self.cfg.batch)
+            .take(iters)
+            .map(|c| c.iter().map(|&i| self.data.train[i].clone()).collect())
+            .collect();
+        let pb = self.progress(batches.len(), format!("epoch {}", epoch + 1));
+        let started = Instant::now();
+        let mut losses = Vec::with_capacity(batches.len());
+        let mut samples = 0usize;
+        let retries_before = self.client.as_ref().map_or(0, |c| c.retries());
+        let (times, traffic, cached) = self.feed(split, batches, &pb, true, |head, x, y| {
+            let loss = head.train_step(x, y);
+            samples += x.size()[0] as usize;
+            losses.push(loss);
+            let el = started.elapsed().as_secs_f64();
+            pb.set_message(format!(
+                "{:.0} samples/s  loss {loss:.4}",
+                samples as f64 / el.max(1e-9)
+            ));
+            Ok(())
+        })?;
+        pb.finish_and_clear();
+        let wall = started.elapsed().as_secs_f64();
+        Ok(EpochResult {
+            epoch,
+            split,
+            iterations: losses.len(),
+            samples,
+            wall_s: wall,
+            storage_stage_s: times.mean_storage(),
+            compute_stage_s: times.mean_compute(),
+            starved_s: times.starved,
+            predicted: None,
+            bytes_received: traffic.bytes,
+            requests: traffic.requests,
+            retries: self.client.as_ref().map_or(0, |c| c.retries()) - retries_before,
+            server: traffic.server,
+            train_loss: if losses.is_empty() {
+                f64::NAN
+            } else {
+                losses.iter().sum::<f64>() / losses.len() as f64
+            },
+            step_losses: losses,
+            test_accuracy: None,
+            test_s: None,
+            skipped: traffic.skipped,
+            from_cache: cached,
+            replanned: None,
+        })
+    }
+
+    /// Test accuracy at `split`, and the test objects skipped as bad.
+    pub fn evaluate(&mut self, split: Split) -> anyhow::Result<(f64, Vec<String>)> {
+        let batches: Vec<Vec<Sample>> = self
+            .data
+            .test
+            .chunks(self.cfg.batch)
+            .map(<[Sample]>::to_vec)
+            .collect();
+        let pb = self.progress(batches.len(), "test".into());
+        let mut correct = 0i64;
+        let mut total = 0i64;
+        let (_, traffic, _) = self.feed(split, batches, &pb, true, |head, x, y| {
+            correct += head.correct(x, y);
+            total += x.size()[0];
+            Ok(())
+        })?;
+        pb.finish_and_clear();
+        Ok((correct as f64 / total.max(1) as f64, traffic.skipped))
+    }
+
+    /// Runs the whole job.
+    pub fn run(mut self) -> anyhow::Result<Results> {
+        let device = format!("{:?}", self.device);
+        let mut results = Results {
+            config: self.cfg.clone(),
+            device,
+            classes: self.data.classes.clone(),
+            train_samples: self.data.train.len(),
+            test_samples: self.data.test.len(),
+            freeze: self.freeze,
+            trainable_params: self.head.num_params(),
+            plan: None,
+            epochs: Vec::new(),
+            skipped_total: 0,
+        };
+        let mut split = self.fixed_split(self.cfg.split);
+        let mut start_epoch = 0;
+        if self.cfg.resume {
+            if let Some((dir, state)) = self.latest_checkpoint()? {
+                self.head.load(&dir)?;
+                start_epoch = state.epochs_done;
+                split = state.split;
+                results.epochs = state.results.epochs;
+                results.plan = state.results.plan;
+                eprintln!(
+                    "resuming after epoch {start_epoch} from {} (split {split})",
+                    dir.display()
+                );
+            } else {
+                eprintln!("--resume: no checkpoint yet; starting from the beginning");
+            }
+        }
+        let mut costs = None;
+        if self.cfg.split == SplitArg::Auto && results.plan.is_none() && self.all_stored() {
+            eprintln!(
+                "every sample's features are in the feature store: nothing to extract, no split to choose"
+            );
+        } else if self.cfg.split == SplitArg::Auto {
+            let report = match results.plan.clone() {
+                Some(p) => p,
+                None => {
+                    eprintln!("profiling both tiers and the network to choose the split...");
+                    let p = self.plan()?;
+                    split = p.chosen;
+                    p
+                }
+            };
+            print_plan(&report);
+            costs = Some(report.costs.clone());
+            results.plan = Some(report);
+        }
+        let iters = self.iterations();
+        for epoch in start_epoch..self.cfg.epochs {
+            let mut r = self.train_epoch(epoch, split, iters)?;
+            r.predicted = costs.as_ref().map(|c| c.estimate(split));
+            if self.cfg.test && !self.data.test.is_empty() {
+                let t = Instant::now();
+                let (acc, skipped) = self.evaluate(split)?;
+                r.test_accuracy = Some(acc);
+                r.test_s = Some(t.elapsed().as_secs_f64());
+                r.skipped.extend(skipped);
+            }
+            print_epoch(&r, self.cfg.epochs);
+            if let (Some(c), Some(pred)) = (costs.as_mut(), r.predicted)
+                && !r.from_cache
+            {
+                let drift = Drift::of(&pred, r.storage_stage_s, r.compute_stage_s);
+                if drift.exceeds(self.cfg.replan_threshold) {
+                    c.storage_scale *= 1.0 + drift.storage;
+                    c.compute_scale *= 1.0 + drift.compute;
+                    let next = c.choose();
+                    let note = format!(
+                        "re-plan: storage stage {:+.0}%, compute stage {:+.0}% against the plan; split {split} -> {}",
+                        drift.storage * 100.0,
+                        drift.compute * 100.0,
+                        next.split
+                    );
+                    eprintln!("{note}");
+                    r.replanned = Some(note);
+                    split = next.split;
+                    if let Some(p) = results.plan.as_mut() {
+                        p.costs = c.clone();
+                    }
+                }
+            }
+            results.skipped_total += r.skipped.len();
+            results.epochs.push(r);
+            self.write_checkpoint(epoch + 1, split, &results)?;
+            if let Some(out) = &self.cfg.out {
+                write_json(out, &results)?;
+            }
+        }
+        Ok(results)
+    }
+}
+
+/// `MemAvailable` from /proc/meminfo (the compute tier's memory limit unless given).
+pub(super) fn available_memory() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find_map(|l| l.strip_prefix("MemAvailable:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .map_or(u64::MAX, |kb| kb * 1024)
+}
+
+/// Opens the job's folder of the feature store under `root` and reads what it holds of the data
+/// set (the features of samples whose object has not changed since).
+fn open_feature_store(
+    root: &Path,
+    cfg: &JobConfig,
+    pkg: &ModelPackage,
+    freeze: usize,
+    data: &Dataset,
+) -> anyhow::Result<(FeatureStore, HashMap<String, Vec<f32>>)> {
+    let store = if cfg.store.contains("://") {
+        format!(
+            "{} (endpoint {})",
+            cfg.store,
+            std::env::var("AWS_ENDPOINT").unwrap_or_default()
+        )
+    } else {
+        std::fs::canonicalize(&cfg.store)
+            .map_or_else(|_| cfg.store.clone(), |p| p.display().to_string())
+    };
+    let identity = Identity {
+        store,
+        bucket: cfg.bucket.clone(),
+        function: cfg.function.clone(),
+        model: cfg.model.clone(),
+        package_digest: features::package_digest(pkg, freeze)?,
+        freeze,
+        dtype: cfg.wire_dtype.name().into(),
+        sample_shape: pkg.manifest().layers[freeze].input_shape.clone(),
+    };
+    let fs = FeatureStore::open(root, identity)?;
+    let all: Vec<Sample> = data.train.iter().chain(&data.test).cloned().collect();
+    let loaded = fs.load(&all);
+    for w in &loaded.warnings {
+        eprintln!("feature store: {w}");
+    }
+    eprintln!(
+        "feature store {}: {} of {} samples stored{}",
+        fs.dir().display(),
+        loaded.features.len(),
+        all.len(),
+        if loaded.stale > 0 {
+            format!(" ({} objects changed since: extracted again)", loaded.stale)
+        } else {
+            String::new()
+        }
+    );
+    Ok((fs, loaded.features))
+}

@@ -7,7 +7,7 @@ use crate::jobs::{self, TOKEN};
 use crate::setup;
 use crate::sh;
 use serde_json::{Value, json};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
@@ -88,44 +88,65 @@ fn accuracy(r: &Value) -> f64 {
         .unwrap_or(f64::NAN)
 }
 
-pub fn run(args: &[String]) -> Result<(), String> {
-    let o = options(args)?;
-    let env = setup::run()?;
-    let bins = jobs::build(&env)?;
-    let store = env.workspace.join("data/store");
-    jobs::load_fashion_mnist(&env, &bins, &store)?;
-    let out = env.workspace.join("target/eval-sweep");
+/// Writes `out/summary.json` and says where.
+fn write_summary(out: &Path, doc: Value) -> Result<(), String> {
+    let summary = out.join("summary.json");
+    let text = serde_json::to_vec_pretty(&doc).map_err(|e| e.to_string())?;
+    std::fs::write(&summary, text).map_err(|e| format!("{}: {e}", summary.display()))?;
+    println!("summary: {}", summary.display());
+    Ok(())
+}
+
+/// `rel` under the workspace, emptied.
+fn fresh_dir(env: &setup::Env, rel: &str) -> Result<PathBuf, String> {
+    let out = env.workspace.join(rel);
     let _ = std::fs::remove_dir_all(&out);
     std::fs::create_dir_all(&out).map_err(|e| format!("{}: {e}", out.display()))?;
-    let features = out.join("features");
-    // Device batches from each call alone: jobs compared loss for loss must see the same
-    // batches, not those that timing made (libtorch rounds differently per batch size).
-    let text = jobs::policy(
-        &env,
+    Ok(out)
+}
+
+/// Fashion-MNIST in the local store (`data/store`), and a `hapi-host` serving `model` from it
+/// with its policy and state under `out` (`pool = false`: device batches from each call alone).
+/// Returns the host and the store's path.
+fn fashion_mnist_host(
+    env: &setup::Env,
+    bins: &Path,
+    out: &Path,
+    model: &str,
+    pool: bool,
+) -> Result<(jobs::HostProcess, String), String> {
+    let store = env.workspace.join("data/store");
+    jobs::load_fashion_mnist(env, bins, &store)?;
+    let mut text = jobs::policy(
+        env,
         &store.display().to_string(),
         "",
         &out.join("host-state"),
-        &jobs::token_hash(&bins)?,
-        &format!("\"{}\"", o.model),
+        &jobs::token_hash(bins)?,
+        &format!("\"{model}\""),
         "fashion-mnist",
-    )
-    .replace("device = \"auto\"\n", "device = \"auto\"\npool = false\n");
+    );
+    if !pool {
+        text = text.replace("device = \"auto\"\n", "device = \"auto\"\npool = false\n");
+    }
     let policy_path = out.join("policy.toml");
     std::fs::write(&policy_path, text).map_err(|e| format!("{}: {e}", policy_path.display()))?;
     let mut cmd = Command::new(bins.join("hapi-host"));
     cmd.args(["serve", "--policy"])
         .arg(&policy_path)
         .envs(env.vars());
-    let host = jobs::start_host(cmd)?;
-    let store_s = store.display().to_string();
-    let features_s = features.display().to_string();
-    let common: Vec<&str> = vec![
+    Ok((jobs::start_host(cmd)?, store.display().to_string()))
+}
+
+/// The hapi-train arguments both evaluations share (`--split freeze`, batch 32).
+fn common_args(url: &str, store: &str, o: &Options) -> Vec<String> {
+    [
         "--host",
-        &host.url,
+        url,
         "--token",
         TOKEN,
         "--store",
-        &store_s,
+        store,
         "--bucket",
         "datasets",
         "--prefix",
@@ -143,7 +164,24 @@ pub fn run(args: &[String]) -> Result<(), String> {
         "--epochs",
         &o.epochs,
         "--quiet",
-    ];
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
+pub fn run(args: &[String]) -> Result<(), String> {
+    let o = options(args)?;
+    let env = setup::run()?;
+    let bins = jobs::build(&env)?;
+    let out = fresh_dir(&env, "target/eval-sweep")?;
+    let features = out.join("features");
+    // Device batches from each call alone: jobs compared loss for loss must see the same
+    // batches, not those that timing made (libtorch rounds differently per batch size).
+    let (host, store) = fashion_mnist_host(&env, &bins, &out, &o.model, false)?;
+    let features_s = features.display().to_string();
+    let common = common_args(&host.url, &store, &o);
+    let common: Vec<&str> = common.iter().map(String::as_str).collect();
     let mut rows = Vec::new();
     let mut first_s = f64::NAN;
     for (i, lr) in o.lrs.iter().enumerate() {
@@ -218,15 +256,10 @@ pub fn run(args: &[String]) -> Result<(), String> {
                 .map_or("-".to_string(), |d| format!("{d:.1e}")),
         );
     }
-    let summary = out.join("summary.json");
-    let doc = json!({"model": o.model, "train": o.train, "test": o.test, "epochs": o.epochs, "jobs": rows});
-    std::fs::write(
-        &summary,
-        serde_json::to_vec_pretty(&doc).map_err(|e| e.to_string())?,
+    write_summary(
+        &out,
+        json!({"model": o.model, "train": o.train, "test": o.test, "epochs": o.epochs, "jobs": rows}),
     )
-    .map_err(|e| format!("{}: {e}", summary.display()))?;
-    println!("summary: {}", summary.display());
-    Ok(())
 }
 
 /// `cargo xtask eval-dtype`: the same linear probe (EfficientNet-Lite0's frozen layers pushed
@@ -248,59 +281,14 @@ pub fn dtype(args: &[String]) -> Result<(), String> {
     }
     let env = setup::run()?;
     let bins = jobs::build(&env)?;
-    let store = env.workspace.join("data/store");
-    jobs::load_fashion_mnist(&env, &bins, &store)?;
-    let out = env.workspace.join("target/eval-dtype");
-    let _ = std::fs::remove_dir_all(&out);
-    std::fs::create_dir_all(&out).map_err(|e| format!("{}: {e}", out.display()))?;
-    let text = jobs::policy(
-        &env,
-        &store.display().to_string(),
-        "",
-        &out.join("host-state"),
-        &jobs::token_hash(&bins)?,
-        &format!("\"{}\"", o.model),
-        "fashion-mnist",
-    );
-    let policy_path = out.join("policy.toml");
-    std::fs::write(&policy_path, text).map_err(|e| format!("{}: {e}", policy_path.display()))?;
-    let mut cmd = Command::new(bins.join("hapi-host"));
-    cmd.args(["serve", "--policy"])
-        .arg(&policy_path)
-        .envs(env.vars());
-    let host = jobs::start_host(cmd)?;
-    let store_s = store.display().to_string();
+    let out = fresh_dir(&env, "target/eval-dtype")?;
+    let (host, store) = fashion_mnist_host(&env, &bins, &out, &o.model, true)?;
+    let common = common_args(&host.url, &store, &o);
     let mut rows = Vec::new();
     for dtype in ["f32", "f16", "bf16"] {
         sh::step(&format!("--wire-dtype {dtype}"));
-        let args: Vec<&str> = vec![
-            "--host",
-            &host.url,
-            "--token",
-            TOKEN,
-            "--store",
-            &store_s,
-            "--bucket",
-            "datasets",
-            "--prefix",
-            "fashion-mnist",
-            "--model",
-            &o.model,
-            "--batch",
-            "32",
-            "--split",
-            "freeze",
-            "--train-limit",
-            &o.train,
-            "--test-limit",
-            &o.test,
-            "--epochs",
-            &o.epochs,
-            "--quiet",
-            "--cache-features",
-            "--wire-dtype",
-            dtype,
-        ];
+        let mut args: Vec<&str> = common.iter().map(String::as_str).collect();
+        args.extend(["--cache-features", "--wire-dtype", dtype]);
         let (r, wall) = train(&bins, &args, &out.join(format!("{dtype}.json")), &env)?;
         let first = &r["epochs"][0];
         let bytes = first["bytes_received"].as_u64().unwrap_or(0);
@@ -336,13 +324,8 @@ pub fn dtype(args: &[String]) -> Result<(), String> {
             (a - base_acc) * 100.0
         );
     }
-    let summary = out.join("summary.json");
-    let doc = json!({"model": o.model, "train": o.train, "test": o.test, "epochs": o.epochs, "dtypes": rows});
-    std::fs::write(
-        &summary,
-        serde_json::to_vec_pretty(&doc).map_err(|e| e.to_string())?,
+    write_summary(
+        &out,
+        json!({"model": o.model, "train": o.train, "test": o.test, "epochs": o.epochs, "dtypes": rows}),
     )
-    .map_err(|e| format!("{}: {e}", summary.display()))?;
-    println!("summary: {}", summary.display());
-    Ok(())
 }

@@ -68,14 +68,7 @@ impl Job {
         for s in samples {
             data.extend_from_slice(self.cache.get(&s.key)?);
         }
-        let shape: Vec<i64> = std::iter::once(samples.len() as i64)
-            .chain(
-                self.pkg.manifest().layers[self.freeze]
-                    .input_shape
-                    .iter()
-                    .copied(),
-            )
-            .collect();
+        let shape = self.head_input_shape(samples.len());
         let x = Tensor::from_slice(&data)
             .view(shape.as_slice())
             .to_device(self.device);

@@ -4,7 +4,7 @@ use crate::plan::Split;
 use anyhow::{Context, bail};
 use hapi_client::WireDtype;
 use serde::{Deserialize, Serialize};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use super::config::Results;
 use super::train::Job;
@@ -43,20 +43,11 @@ impl Job {
         let Some(dir) = &self.cfg.checkpoint else {
             bail!("--resume needs --checkpoint DIR");
         };
-        let mut best: Option<(usize, PathBuf)> = None;
-        if dir.is_dir() {
-            for e in std::fs::read_dir(dir)? {
-                let e = e?;
-                let name = e.file_name().to_string_lossy().into_owned();
-                if let Some(n) = name
-                    .strip_prefix("epoch-")
-                    .and_then(|n| n.parse::<usize>().ok())
-                    && best.as_ref().is_none_or(|(b, _)| n > *b)
-                {
-                    best = Some((n, e.path()));
-                }
-            }
-        }
+        let best = if dir.is_dir() {
+            epoch_dirs(dir)?.into_iter().max_by_key(|(n, _)| *n)
+        } else {
+            None
+        };
         let Some((_, path)) = best else {
             return Ok(None);
         };
@@ -102,17 +93,27 @@ impl Job {
         let _ = std::fs::remove_dir_all(&final_dir);
         std::fs::rename(&tmp, &final_dir)
             .with_context(|| format!("moving the checkpoint into {}", final_dir.display()))?;
-        for e in std::fs::read_dir(dir)? {
-            let e = e?;
-            let name = e.file_name().to_string_lossy().into_owned();
-            if let Some(n) = name
-                .strip_prefix("epoch-")
-                .and_then(|n| n.parse::<usize>().ok())
-                && n < epochs_done
-            {
-                let _ = std::fs::remove_dir_all(e.path());
+        for (n, path) in epoch_dirs(dir)? {
+            if n < epochs_done {
+                let _ = std::fs::remove_dir_all(path);
             }
         }
         Ok(())
     }
+}
+
+/// The `epoch-NNNN` directories in `dir`, with their epoch counts.
+fn epoch_dirs(dir: &Path) -> std::io::Result<Vec<(usize, PathBuf)>> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir)? {
+        let e = e?;
+        let name = e.file_name().to_string_lossy().into_owned();
+        if let Some(n) = name
+            .strip_prefix("epoch-")
+            .and_then(|n| n.parse::<usize>().ok())
+        {
+            out.push((n, e.path()));
+        }
+    }
+    Ok(out)
 }

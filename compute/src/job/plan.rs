@@ -282,14 +282,7 @@ impl Job {
             self.cfg.optimizer,
             self.cfg.lr,
         )?;
-        let shape: Vec<i64> = std::iter::once(self.cfg.batch as i64)
-            .chain(
-                self.pkg.manifest().layers[self.freeze]
-                    .input_shape
-                    .iter()
-                    .copied(),
-            )
-            .collect();
+        let shape = self.head_input_shape(self.cfg.batch);
         let x = Tensor::randn(shape.as_slice(), (tch::Kind::Float, self.device));
         let y = Tensor::zeros([self.cfg.batch as i64], (tch::Kind::Int64, self.device));
         probe.train_step(&x, &y);

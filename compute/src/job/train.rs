@@ -164,6 +164,18 @@ impl Job {
         })
     }
 
+    /// The head's input shape for `n` samples (the frozen layers' output, batch first).
+    pub(super) fn head_input_shape(&self, n: usize) -> Vec<i64> {
+        std::iter::once(n as i64)
+            .chain(
+                self.pkg.manifest().layers[self.freeze]
+                    .input_shape
+                    .iter()
+                    .copied(),
+            )
+            .collect()
+    }
+
     pub fn dataset(&self) -> &Dataset {
         &self.data
     }

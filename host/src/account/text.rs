@@ -18,12 +18,22 @@ fn prefix(s: &str, max: usize) -> &str {
     &s[..end]
 }
 
-/// `s` for quoting in a message: at most [`MAX_QUOTE`] bytes, control characters escaped, and
-/// how much was cut.
+/// `s` for quoting in a message: control and unusual characters escaped, at most [`MAX_QUOTE`]
+/// bytes of that escaped text (an escape such as `\u{e000}` is several bytes for one
+/// character, so the escaped text, not `s`, is what is bounded), and how much was cut.
 pub fn quote(s: &str) -> String {
-    let head = prefix(s, MAX_QUOTE);
-    let mut out: String = head.escape_debug().collect();
-    if head.len() < s.len() {
+    let mut out = String::new();
+    let mut used = 0;
+    for c in s.chars() {
+        let escaped = c.escape_debug();
+        let n: usize = escaped.clone().map(char::len_utf8).sum();
+        if out.len() + n > MAX_QUOTE {
+            break;
+        }
+        out.extend(escaped);
+        used += c.len_utf8();
+    }
+    if used < s.len() {
         out.push_str(&format!("... ({} bytes in all)", s.len()));
     }
     out
@@ -52,6 +62,10 @@ mod tests {
         assert!(q.len() < MAX_QUOTE + 40, "{}", q.len());
         assert!(q.ends_with("(20000 bytes in all)"), "{q}");
         assert_eq!(quote("a\nb"), "a\\nb");
+        // Escapes are bounded too: each of these is 8 bytes escaped for 3 of text.
+        let q = quote(&"\u{e000}".repeat(100));
+        assert!(q.len() < MAX_QUOTE + 40, "{}", q.len());
+        assert!(q.ends_with("(300 bytes in all)"), "{q}");
         let b = bounded("x".repeat(24 << 20));
         assert!(b.len() <= MAX_MESSAGE, "{}", b.len());
         assert!(b.ends_with(&format!("({} bytes in all)", 24 << 20)));

@@ -4,6 +4,7 @@
 //! are, without a copy; any safetensors reader (the trainer uses the `safetensors` crate,
 //! PyTorch users `safetensors.torch.load`) reads it.
 
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 /// Most dimensions an output tensor may have: every model output here has at most 4, and a
@@ -43,6 +44,63 @@ impl Dtype {
             Dtype::F16 => "F16",
             Dtype::BF16 => "BF16",
         }
+    }
+}
+
+/// The element type float features travel in (`feature-extract`'s `dtype` option, the graph
+/// name's `@f16`/`@bf16`): the host's device narrows to it, the client widens back to f32;
+/// f16 and bf16 halve the bytes on the network.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WireDtype {
+    #[default]
+    F32,
+    F16,
+    Bf16,
+}
+
+impl WireDtype {
+    /// Bytes per element on the wire.
+    pub fn size(self) -> u64 {
+        match self {
+            WireDtype::F32 => 4,
+            WireDtype::F16 | WireDtype::Bf16 => 2,
+        }
+    }
+
+    /// The safetensors element type it is sent as.
+    pub fn dtype(self) -> Dtype {
+        match self {
+            WireDtype::F32 => Dtype::F32,
+            WireDtype::F16 => Dtype::F16,
+            WireDtype::Bf16 => Dtype::BF16,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            WireDtype::F32 => "f32",
+            WireDtype::F16 => "f16",
+            WireDtype::Bf16 => "bf16",
+        }
+    }
+}
+
+impl std::str::FromStr for WireDtype {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "f32" => Ok(Self::F32),
+            "f16" => Ok(Self::F16),
+            "bf16" => Ok(Self::Bf16),
+            other => Err(format!("`{other}`: expected f32, f16 or bf16")),
+        }
+    }
+}
+
+impl std::fmt::Display for WireDtype {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
     }
 }
 

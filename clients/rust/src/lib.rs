@@ -23,6 +23,8 @@
 //! # }
 //! ```
 
+/// The element type features travel in (the wire contract's type).
+pub use hapi_wire::tensor::WireDtype;
 use hapi_wire::{ErrorBody, ErrorCode, InvokeRequest};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -114,53 +116,6 @@ pub struct StorageClient {
     retries: AtomicUsize,
     /// Element type [`StorageClient::invoke`] asks for at splits >= 1.
     dtype: WireDtype,
-}
-
-/// The element type features travel in (`feature-extract`'s `dtype` option). They are widened
-/// to f32 on arrival; f16 and bf16 halve the bytes on the network.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum WireDtype {
-    #[default]
-    F32,
-    F16,
-    Bf16,
-}
-
-impl WireDtype {
-    /// Bytes per element on the wire.
-    pub fn size(self) -> u64 {
-        match self {
-            WireDtype::F32 => 4,
-            WireDtype::F16 | WireDtype::Bf16 => 2,
-        }
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            WireDtype::F32 => "f32",
-            WireDtype::F16 => "f16",
-            WireDtype::Bf16 => "bf16",
-        }
-    }
-}
-
-impl std::str::FromStr for WireDtype {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "f32" => Ok(Self::F32),
-            "f16" => Ok(Self::F16),
-            "bf16" => Ok(Self::Bf16),
-            other => Err(format!("`{other}`: expected f32, f16 or bf16")),
-        }
-    }
-}
-
-impl std::fmt::Display for WireDtype {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
 }
 
 enum Attempt {

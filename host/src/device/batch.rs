@@ -7,10 +7,10 @@ use hapi_model::ModelPackage;
 use std::ops::Range;
 use tch::{Device, Kind, Tensor};
 
-use crate::device::job::OutKind;
+use crate::device::job::{WireDtype, torch_kind};
 
 /// Bytes of one f32 element: inputs are f32, in the machine's (little-endian) order, and so are
-/// outputs unless a call asks for a narrower [`OutKind`].
+/// outputs unless a call asks for a narrower [`WireDtype`].
 const F32: usize = 4;
 #[cfg(not(target_endian = "little"))]
 compile_error!(
@@ -23,12 +23,12 @@ pub struct Dest<'a> {
     pub out: &'a mut Vec<u8>,
     pub take: i64,
     /// The element type this slice's output is written in.
-    pub kind: OutKind,
+    pub kind: WireDtype,
 }
 
 /// Runs layers `range` of `model` on the concatenation of `inputs` (each a whole number of
 /// samples of `shape`) and appends each input's output to its `dests` entry, narrowed on the
-/// device to the entry's [`OutKind`]. The output of each sample must have `out_shape`.
+/// device to the entry's [`WireDtype`]. The output of each sample must have `out_shape`.
 pub fn run(
     model: &ModelPackage,
     range: Range<usize>,
@@ -108,10 +108,11 @@ fn run_inner(
     for d in dests.iter_mut() {
         let part = y.f_narrow(0, offset, d.take).map_err(|e| e.to_string())?;
         // Narrowed where the batch ran (on a GPU, before the copy to the host), then copied.
-        let part = if d.kind == OutKind::F32 {
+        let part = if d.kind == WireDtype::F32 {
             part
         } else {
-            part.f_to_kind(d.kind.kind()).map_err(|e| e.to_string())?
+            part.f_to_kind(torch_kind(d.kind))
+                .map_err(|e| e.to_string())?
         };
         let part = part
             .f_to_device(Device::Cpu)

@@ -30,7 +30,7 @@
 use crate::account::{Charge, Deadline};
 use crate::device::batch::{self, Dest};
 use crate::device::budget::{Budget, Pin, Reservation};
-use crate::device::job::{Input, OutKind, Ran};
+use crate::device::job::{Input, Ran, WireDtype};
 use crate::device::schedule::{Fair, Pending, Slice, fill, stretch};
 use crate::device::stats::Stats;
 use crate::device::types::{DeviceConfig, DeviceError};
@@ -167,7 +167,7 @@ pub struct Call {
     /// Per-sample output shape.
     pub out_shape: Vec<i64>,
     /// The output's element type.
-    pub out_kind: OutKind,
+    pub out_kind: WireDtype,
     /// Filled slice by slice; its capacity was charged when the call was made.
     pub output: Vec<u8>,
     pub out_charge: Charge,

@@ -257,7 +257,7 @@ fn run_here(
     cost: &hapi_wire::profile::SegmentCost,
     input: &crate::device::job::Input,
     out_shape: &[i64],
-    out: crate::device::job::OutKind,
+    out: crate::device::job::WireDtype,
     output: &mut Vec<u8>,
     deadline: &Deadline,
     cancel: &AtomicBool,

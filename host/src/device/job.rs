@@ -24,34 +24,16 @@ impl Input {
     }
 }
 
-/// The element type a call's output is delivered in. Segments run in f32; the device narrows
-/// each call's share of a batch to this type before it leaves the device, so a pooled batch can
-/// serve callers of different types, and a narrow output is charged at its narrow size.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum OutKind {
-    #[default]
-    F32,
-    /// IEEE 754 half precision.
-    F16,
-    /// bfloat16.
-    Bf16,
-}
+pub use hapi_wire::tensor::WireDtype;
 
-impl OutKind {
-    /// Bytes per element.
-    pub fn size(self) -> u64 {
-        match self {
-            OutKind::F32 => 4,
-            OutKind::F16 | OutKind::Bf16 => 2,
-        }
-    }
-
-    pub fn kind(self) -> tch::Kind {
-        match self {
-            OutKind::F32 => tch::Kind::Float,
-            OutKind::F16 => tch::Kind::Half,
-            OutKind::Bf16 => tch::Kind::BFloat16,
-        }
+/// libtorch's kind for a [`WireDtype`]: segments run in f32; the device narrows each call's
+/// share of a batch to the call's type before it leaves the device, so a pooled batch can serve
+/// callers of different types, and a narrow output is charged at its narrow size.
+pub fn torch_kind(d: WireDtype) -> tch::Kind {
+    match d {
+        WireDtype::F32 => tch::Kind::Float,
+        WireDtype::F16 => tch::Kind::Half,
+        WireDtype::Bf16 => tch::Kind::BFloat16,
     }
 }
 
@@ -64,7 +46,7 @@ pub struct Job {
     pub range: Range<usize>,
     pub input: Input,
     /// What the output is delivered as.
-    pub out: OutKind,
+    pub out: WireDtype,
     pub account: Arc<Account>,
     pub deadline: Arc<Deadline>,
 }
@@ -72,7 +54,7 @@ pub struct Job {
 /// A finished call: its output and where its time went.
 #[derive(Debug)]
 pub struct Ran {
-    /// `n` samples of the segment's output, little-endian, of the job's [`OutKind`].
+    /// `n` samples of the segment's output, little-endian, of the job's [`WireDtype`].
     pub output: Vec<u8>,
     pub charge: Charge,
     /// Output dimensions, batch first.

@@ -26,5 +26,5 @@ pub mod stats;
 pub mod types;
 
 pub use executor::Device;
-pub use job::{Input, Job, OutKind, Ran};
+pub use job::{Input, Job, Ran, WireDtype, torch_kind};
 pub use types::{DeviceConfig, DeviceError};

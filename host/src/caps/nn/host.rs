@@ -11,7 +11,7 @@ use crate::caps::nn::resources::{
     Code, Context, ElemType, Graph, GraphInfo, NnError, Tensor, check_input, parse_graph_name,
     split_out_kind,
 };
-use crate::device::{Device, DeviceError, Input, Job, OutKind};
+use crate::device::{Device, DeviceError, Input, Job, WireDtype};
 use crate::models::Models;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -364,9 +364,9 @@ impl inference::HostGraphExecutionContext for NnView<'_> {
         let out = self.table.push(Tensor {
             dimensions,
             ty: match info.out {
-                OutKind::F32 => ElemType::Fp32,
-                OutKind::F16 => ElemType::Fp16,
-                OutKind::Bf16 => ElemType::Bf16,
+                WireDtype::F32 => ElemType::Fp32,
+                WireDtype::F16 => ElemType::Fp16,
+                WireDtype::Bf16 => ElemType::Bf16,
             },
             data: ran.output,
             charge: ran.charge.absorb(handle),

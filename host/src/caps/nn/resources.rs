@@ -2,7 +2,7 @@
 
 use crate::account::Charge;
 use crate::account::text::quote;
-use crate::device::OutKind;
+use crate::device::WireDtype;
 use std::ops::Range;
 
 /// Most dimensions a tensor given to compute may have (every model input here has 4).
@@ -54,7 +54,7 @@ pub struct GraphInfo {
     pub range: Range<usize>,
     pub input_shape: Vec<i64>,
     /// The element type of the graph's output (`@f16`, `@bf16`; FP32 without a suffix).
-    pub out: OutKind,
+    pub out: WireDtype,
 }
 
 /// An execution context of a graph.
@@ -83,22 +83,17 @@ pub struct NnError {
 
 /// Splits a graph name's output type off: `<graph>@f16`, `<graph>@bf16` or `<graph>@f32`
 /// (the same as no suffix). The layers still run in FP32; the device narrows their output.
-pub fn split_out_kind(name: &str) -> Result<(&str, OutKind), String> {
+pub fn split_out_kind(name: &str) -> Result<(&str, WireDtype), String> {
     let Some((graph, kind)) = name.rsplit_once('@') else {
-        return Ok((name, OutKind::F32));
+        return Ok((name, WireDtype::F32));
     };
-    let kind = match kind {
-        "f32" => OutKind::F32,
-        "f16" => OutKind::F16,
-        "bf16" => OutKind::Bf16,
-        _ => {
-            return Err(format!(
-                "graph name `{}`: output type `@{}` is not one of @f32, @f16, @bf16",
-                quote(name),
-                quote(kind)
-            ));
-        }
-    };
+    let kind = kind.parse::<WireDtype>().map_err(|_| {
+        format!(
+            "graph name `{}`: output type `@{}` is not one of @f32, @f16, @bf16",
+            quote(name),
+            quote(kind)
+        )
+    })?;
     Ok((graph, kind))
 }
 
@@ -220,19 +215,25 @@ mod tests {
             model: "m".into(),
             range: 0..2,
             input_shape: vec![3, 4, 4],
-            out: OutKind::F32,
+            out: WireDtype::F32,
         }
     }
 
     #[test]
     fn output_types_in_graph_names() {
-        assert_eq!(split_out_kind("r[0..4]"), Ok(("r[0..4]", OutKind::F32)));
-        assert_eq!(split_out_kind("r[0..4]@f16"), Ok(("r[0..4]", OutKind::F16)));
+        assert_eq!(split_out_kind("r[0..4]"), Ok(("r[0..4]", WireDtype::F32)));
+        assert_eq!(
+            split_out_kind("r[0..4]@f16"),
+            Ok(("r[0..4]", WireDtype::F16))
+        );
         assert_eq!(
             split_out_kind("r[0..4]@bf16"),
-            Ok(("r[0..4]", OutKind::Bf16))
+            Ok(("r[0..4]", WireDtype::Bf16))
         );
-        assert_eq!(split_out_kind("r[0..4]@f32"), Ok(("r[0..4]", OutKind::F32)));
+        assert_eq!(
+            split_out_kind("r[0..4]@f32"),
+            Ok(("r[0..4]", WireDtype::F32))
+        );
         for bad in ["r[0..4]@", "r[0..4]@F16", "r[0..4]@int8"] {
             let e = split_out_kind(bad).expect_err(bad);
             assert!(e.contains("@f32, @f16, @bf16"), "{bad}: {e}");

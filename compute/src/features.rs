@@ -172,7 +172,7 @@ impl FeatureStore {
     }
 
     /// The features of those `samples` that the store holds at their current version.
-    pub fn load(&self, samples: &[Sample]) -> Loaded {
+    pub fn load<'a>(&self, samples: impl IntoIterator<Item = &'a Sample>) -> Loaded {
         let mut out = Loaded::default();
         let index = self.read_index(&mut out.warnings);
         // Wanted rows, by shard.

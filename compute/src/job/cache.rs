@@ -5,18 +5,12 @@ use indicatif::ProgressBar;
 use std::collections::HashSet;
 use tch::{Device, Tensor};
 
-use super::train::{Job, log};
+use super::train::{Job, holds_every_sample, log};
 
 impl Job {
     /// Whether the feature store gave the features of every sample (nothing to extract).
     pub(super) fn all_stored(&self) -> bool {
-        self.features.is_some()
-            && self
-                .data
-                .train
-                .iter()
-                .chain(&self.data.test)
-                .all(|s| self.cache.contains_key(&s.key))
+        self.features.is_some() && holds_every_sample(&self.cache, &self.data)
     }
 
     pub(super) fn cache_batch(&mut self, keys: &[String], feats: &Tensor) -> anyhow::Result<()> {

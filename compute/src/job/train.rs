@@ -114,12 +114,7 @@ impl Job {
             None => (None, HashMap::new()),
         };
         // Every sample stored: the job needs no storage host (it may be down).
-        let all_stored = features.is_some()
-            && data
-                .train
-                .iter()
-                .chain(&data.test)
-                .all(|s| cache.contains_key(&s.key));
+        let all_stored = features.is_some() && holds_every_sample(&cache, &data);
         let client = if cfg.split == SplitArg::None {
             None
         } else {
@@ -525,8 +520,7 @@ fn open_feature_store(
         sample_shape: pkg.manifest().layers[freeze].input_shape.clone(),
     };
     let fs = FeatureStore::open(root, identity)?;
-    let all: Vec<Sample> = data.train.iter().chain(&data.test).cloned().collect();
-    let loaded = fs.load(&all);
+    let loaded = fs.load(data.train.iter().chain(&data.test));
     for w in &loaded.warnings {
         eprintln!("feature store: {w}");
     }
@@ -534,7 +528,7 @@ fn open_feature_store(
         "feature store {}: {} of {} samples stored{}",
         fs.dir().display(),
         loaded.features.len(),
-        all.len(),
+        data.train.len() + data.test.len(),
         if loaded.stale > 0 {
             format!(" ({} objects changed since: extracted again)", loaded.stale)
         } else {
@@ -542,4 +536,12 @@ fn open_feature_store(
         }
     );
     Ok((fs, loaded.features))
+}
+
+/// Whether `cache` holds the features of every training and test sample.
+pub(super) fn holds_every_sample(cache: &HashMap<String, Vec<f32>>, data: &Dataset) -> bool {
+    data.train
+        .iter()
+        .chain(&data.test)
+        .all(|s| cache.contains_key(&s.key))
 }

@@ -19,15 +19,10 @@ struct Options {
     lrs: Vec<String>,
 }
 
-fn options(args: &[String]) -> Result<Options, String> {
-    let mut o = Options {
-        model: "efficientnet_lite0".into(),
-        train: "2000".into(),
-        test: "500".into(),
-        epochs: "3".into(),
-        lrs: vec![],
-    };
-    let mut lrs = "0.0003,0.001,0.003,0.01".to_string();
+/// `o` with `args` applied; `--lrs` is known only to `eval-sweep` (its default in `o.lrs`).
+fn options(command: &str, args: &[String], mut o: Options) -> Result<Options, String> {
+    let sweep = !o.lrs.is_empty();
+    let mut lrs = o.lrs.join(",");
     let mut it = args.iter();
     while let Some(a) = it.next() {
         let slot = match a.as_str() {
@@ -35,22 +30,35 @@ fn options(args: &[String]) -> Result<Options, String> {
             "--train-limit" => &mut o.train,
             "--test-limit" => &mut o.test,
             "--epochs" => &mut o.epochs,
-            "--lrs" => &mut lrs,
+            "--lrs" if sweep => &mut lrs,
             other => {
                 return Err(format!(
-                    "unknown option `{other}` for `eval-sweep` (known: --model M, --train-limit N, --test-limit N, --epochs N, --lrs A,B,...)"
+                    "unknown option `{other}` for `{command}` (known: --model M, --train-limit N, --test-limit N, --epochs N{})",
+                    if sweep { ", --lrs A,B,..." } else { "" }
                 ));
             }
         };
         *slot = it.next().ok_or(format!("{a} needs a value"))?.clone();
     }
-    o.lrs = lrs.split(',').map(|s| s.trim().to_string()).collect();
-    if o.lrs.len() < 2 || o.lrs.iter().any(|l| l.parse::<f64>().is_err()) {
-        return Err(format!(
-            "--lrs `{lrs}`: at least two learning rates, comma-separated"
-        ));
+    if sweep {
+        o.lrs = lrs.split(',').map(|s| s.trim().to_string()).collect();
+        if o.lrs.len() < 2 || o.lrs.iter().any(|l| l.parse::<f64>().is_err()) {
+            return Err(format!(
+                "--lrs `{lrs}`: at least two learning rates, comma-separated"
+            ));
+        }
     }
     Ok(o)
+}
+
+fn defaults(train: &str, test: &str, epochs: &str, lrs: &[&str]) -> Options {
+    Options {
+        model: "efficientnet_lite0".into(),
+        train: train.into(),
+        test: test.into(),
+        epochs: epochs.into(),
+        lrs: lrs.iter().map(|l| l.to_string()).collect(),
+    }
 }
 
 /// One hapi-train run: its results and its wall time (the whole process: model load, listing,
@@ -171,7 +179,11 @@ fn common_args(url: &str, store: &str, o: &Options) -> Vec<String> {
 }
 
 pub fn run(args: &[String]) -> Result<(), String> {
-    let o = options(args)?;
+    let o = options(
+        "eval-sweep",
+        args,
+        defaults("2000", "500", "3", &["0.0003", "0.001", "0.003", "0.01"]),
+    )?;
     let env = setup::run()?;
     let bins = jobs::build(&env)?;
     let out = fresh_dir(&env, "target/eval-sweep")?;
@@ -266,19 +278,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
 /// down, a new classifier trained) with features sent as f32, f16 and bf16: bytes per sample
 /// on the network and test accuracy.
 pub fn dtype(args: &[String]) -> Result<(), String> {
-    let mut o = options(args)?;
-    if !args.iter().any(|a| a == "--train-limit") {
-        o.train = "5000".into();
-    }
-    if !args.iter().any(|a| a == "--test-limit") {
-        o.test = "2000".into();
-    }
-    if !args.iter().any(|a| a == "--epochs") {
-        o.epochs = "10".into();
-    }
-    if args.iter().any(|a| a == "--lrs") {
-        return Err("eval-dtype trains one head per dtype; --lrs is for eval-sweep".into());
-    }
+    let o = options("eval-dtype", args, defaults("5000", "2000", "10", &[]))?;
     let env = setup::run()?;
     let bins = jobs::build(&env)?;
     let out = fresh_dir(&env, "target/eval-dtype")?;

@@ -7,6 +7,7 @@
 
 /// The storage tier's HTTP API, as the public `hapi-client` crate offers it.
 pub use hapi_client as client;
+pub mod adapt;
 pub mod dataset;
 pub mod features;
 pub mod head;

@@ -107,9 +107,18 @@ struct Cli {
     /// Compute-tier memory available to the job, bytes (default: MemAvailable).
     #[arg(long)]
     memory_limit: Option<u64>,
-    /// Re-plan when a measured stage time drifts more than this fraction from the plan.
+    /// With --split auto: explore the splits again when the median cost of recent iterations
+    /// at the split in use moves more than this fraction from what it was when chosen.
     #[arg(long, default_value_t = 0.2)]
     replan_threshold: f64,
+    /// With --split auto: explore these splits (comma-separated: none, freeze, min or layer
+    /// indices) instead of the model's best few.
+    #[arg(long, value_delimiter = ',')]
+    candidates: Option<Vec<SplitArg>>,
+    /// Append a JSON line per training iteration to FILE as it ends (split, storage and
+    /// compute stage seconds, end time).
+    #[arg(long, value_name = "FILE")]
+    trace: Option<PathBuf>,
     /// Keep the frozen features of every sample after the first epoch and train later epochs
     /// from them (no storage traffic; the frozen layers are deterministic).
     #[arg(long)]
@@ -132,10 +141,13 @@ struct Cli {
     /// Results JSON (per-epoch times, stage times, bytes, split, loss, accuracy).
     #[arg(long)]
     out: Option<PathBuf>,
-    /// Measure `none` and every split for --max-iters iterations, then the planner's choice
-    /// (the split-choice evaluation); writes the sweep to --out.
+    /// Measure `none` and every split for --max-iters iterations, then --split auto's online
+    /// adaptation for --adaptive-iters (the split-choice evaluation); writes the sweep to --out.
     #[arg(long)]
     sweep: bool,
+    /// With --sweep: iterations of the adaptive run (default: 10 times --max-iters).
+    #[arg(long)]
+    adaptive_iters: Option<usize>,
     /// No progress bars.
     #[arg(long)]
     quiet: bool,
@@ -168,6 +180,19 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     if cli.sweep && cli.max_iters.is_none() {
         anyhow::bail!("--sweep needs --max-iters N (iterations per split)");
     }
+    if cli.candidates.is_some() && cli.split != SplitArg::Auto {
+        anyhow::bail!("--candidates is for --split auto (it lists the splits to explore)");
+    }
+    if cli.candidates.as_ref().is_some_and(Vec::is_empty) {
+        anyhow::bail!("--candidates: give at least one split");
+    }
+    if cli
+        .candidates
+        .as_ref()
+        .is_some_and(|c| c.contains(&SplitArg::Auto))
+    {
+        anyhow::bail!("--candidates: `auto` is not a split");
+    }
     let cfg = JobConfig {
         hosts: cli.hosts,
         token: cli.token,
@@ -184,6 +209,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         lr: cli.lr,
         seed: cli.seed,
         split: cli.split,
+        candidates: cli.candidates.clone(),
         prefetch: cli.prefetch,
         request_size: cli.request_size,
         in_flight: cli.in_flight,
@@ -202,6 +228,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         checkpoint: cli.checkpoint,
         resume: cli.resume,
         out: cli.out.clone(),
+        trace: cli.trace.clone(),
         progress: !cli.quiet && std::io::stderr().is_terminal(),
     };
     let job = Job::open(cfg)?;
@@ -213,14 +240,18 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         job.freeze()
     );
     if cli.sweep {
-        let sweep = job.sweep()?;
+        let n = cli
+            .adaptive_iters
+            .unwrap_or(10 * cli.max_iters.unwrap_or(1));
+        let sweep = job.sweep(n)?;
         eprintln!(
-            "sweep: best split {} ({:.2} s), auto chose {} ({:.2} s, {:.3}x best), none {:.2} s",
+            "sweep: best fixed split {} ({:.2} s for {n} it), auto settled on {} ({:.2} s, {:.3}x best, {} it exploring), none {:.2} s",
             sweep.best,
             sweep.best_s,
             sweep.auto,
             sweep.auto_s,
             sweep.auto_s / sweep.best_s,
+            sweep.explored,
             sweep.none_s
         );
         if let Some(out) = &cli.out {

@@ -1,61 +1,106 @@
 //! The two-stage pipeline: a producer on the async runtime fetches the batches of the coming
 //! iterations (storage requests in flight) while the calling thread trains on the current one.
+//! Each batch's split is asked of a [`Choice`] when its fetch starts, and the choice is told
+//! how the batch went when it has been trained on.
 
+use crate::adapt::Choice;
 use crate::dataset::Sample;
+use crate::plan::Split;
 use crate::source::{FetchError, Fetched, Source};
-use std::time::Instant;
+use anyhow::Context;
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use tokio::runtime::Runtime;
+
+/// One iteration, measured.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
+pub struct Iteration {
+    pub split: Split,
+    /// Producer busy time (fetching the batch; not counting waits for buffer room).
+    pub storage_s: f64,
+    /// Consumer busy time (not counting waits for the batch).
+    pub compute_s: f64,
+    /// When the consumer was done with it (seconds since the Unix epoch).
+    pub end_unix: f64,
+}
 
 /// Per-iteration stage times, measured.
 #[derive(Clone, Debug, Default)]
 pub struct StageTimes {
-    /// Producer busy time per iteration (fetching a batch; not counting waits for buffer room).
-    pub storage: Vec<f64>,
-    /// Consumer busy time per iteration (not counting waits for a batch).
-    pub compute: Vec<f64>,
+    pub iterations: Vec<Iteration>,
     /// Consumer waiting for a batch.
     pub starved: f64,
 }
 
 impl StageTimes {
     pub fn mean_storage(&self) -> f64 {
-        mean(&self.storage)
+        mean(self.iterations.iter().map(|i| i.storage_s))
     }
     pub fn mean_compute(&self) -> f64 {
-        mean(&self.compute)
+        mean(self.iterations.iter().map(|i| i.compute_s))
+    }
+    /// The split most iterations ran at (`None` when there were none).
+    pub fn main_split(&self) -> Option<Split> {
+        let mut counts: Vec<(Split, usize)> = Vec::new();
+        for i in &self.iterations {
+            match counts.iter_mut().find(|(s, _)| *s == i.split) {
+                Some((_, n)) => *n += 1,
+                None => counts.push((i.split, 1)),
+            }
+        }
+        counts
+            .into_iter()
+            .max_by_key(|&(s, n)| (n, std::cmp::Reverse(s)))
+            .map(|(s, _)| s)
     }
 }
 
-fn mean(v: &[f64]) -> f64 {
-    if v.is_empty() {
-        0.0
-    } else {
-        v.iter().sum::<f64>() / v.len() as f64
-    }
+fn mean(v: impl Iterator<Item = f64>) -> f64 {
+    let (sum, n) = v.fold((0.0, 0usize), |(s, n), x| (s + x, n + 1));
+    if n == 0 { 0.0 } else { sum / n as f64 }
 }
 
-/// Fetches `batches` in order through `source` with up to `prefetch` batches buffered ahead of
-/// the consumer, and calls `consume` on each in order on this thread.
-pub fn run<F>(
+pub fn now_unix() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// Fetches `batches` in order, each at the split `choice` gives when its fetch starts, through
+/// that split's source, with up to `prefetch` batches buffered ahead of the consumer; calls
+/// `consume(batch, split)` on each in order on this thread, then `after` with its times.
+pub fn run<F, A>(
     rt: &Runtime,
-    source: &Source,
+    sources: HashMap<Split, Source>,
+    choice: &Choice,
     batches: Vec<Vec<Sample>>,
     prefetch: usize,
     mut consume: F,
+    mut after: A,
 ) -> anyhow::Result<StageTimes>
 where
-    F: FnMut(Fetched) -> anyhow::Result<()>,
+    F: FnMut(Fetched, Split) -> anyhow::Result<()>,
+    A: FnMut(&Iteration),
 {
-    let (tx, mut rx) =
-        tokio::sync::mpsc::channel::<(Result<Fetched, FetchError>, f64)>(prefetch.max(1));
-    let producer_source = source.clone();
+    type Message = (Result<Fetched, FetchError>, Split, f64);
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<Message>(prefetch.max(1));
+    let sources = Arc::new(sources);
+    let producer_choice = choice.clone();
     let producer = rt.spawn(async move {
         for batch in batches {
+            let split = producer_choice.next();
             let started = Instant::now();
-            let r = producer_source.fetch(&batch).await;
+            let r = match sources.get(&split) {
+                Some(source) => source.fetch(&batch).await,
+                None => Err(FetchError::Other(format!(
+                    "split {split}: no source for it (a pushdown split needs --host)"
+                ))),
+            };
             let busy = started.elapsed().as_secs_f64();
             let failed = r.is_err();
-            if tx.send((r, busy)).await.is_err() || failed {
+            if tx.send((r, split, busy)).await.is_err() || failed {
                 return;
             }
         }
@@ -64,15 +109,22 @@ where
     let result = (|| {
         loop {
             let waited = Instant::now();
-            let Some((fetched, busy)) = rx.blocking_recv() else {
+            let Some((fetched, split, busy)) = rx.blocking_recv() else {
                 return Ok(());
             };
             times.starved += waited.elapsed().as_secs_f64();
-            let fetched = fetched?;
-            times.storage.push(busy);
+            let fetched = fetched.with_context(|| format!("a batch at split {split}"))?;
             let started = Instant::now();
-            consume(fetched)?;
-            times.compute.push(started.elapsed().as_secs_f64());
+            consume(fetched, split)?;
+            let it = Iteration {
+                split,
+                storage_s: busy,
+                compute_s: started.elapsed().as_secs_f64(),
+                end_unix: now_unix(),
+            };
+            choice.observe(split, it.storage_s, it.compute_s);
+            after(&it);
+            times.iterations.push(it);
         }
     })();
     producer.abort();

@@ -21,9 +21,9 @@
 //! the compute tier decodes them and runs every frozen layer; decoding joins the compute stage
 //! when the trainer has a single core.
 //!
-//! Splits whose compute-tier memory does not fit are dropped. After each epoch the measured
-//! stage times are compared with the plan; a drift over the threshold rescales that stage's
-//! estimates and the split is chosen again.
+//! Splits whose compute-tier memory does not fit are dropped. The model only ranks splits:
+//! [`crate::adapt`] measures the best few on training iterations, calibrates the model where it
+//! settles and recalibrates it when the stages drift.
 
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -88,7 +88,7 @@ pub struct Costs {
     pub layer_out_bytes: Vec<u64>,
     pub prefetch: usize,
     pub memory_limit: u64,
-    /// Correction factors from re-planning (1.0 until a drift is seen).
+    /// Correction factors from what was measured at the split in use (1.0 before).
     pub storage_scale: f64,
     pub compute_scale: f64,
 }
@@ -213,31 +213,11 @@ pub fn min_output_split(bytes_at: &[u64], freeze: usize) -> usize {
         .unwrap_or(freeze)
 }
 
-/// The measured per-iteration stage times of an epoch against its plan.
-#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
-pub struct Drift {
-    pub storage: f64,
-    pub compute: f64,
-}
-
-impl Drift {
-    pub fn of(predicted: &Estimate, measured_storage: f64, measured_compute: f64) -> Self {
-        Self {
-            storage: measured_storage / predicted.storage.max(1e-9) - 1.0,
-            compute: measured_compute / predicted.compute.max(1e-9) - 1.0,
-        }
-    }
-
-    pub fn exceeds(&self, threshold: f64) -> bool {
-        self.storage.abs() > threshold || self.compute.abs() > threshold
-    }
-}
-
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn costs(bandwidth: f64) -> Costs {
+    pub(crate) fn costs(bandwidth: f64) -> Costs {
         // A 4-layer model whose layer 2 output is tiny; storage is as fast as compute.
         Costs {
             batch: 32,

@@ -244,28 +244,94 @@ fn the_loss_is_the_same_for_none_a_middle_split_and_freeze_and_auto_plans() {
         bytes(2)
     );
     assert_eq!(runs[0].1["epochs"][0]["requests"], TRAIN as u64);
-    // auto: a plan with an estimate for every candidate, and a chosen split that was used.
+    // auto: a plan with an estimate for every split, and exploration on training iterations
+    // among its candidates, with the losses of a fixed split.
     let out = tmp.join("auto.json");
-    let r = run_ok(&mut trainer(
-        &fx,
-        &host.url,
-        &out,
-        &["--split", "auto", "--no-test"],
-    ));
+    let trace = tmp.join("auto.trace.jsonl");
+    let r = run_ok(
+        &mut trainer(
+            &fx,
+            &host.url,
+            &out,
+            &["--split", "auto", "--no-test", "--trace"],
+        )
+        .arg(&trace),
+    );
     let plan = &r["plan"];
     assert_eq!(
         plan["estimates"].as_array().expect("estimates").len(),
         1 + 26
     );
-    assert_eq!(plan["chosen"], r["epochs"][0]["split"]);
+    let candidates = plan["candidates"].as_array().expect("candidates");
     assert!(
-        r["epochs"][0]["predicted"]["epoch"]
-            .as_f64()
-            .expect("predicted")
-            > 0.0
+        !candidates.is_empty() && candidates.len() <= 4,
+        "{candidates:?}"
     );
-    let d = max_diff(&base[..TRAIN.div_ceil(16)], &losses(&r));
+    assert_eq!(plan["chosen"], candidates[0]);
+    let epoch = &r["epochs"][0];
+    assert!(candidates.contains(&epoch["split"]), "{epoch}");
+    assert!(epoch["predicted"]["epoch"].as_f64().expect("predicted") > 0.0);
+    // Every iteration is traced, in the results and live in --trace, at a candidate split.
+    let steps = TRAIN.div_ceil(16);
+    let traced = epoch["trace"].as_array().expect("trace");
+    assert_eq!(traced.len(), steps);
+    assert!(traced.iter().all(|i| candidates.contains(&i["split"])));
+    let lines: Vec<Value> = std::fs::read_to_string(&trace)
+        .expect("--trace written")
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON line"))
+        .collect();
+    assert_eq!(lines.len(), steps);
+    assert_eq!(lines[steps - 1]["iteration"], steps - 1);
+    let d = max_diff(&base[..steps], &losses(&r));
     assert!(d <= 1e-4, "auto's losses differ from none by {d}");
+    // Exploration forced over three splits as different as they come: each batch at whichever
+    // split the chooser gave it, the same losses as none over two epochs.
+    let out = tmp.join("auto-forced.json");
+    let r = run_ok(&mut trainer(
+        &fx,
+        &host.url,
+        &out,
+        &[
+            "--split",
+            "auto",
+            "--candidates",
+            "none,13,freeze",
+            "--epochs",
+            "2",
+            "--no-test",
+        ],
+    ));
+    let used: std::collections::BTreeSet<String> = r["epochs"][0]["trace"]
+        .as_array()
+        .expect("trace")
+        .iter()
+        .take(3)
+        .map(|i| i["split"].to_string())
+        .collect();
+    // The first batches go one to each candidate before any can be dropped.
+    assert_eq!(used.len(), 3, "exploration used {used:?}");
+    assert!(r["epochs"][0]["moves"].is_array());
+    let d = max_diff(&base, &losses(&r));
+    assert!(
+        d <= 1e-4,
+        "adaptive losses differ from none by {d} (splits {used:?})"
+    );
+    // A candidate past the freeze index is refused before anything runs.
+    let o = trainer(
+        &fx,
+        &host.url,
+        &tmp.join("bad.json"),
+        &["--split", "auto", "--candidates", "3,99"],
+    )
+    .output()
+    .expect("hapi-train runs");
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("--candidates: split 99 is past the freeze index"),
+        "{stderr}"
+    );
 }
 
 #[test]

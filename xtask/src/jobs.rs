@@ -382,8 +382,24 @@ fn s3_env() -> Vec<(&'static str, String)> {
     ]
 }
 
-/// `cargo xtask eval-split`: every split against the planner's choice, storage and compute
-/// tiers in two network namespaces over a tc-shaped veth pair, one core each.
+/// The eval-split grid.
+struct Grid {
+    models: &'static [&'static str],
+    batches: &'static [&'static str],
+    bandwidths: &'static [u32],
+    /// Iterations per fixed split, and of each adaptive run.
+    fixed: usize,
+    adaptive: usize,
+}
+
+/// The drift case: EfficientNet-Lite0 at batch 32, the link shaped from 1000 to 50 Mbit/s
+/// after `DRIFT_AT[0]` iterations and back after `DRIFT_AT[1]`; `DRIFT_ITERS` in all.
+const DRIFT_AT: [usize; 2] = [60, 100];
+const DRIFT_ITERS: usize = 120;
+
+/// `cargo xtask eval-split`: every fixed split against `--split auto`'s online adaptation,
+/// storage and compute tiers in two network namespaces over a tc-shaped veth pair, one core
+/// each; then the drift case.
 pub fn eval_split(args: &[String]) -> Result<(), String> {
     let full = args.iter().any(|a| a == "--full");
     if let Some(bad) = args.iter().find(|a| *a != "--full") {
@@ -391,27 +407,43 @@ pub fn eval_split(args: &[String]) -> Result<(), String> {
             "unknown option `{bad}` for `eval-split` (known: --full)"
         ));
     }
-    let (models, batches, bandwidths, iters): (&[&str], &[&str], &[u32], &str) = if full {
-        (
-            &[
-                "efficientnet_lite0",
-                "resnet18",
+    let grid = if full {
+        // The paper's models, bandwidths and two batch sizes.
+        Grid {
+            models: &[
                 "alexnet",
+                "resnet18",
                 "resnet50",
                 "vgg11",
+                "densenet121",
+                "vit_b_16",
+                "efficientnet_lite0",
             ],
-            &["32", "64"],
-            &[50, 200, 1000, 5000],
-            "6",
-        )
+            batches: &["32", "64"],
+            bandwidths: &[50, 250, 1000],
+            fixed: 3,
+            adaptive: 30,
+        }
     } else {
-        (
-            &["efficientnet_lite0", "resnet18", "alexnet"],
-            &["32"],
-            &[50, 250, 1000],
-            "4",
-        )
+        Grid {
+            models: &["efficientnet_lite0", "resnet18", "alexnet"],
+            batches: &["32"],
+            bandwidths: &[50, 250, 1000],
+            fixed: 4,
+            adaptive: 40,
+        }
     };
+    let (models, batches, bandwidths) = (grid.models, grid.batches, grid.bandwidths);
+    let iters = grid.fixed.to_string();
+    let adaptive = grid.adaptive.to_string();
+    // Enough photos for the adaptive run at the largest batch in one epoch, and for the drift
+    // case's epochs of 40 iterations.
+    let most_batch = batches
+        .iter()
+        .filter_map(|b| b.parse::<usize>().ok())
+        .max()
+        .unwrap_or(32);
+    let photos = (grid.adaptive * most_batch).max(40 * 32).to_string();
     let cores = std::thread::available_parallelism().map_or(1, usize::from);
     if cores < 2 {
         return Err("eval-split pins each tier to its own core: it needs at least 2".into());
@@ -428,7 +460,7 @@ pub fn eval_split(args: &[String]) -> Result<(), String> {
     let weed = start_weed(&env, &work.join("weed"))?;
     create_bucket("datasets")?;
     let bucket_ready = Instant::now() + Duration::from_secs(30);
-    let photos = "512";
+    let photos = photos.as_str();
     loop {
         // hapi-data writes ImageNet-like photos (about 100 KB JPEGs) into s3://datasets.
         let r = sh::run(
@@ -494,9 +526,7 @@ pub fn eval_split(args: &[String]) -> Result<(), String> {
                     started.elapsed().as_secs_f64()
                 ));
                 let file = dir.join(format!("{model}-b{batch}.json"));
-                let limit = (batch.parse::<usize>().unwrap_or(32)
-                    * iters.parse::<usize>().unwrap_or(4))
-                .to_string();
+                let limit = (batch.parse::<usize>().unwrap_or(32) * grid.adaptive).to_string();
                 sh::run(
                     Command::new("taskset")
                         .args(["-c", "1"])
@@ -509,7 +539,9 @@ pub fn eval_split(args: &[String]) -> Result<(), String> {
                             "--batch",
                             batch,
                             "--max-iters",
-                            iters,
+                            &iters,
+                            "--adaptive-iters",
+                            &adaptive,
                             "--train-limit",
                             &limit,
                         ])
@@ -523,6 +555,7 @@ pub fn eval_split(args: &[String]) -> Result<(), String> {
             }
         }
     }
+    let drift = drift_case(&env, &bins, &link, &host.url, &out);
     drop(host);
     drop(weed);
     drop(link);
@@ -534,6 +567,89 @@ pub fn eval_split(args: &[String]) -> Result<(), String> {
             .args(&files)
             .envs(env.vars()),
     )?;
+    let (trace, switches) = drift?;
+    let sweep_at = |mbit: u32| out.join(format!("bw-{mbit}mbit/efficientnet_lite0-b32.json"));
+    sh::run(
+        Command::new(bins.join("hapi-eval"))
+            .arg("drift-summary")
+            .arg(out.join("drift.json"))
+            .arg(out.join("drift-results.json"))
+            .arg(&trace)
+            .arg(&switches)
+            .arg(sweep_at(1000))
+            .arg(sweep_at(50))
+            .envs(env.vars()),
+    )?;
     println!("eval-split took {:.0} s", started.elapsed().as_secs_f64());
     Ok(())
+}
+
+/// The drift case: `--split auto` with `--trace`, the link shaped to 50 Mbit/s once
+/// `DRIFT_AT[0]` iterations have ended and back to 1000 at `DRIFT_AT[1]`. Returns the trace
+/// and the switches' times (JSON: `[{"unix": .., "mbit": ..}]`).
+fn drift_case(
+    env: &Env,
+    bins: &Path,
+    link: &Link,
+    host: &str,
+    out: &Path,
+) -> Result<(PathBuf, PathBuf), String> {
+    let per_epoch = 40usize;
+    sh::step(&format!(
+        "drift: efficientnet_lite0, batch 32, 1000 Mbit/s, 50 from iteration {} to {}",
+        DRIFT_AT[0], DRIFT_AT[1]
+    ));
+    link.shape(1000)?;
+    let trace = out.join("drift-trace.jsonl");
+    let _ = std::fs::remove_file(&trace);
+    let mut child = Command::new("taskset")
+        .args(["-c", "1"])
+        .arg(bins.join("hapi-train"))
+        .args(["--host", host, "--token", TOKEN, "--store", "s3://"])
+        .args(["--bucket", "datasets", "--prefix", "photos"])
+        .args([
+            "--model",
+            "efficientnet_lite0",
+            "--batch",
+            "32",
+            "--split",
+            "auto",
+        ])
+        .args(["--train-limit", &(per_epoch * 32).to_string()])
+        .args(["--epochs", &DRIFT_ITERS.div_ceil(per_epoch).to_string()])
+        .args(["--no-test", "--quiet", "--device", "cpu", "--out"])
+        .arg(out.join("drift-results.json"))
+        .arg("--trace")
+        .arg(&trace)
+        .envs(env.vars())
+        .envs(s3_env())
+        .env("OMP_NUM_THREADS", "1")
+        .spawn()
+        .map_err(|e| format!("starting hapi-train: {e}"))?;
+    let mut switches = Vec::new();
+    let mut next = 0;
+    let status = loop {
+        if let Some(status) = child.try_wait().map_err(|e| e.to_string())? {
+            break status;
+        }
+        let ended = std::fs::read_to_string(&trace).map_or(0, |t| t.lines().count());
+        if next < DRIFT_AT.len() && ended >= DRIFT_AT[next] {
+            let mbit = if next == 0 { 50 } else { 1000 };
+            link.shape(mbit)?;
+            let unix = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0.0, |d| d.as_secs_f64());
+            switches.push(format!(
+                r#"{{"unix": {unix:.6}, "mbit": {mbit}, "after_iteration": {ended}}}"#
+            ));
+            next += 1;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    if !status.success() {
+        return Err(format!("hapi-train (drift case) failed: {status}"));
+    }
+    let path = out.join("drift-switches.json");
+    std::fs::write(&path, format!("[{}]\n", switches.join(", "))).map_err(|e| e.to_string())?;
+    Ok((trace, path))
 }

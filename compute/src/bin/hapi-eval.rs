@@ -2,12 +2,15 @@
 //!
 //! - `compare A.json B.json ...`: jobs side by side (the demo's summary);
 //! - `split-summary OUT_DIR CASE.json ...`: the split-choice evaluation over sweep results
-//!   (`hapi-train --sweep`): a table, `summary.json` and `split-choice.svg` in OUT_DIR.
+//!   (`hapi-train --sweep`): a table, `summary.json` and `split-choice.svg` in OUT_DIR;
+//! - `drift-summary OUT.json RESULTS.json TRACE.jsonl SWITCHES.json SWEEP_FAST.json
+//!   SWEEP_SLOW.json`: an adaptive run whose link was shaped down and back (`cargo xtask
+//!   eval-split`'s drift case) against the best fixed split at each phase's bandwidth.
 
 use anyhow::{Context, bail};
 use hapi_train::job::{Results, SweepResults, write_json};
 use hapi_train::plan::Split;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
@@ -16,8 +19,9 @@ fn main() -> std::process::ExitCode {
     let r = match args.first().map(String::as_str) {
         Some("compare") => compare(&args[1..]),
         Some("split-summary") => split_summary(&args[1..]),
+        Some("drift-summary") => drift_summary(&args[1..]),
         _ => Err(anyhow::anyhow!(
-            "usage: hapi-eval compare RESULTS.json...\n       hapi-eval split-summary OUT_DIR SWEEP.json..."
+            "usage: hapi-eval compare RESULTS.json...\n       hapi-eval split-summary OUT_DIR SWEEP.json...\n       hapi-eval drift-summary OUT.json RESULTS.json TRACE.jsonl SWITCHES.json SWEEP_FAST.json SWEEP_SLOW.json"
         )),
     };
     match r {
@@ -113,20 +117,27 @@ struct CaseSummary {
     model: String,
     batch: usize,
     bandwidth: String,
+    /// Iterations per fixed split, and of the adaptive run.
     iterations: usize,
+    adaptive_iterations: usize,
+    /// The fastest fixed split over the adaptive run's iterations, and its time.
     best: Split,
     best_s: f64,
+    /// Where the adaptive run settled, and its wall time.
     auto: Split,
     auto_s: f64,
-    /// auto's own run against the best split's run.
     auto_over_best: f64,
-    /// The measured time of the split auto chose, in the sweep, against the best: whether the
-    /// choice was right, free of run-to-run noise in auto's own run.
+    /// The fixed time of the split it settled on, against the best: whether the choice was
+    /// right, free of what exploring cost.
     chosen_over_best: f64,
+    /// Where exploration started (the model's best), and whether that was the best split.
+    first_candidate: Split,
+    first_was_best: bool,
+    explored: usize,
     none_s: f64,
     speedup_over_none: f64,
     within_5pct: bool,
-    probe_s: f64,
+    plan_s: f64,
 }
 
 #[derive(Serialize)]
@@ -135,7 +146,22 @@ struct Summary {
     share_within_5pct: f64,
     share_choice_within_5pct: f64,
     best_speedup_over_none: f64,
+    median_speedup_over_none: f64,
     median_auto_over_best: f64,
+    /// Cases where the first candidate was the best fixed split: the adaptive run against it
+    /// (what exploring cost), the largest and the mean.
+    overhead_cases: usize,
+    overhead_max: f64,
+    overhead_mean: f64,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    if v.is_empty() {
+        f64::NAN
+    } else {
+        v[v.len() / 2]
+    }
 }
 
 fn split_summary(args: &[String]) -> anyhow::Result<()> {
@@ -156,33 +182,41 @@ fn split_summary(args: &[String]) -> anyhow::Result<()> {
             .and_then(|p| p.file_name())
             .map(|n| n.to_string_lossy().trim_start_matches("bw-").to_string())
             .unwrap_or_default();
-        let chosen_s = s
-            .cases
-            .iter()
-            .find(|c| c.split == s.auto)
-            .map_or(f64::NAN, |c| c.seconds);
+        let fixed = |split: Split| {
+            s.cases
+                .iter()
+                .find(|c| c.split == split)
+                .map_or(f64::NAN, |c| c.seconds_at_adaptive)
+        };
         cases.push(CaseSummary {
             file: f.clone(),
             model: s.model.clone(),
             batch: s.batch,
             bandwidth: bw,
             iterations: s.iterations,
+            adaptive_iterations: s.adaptive_iterations,
             best: s.best,
             best_s: s.best_s,
             auto: s.auto,
             auto_s: s.auto_s,
             auto_over_best: s.auto_s / s.best_s,
-            chosen_over_best: chosen_s / s.best_s,
+            chosen_over_best: fixed(s.auto) / s.best_s,
+            first_candidate: s.first_candidate,
+            first_was_best: fixed(s.first_candidate) <= s.best_s,
+            explored: s.explored,
             none_s: s.none_s,
             speedup_over_none: s.none_s / s.auto_s,
             within_5pct: s.auto_s <= 1.05 * s.best_s,
-            probe_s: s.plan.probe_s,
+            plan_s: s.plan.plan_s,
         });
         sweeps.push(s);
     }
     let n = cases.len() as f64;
-    let mut ratios: Vec<f64> = cases.iter().map(|c| c.auto_over_best).collect();
-    ratios.sort_by(f64::total_cmp);
+    let overhead: Vec<f64> = cases
+        .iter()
+        .filter(|c| c.first_was_best)
+        .map(|c| c.auto_over_best - 1.0)
+        .collect();
     let summary = Summary {
         share_within_5pct: cases.iter().filter(|c| c.within_5pct).count() as f64 / n,
         share_choice_within_5pct: cases.iter().filter(|c| c.chosen_over_best <= 1.05).count()
@@ -192,48 +226,64 @@ fn split_summary(args: &[String]) -> anyhow::Result<()> {
             .iter()
             .map(|c| c.speedup_over_none)
             .fold(0.0, f64::max),
-        median_auto_over_best: ratios[ratios.len() / 2],
+        median_speedup_over_none: median(cases.iter().map(|c| c.speedup_over_none).collect()),
+        median_auto_over_best: median(cases.iter().map(|c| c.auto_over_best).collect()),
+        overhead_cases: overhead.len(),
+        overhead_max: overhead.iter().copied().fold(f64::NAN, f64::max),
+        overhead_mean: overhead.iter().sum::<f64>() / overhead.len().max(1) as f64,
         cases,
     };
     println!(
-        "{:<20} {:>5} {:>9} {:>6} {:>8} {:>6} {:>8} {:>9} {:>10} {:>8} {:>8}",
+        "{:<20} {:>5} {:>9} {:>5} {:>6} {:>8} {:>6} {:>8} {:>9} {:>11} {:>6} {:>8} {:>8}",
         "model",
         "batch",
         "bandwidth",
+        "it",
         "best",
         "best s",
         "auto",
         "auto s",
         "auto/best",
         "chosen/best",
-        "none s",
+        "first",
+        "explored",
         "vs none"
     );
     for c in &summary.cases {
         println!(
-            "{:<20} {:>5} {:>9} {:>6} {:>8.2} {:>6} {:>8.2} {:>9.3} {:>10.3} {:>8.2} {:>7.2}x",
+            "{:<20} {:>5} {:>9} {:>5} {:>6} {:>8.2} {:>6} {:>8.2} {:>9.3} {:>11.3} {:>6} {:>8} {:>7.2}x",
             c.model,
             c.batch,
             c.bandwidth,
+            c.adaptive_iterations,
             c.best.to_string(),
             c.best_s,
             c.auto.to_string(),
             c.auto_s,
             c.auto_over_best,
             c.chosen_over_best,
-            c.none_s,
+            c.first_candidate.to_string(),
+            c.explored,
             c.speedup_over_none
         );
     }
     println!(
-        "auto best or within 5% of the best: {:.1}% of {} cases (its own run); the chosen split's sweep time within 5%: {:.1}%",
+        "auto best or within 5% of the best fixed split: {:.1}% of {} cases (its own run); the split it settled on within 5%: {:.1}%",
         summary.share_within_5pct * 100.0,
         summary.cases.len(),
         summary.share_choice_within_5pct * 100.0
     );
     println!(
-        "median auto/best {:.3}; best speed-up of auto over none: {:.2}x",
-        summary.median_auto_over_best, summary.best_speedup_over_none
+        "median auto/best {:.3}; speed-up of auto over none: best {:.2}x, median {:.2}x",
+        summary.median_auto_over_best,
+        summary.best_speedup_over_none,
+        summary.median_speedup_over_none
+    );
+    println!(
+        "exploration overhead where the first candidate was the best ({} cases): max {:+.1}%, mean {:+.1}%",
+        summary.overhead_cases,
+        summary.overhead_max * 100.0,
+        summary.overhead_mean * 100.0
     );
     std::fs::create_dir_all(&out)?;
     write_json(&out.join("summary.json"), &summary)?;
@@ -255,7 +305,7 @@ fn svg(sweeps: &[SweepResults], summary: &Summary) -> String {
     let (w, h) = (pw * cols as f64, ph * rows as f64 + 40.0);
     let mut s = format!(
         r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="10">
-<text x="10" y="20" font-size="14">Split choice: measured time per split (grey), best (green), auto's choice (blue outline). Auto within 5%: {:.1}%</text>
+<text x="10" y="20" font-size="14">Split choice: each fixed split's time (grey), best (green), where auto settled (blue outline). Auto within 5%: {:.1}%</text>
 "#,
         summary.share_within_5pct * 100.0
     );
@@ -265,7 +315,7 @@ fn svg(sweeps: &[SweepResults], summary: &Summary) -> String {
         let max = sw
             .cases
             .iter()
-            .map(|c| c.seconds)
+            .map(|c| c.seconds_at_adaptive)
             .fold(0.0, f64::max)
             .max(1e-9);
         let bw = (pw - 50.0) / sw.cases.len() as f64;
@@ -280,7 +330,7 @@ fn svg(sweeps: &[SweepResults], summary: &Summary) -> String {
             c.auto_over_best
         );
         for (j, case) in sw.cases.iter().enumerate() {
-            let bh = (ph - 50.0) * case.seconds / max;
+            let bh = (ph - 50.0) * case.seconds_at_adaptive / max;
             let x = x0 + j as f64 * bw;
             let y = y0 + (ph - 50.0) - bh;
             let fill = if case.split == sw.best {
@@ -298,7 +348,7 @@ fn svg(sweeps: &[SweepResults], summary: &Summary) -> String {
                 r#"<rect x="{x:.1}" y="{y:.1}" width="{:.1}" height="{bh:.1}" fill="{fill}"{stroke}><title>split {}: {:.2} s</title></rect>"#,
                 (bw - 1.0).max(0.5),
                 case.split,
-                case.seconds
+                case.seconds_at_adaptive
             );
         }
         let _ = writeln!(
@@ -310,4 +360,143 @@ fn svg(sweeps: &[SweepResults], summary: &Summary) -> String {
     }
     s.push_str("</svg>\n");
     s
+}
+
+#[derive(Deserialize)]
+struct Switch {
+    unix: f64,
+    mbit: u32,
+    after_iteration: usize,
+}
+
+#[derive(Deserialize)]
+struct TraceLine {
+    iteration: usize,
+    split: Split,
+    end_unix: f64,
+}
+
+#[derive(Serialize)]
+struct Phase {
+    mbit: u32,
+    /// Iterations that ended in the phase, and the splits they ran at (split: count).
+    iterations: usize,
+    splits: Vec<(Split, usize)>,
+    /// Seconds per iteration (mean interval between iteration ends within an epoch).
+    pace_s: f64,
+    /// The fastest fixed split at this bandwidth (the sweep's pace), and the ratio.
+    best: Split,
+    best_pace_s: f64,
+    ratio: f64,
+    within_10pct: bool,
+}
+
+#[derive(Serialize)]
+struct DriftSummary {
+    phases: Vec<Phase>,
+    switches_after_iteration: Vec<usize>,
+    moves: Vec<hapi_train::adapt::Move>,
+}
+
+fn drift_summary(args: &[String]) -> anyhow::Result<()> {
+    let [out, results, trace, switches, fast, slow] = args else {
+        bail!(
+            "drift-summary OUT.json RESULTS.json TRACE.jsonl SWITCHES.json SWEEP_FAST.json SWEEP_SLOW.json"
+        );
+    };
+    let results: Results = read(results)?;
+    let switches: Vec<Switch> = read(switches)?;
+    let text = std::fs::read_to_string(trace).with_context(|| trace.clone())?;
+    let trace: Vec<TraceLine> = text
+        .lines()
+        .enumerate()
+        .map(|(i, l)| {
+            serde_json::from_str(l).with_context(|| format!("{trace}:{}: not a trace line", i + 1))
+        })
+        .collect::<anyhow::Result<_>>()?;
+    let (fast, slow): (SweepResults, SweepResults) = (read(fast)?, read(slow)?);
+    let fast_mbit = switches.last().map_or(1000, |s| s.mbit);
+    let epoch_starts: Vec<usize> = results.epochs.iter().map(|e| e.first_iteration).collect();
+    // Phase k: iterations ending before switch k (and after switch k - 1).
+    let bounds: Vec<f64> = switches.iter().map(|s| s.unix).collect();
+    let phase_of = |t: f64| bounds.iter().take_while(|&&b| t >= b).count();
+    let mut phases = Vec::new();
+    for k in 0..=bounds.len() {
+        let mbit = if k == 0 {
+            fast_mbit
+        } else {
+            switches[k - 1].mbit
+        };
+        let sweep = if mbit == fast_mbit { &fast } else { &slow };
+        let its: Vec<&TraceLine> = trace.iter().filter(|t| phase_of(t.end_unix) == k).collect();
+        let mut splits: Vec<(Split, usize)> = Vec::new();
+        for t in &its {
+            match splits.iter_mut().find(|(s, _)| *s == t.split) {
+                Some((_, n)) => *n += 1,
+                None => splits.push((t.split, 1)),
+            }
+        }
+        let intervals: Vec<f64> = its
+            .windows(2)
+            .filter(|w| {
+                w[1].iteration == w[0].iteration + 1 && !epoch_starts.contains(&w[1].iteration)
+            })
+            .map(|w| w[1].end_unix - w[0].end_unix)
+            .collect();
+        let pace = intervals.iter().sum::<f64>() / intervals.len().max(1) as f64;
+        let best = sweep
+            .cases
+            .iter()
+            .min_by(|a, b| a.pace_s.total_cmp(&b.pace_s))
+            .context("a sweep without cases")?;
+        phases.push(Phase {
+            mbit,
+            iterations: its.len(),
+            splits,
+            pace_s: pace,
+            best: best.split,
+            best_pace_s: best.pace_s,
+            ratio: pace / best.pace_s,
+            within_10pct: pace <= 1.1 * best.pace_s,
+        });
+    }
+    let summary = DriftSummary {
+        switches_after_iteration: switches.iter().map(|s| s.after_iteration).collect(),
+        moves: results
+            .epochs
+            .iter()
+            .flat_map(|e| e.moves.clone())
+            .collect(),
+        phases,
+    };
+    println!(
+        "{:>6} {:>10} {:>9} {:>6} {:>10} {:>7}  splits (iterations)",
+        "Mbit/s", "iterations", "pace ms", "best", "best ms", "ratio"
+    );
+    for p in &summary.phases {
+        println!(
+            "{:>6} {:>10} {:>9.1} {:>6} {:>10.1} {:>7.3}  {}",
+            p.mbit,
+            p.iterations,
+            p.pace_s * 1e3,
+            p.best.to_string(),
+            p.best_pace_s * 1e3,
+            p.ratio,
+            p.splits
+                .iter()
+                .map(|(s, n)| format!("{s}: {n}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    println!(
+        "link shaped after iterations {:?}; moves:",
+        summary.switches_after_iteration
+    );
+    for m in &summary.moves {
+        println!("  iteration {:>4}: {}", m.iteration, m.reason);
+    }
+    write_json(Path::new(out), &summary)?;
+    println!("wrote {out}");
+    Ok(())
 }

@@ -1,6 +1,8 @@
 //! What a job is given (`JobConfig`, `--split`) and what it reports (epochs, plan, results).
 
+use crate::adapt::Move;
 use crate::head::OptimizerKind;
+use crate::pipeline::Iteration;
 use crate::plan::{Costs, Estimate, Split};
 use hapi_client::WireDtype;
 use serde::{Deserialize, Serialize};
@@ -52,6 +54,9 @@ pub struct JobConfig {
     pub lr: f64,
     pub seed: u64,
     pub split: SplitArg,
+    /// `--candidates`: with `--split auto`, the splits explored (instead of the model's best).
+    #[serde(default)]
+    pub candidates: Option<Vec<SplitArg>>,
     pub prefetch: usize,
     pub request_size: usize,
     pub in_flight: usize,
@@ -74,6 +79,9 @@ pub struct JobConfig {
     pub checkpoint: Option<PathBuf>,
     pub resume: bool,
     pub out: Option<PathBuf>,
+    /// `--trace`: a JSON line per training iteration (split, stage times, end time).
+    #[serde(default)]
+    pub trace: Option<PathBuf>,
     pub progress: bool,
 }
 
@@ -81,8 +89,12 @@ pub struct JobConfig {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct EpochResult {
     pub epoch: usize,
+    /// The split most of its iterations ran at (every iteration's is in `trace`).
     pub split: Split,
     pub iterations: usize,
+    /// The job's iteration count (over all epochs) at the epoch's first iteration.
+    #[serde(default)]
+    pub first_iteration: usize,
     pub samples: usize,
     pub wall_s: f64,
     /// Mean per iteration, measured.
@@ -90,7 +102,7 @@ pub struct EpochResult {
     pub compute_stage_s: f64,
     /// The compute tier waiting for batches, whole epoch.
     pub starved_s: f64,
-    /// The plan's estimate for this epoch's split, when there is a plan.
+    /// The model's estimate for this epoch's split, as calibrated by then, when there is a plan.
     pub predicted: Option<Estimate>,
     pub bytes_received: u64,
     pub requests: usize,
@@ -102,31 +114,25 @@ pub struct EpochResult {
     pub test_s: Option<f64>,
     pub skipped: Vec<String>,
     pub from_cache: bool,
-    pub replanned: Option<String>,
+    /// With `--split auto`: where the trainer settled or started exploring again, and why.
+    #[serde(default)]
+    pub moves: Vec<Move>,
+    /// Every iteration's split and stage times (empty when the features came from the cache).
+    #[serde(default)]
+    pub trace: Vec<Iteration>,
 }
 
 /// The plan: what was measured and what each split was estimated to cost.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct PlanReport {
+    /// The model's best split, where exploration starts.
     pub chosen: Split,
-    pub probe_s: f64,
+    /// The splits explored first (the model's best few; see [`crate::adapt::candidates`]).
+    pub candidates: Vec<Split>,
+    /// Seconds spent measuring.
+    pub plan_s: f64,
     pub costs: Costs,
     pub estimates: Vec<Estimate>,
-    /// The model's best candidates, each run for real (without training) before choosing.
-    #[serde(default)]
-    pub probes: Vec<Probe>,
-}
-
-/// A candidate split run for [`PROBE_ITERATIONS`] iterations without training.
-#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
-pub struct Probe {
-    pub split: Split,
-    /// Measured per iteration (compute: the frozen layers run here, plus the head's step).
-    pub storage_s: f64,
-    pub compute_s: f64,
-    /// The epoch these stage times give (the planner's pipeline formula).
-    pub epoch_s: f64,
-    pub predicted: Estimate,
 }
 
 /// What a job writes to `--out`.

@@ -9,8 +9,7 @@ mod report;
 mod sweep;
 mod train;
 
-pub use config::{EpochResult, JobConfig, PlanReport, Probe, Results, SplitArg};
-pub use plan::{PLAUSIBLE, PROBE_CANDIDATES, PROBE_ITERATIONS, probe_candidates};
+pub use config::{EpochResult, JobConfig, PlanReport, Results, SplitArg};
 pub use report::{print_plan, write_json};
 pub use sweep::{SweepCase, SweepResults};
 pub use train::Job;

@@ -1,61 +1,18 @@
-//! Choosing the split: measuring both tiers and the network, estimating every split, and
-//! running the best candidates for real.
+//! Ranking the splits: measuring both tiers and the network and estimating every split. The
+//! choice itself is made on training iterations ([`crate::adapt`]).
 
-use crate::dataset::Sample;
+use crate::adapt::candidates;
 use crate::head::Head;
-use crate::plan::{Costs, Estimate, Split, min_output_split};
+use crate::plan::{Costs, Split, min_output_split};
 use anyhow::Context;
 use futures::StreamExt;
-use indicatif::ProgressBar;
 use object_store::ObjectStoreExt;
 use std::sync::Arc;
 use std::time::Instant;
 use tch::Tensor;
 
-use super::config::{PlanReport, Probe, SplitArg};
+use super::config::{PlanReport, SplitArg};
 use super::train::{Job, available_memory};
-
-/// Candidates the planner runs for real before choosing.
-pub const PROBE_CANDIDATES: usize = 4;
-/// Splits whose estimate is within this factor of the best are plausible winners: the model's
-/// stage estimates are off by up to about 25% here.
-pub const PLAUSIBLE: f64 = 1.3;
-
-/// The splits to run for real: the model's best, then others among the plausible ones spread
-/// evenly over the layers (neighbouring splits often cost the same, and probing three of them
-/// would tell nothing new), `none` included when plausible.
-pub fn probe_candidates(estimates: &[Estimate]) -> Vec<Estimate> {
-    let fits: Vec<Estimate> = estimates.iter().filter(|e| e.fits).copied().collect();
-    let Some(best) = fits
-        .iter()
-        .min_by(|a, b| a.epoch.total_cmp(&b.epoch))
-        .copied()
-    else {
-        return Vec::new();
-    };
-    let mut plausible: Vec<Estimate> = fits
-        .into_iter()
-        .filter(|e| e.epoch <= best.epoch * PLAUSIBLE && e.split != best.split)
-        .collect();
-    plausible.sort_by_key(|e| e.split);
-    let mut out = vec![best];
-    let k = (PROBE_CANDIDATES - 1).min(plausible.len());
-    for j in 0..k {
-        // Evenly spaced positions over the plausible splits, in layer order.
-        let i = if k == 1 {
-            0
-        } else {
-            j * (plausible.len() - 1) / (k - 1)
-        };
-        let e = plausible[i];
-        if !out.iter().any(|o| o.split == e.split) {
-            out.push(e);
-        }
-    }
-    out
-}
-/// Iterations per probed candidate (the second overlaps the first, as in training).
-pub const PROBE_ITERATIONS: usize = 2;
 
 impl Job {
     /// Bytes per sample sent at each split 0..=freeze (split 0 in f32, the others in the
@@ -73,7 +30,8 @@ impl Job {
             .collect()
     }
 
-    /// Measures both tiers and the network, and estimates every split.
+    /// Measures both tiers and the network, estimates every split, and loads the candidates'
+    /// segments on the host (one sample each), so that no training iteration pays for that.
     pub fn plan(&mut self) -> anyhow::Result<PlanReport> {
         let started = Instant::now();
         let client = Arc::clone(self.client.as_ref().context("--split auto needs --host")?);
@@ -202,73 +160,29 @@ impl Job {
             storage_scale: 1.0,
             compute_scale: 1.0,
         };
-        let mut costs = costs;
-        let probes = self.probe(&costs)?;
-        let chosen = match probes.iter().min_by(|a, b| a.epoch_s.total_cmp(&b.epoch_s)) {
-            Some(best) => {
-                // Calibrate the model on the chosen split, so that re-planning starts from what
-                // was measured there.
-                // (Within bounds: a stage predicted at almost nothing gives no scale.)
-                let scale = |measured: f64, predicted: f64| {
-                    if predicted > 1e-3 {
-                        (measured / predicted).clamp(0.2, 5.0)
-                    } else {
-                        1.0
-                    }
-                };
-                costs.storage_scale = scale(best.storage_s, best.predicted.storage);
-                costs.compute_scale = scale(best.compute_s, best.predicted.compute);
-                best.split
-            }
-            None => costs.choose().split,
-        };
-        Ok(PlanReport {
-            chosen,
-            probe_s: started.elapsed().as_secs_f64(),
-            estimates: costs.estimates(),
-            costs,
-            probes,
-        })
-    }
-
-    /// Runs the model's best few splits for real, without training: the same first batches
-    /// through the real pipeline (requests in flight, prefetching), so that the choice among
-    /// close candidates rests on measurements rather than on the model's error, which can
-    /// exceed their differences.
-    pub(super) fn probe(&mut self, costs: &Costs) -> anyhow::Result<Vec<Probe>> {
-        let ranked = probe_candidates(&costs.estimates());
-        let batch: Vec<Sample> = self
-            .data
-            .train
+        let estimates = costs.estimates();
+        let candidates: Vec<Split> = candidates(&estimates).iter().map(|e| e.split).collect();
+        let warm: Vec<usize> = candidates
             .iter()
-            .take(self.cfg.batch)
-            .cloned()
+            .filter_map(|s| match s {
+                Split::At(s) if *s != 0 && *s != freeze => Some(*s),
+                _ => None,
+            })
             .collect();
-        if batch.is_empty() {
-            return Ok(Vec::new());
-        }
-        let n = costs.iterations.max(1) as f64;
-        let pb = ProgressBar::hidden();
-        let mut probes = Vec::new();
-        for e in ranked {
-            let (times, _, _) = self.feed(
-                e.split,
-                vec![batch.clone(); PROBE_ITERATIONS],
-                &pb,
-                false,
-                |_, _, _| Ok(()),
-            )?;
-            let storage = times.mean_storage();
-            let compute = times.mean_compute() + costs.head_step;
-            probes.push(Probe {
-                split: e.split,
-                storage_s: storage,
-                compute_s: compute,
-                epoch_s: storage + storage.max(compute) * (n - 1.0) + compute,
-                predicted: e,
-            });
-        }
-        Ok(probes)
+        let one = &probe_keys[..1.min(probe_keys.len())];
+        self.rt.block_on(async {
+            for s in warm {
+                client.invoke(&cfg.bucket, one, &cfg.model, s).await?;
+            }
+            anyhow::Ok(())
+        })?;
+        Ok(PlanReport {
+            chosen: costs.choose().split,
+            candidates,
+            plan_s: started.elapsed().as_secs_f64(),
+            estimates,
+            costs,
+        })
     }
 
     /// One training step of a throw-away copy of the head on random features.
@@ -301,46 +215,5 @@ impl Job {
             SplitArg::At(s) => Split::At(s),
             SplitArg::Auto => Split::At(self.freeze),
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{PLAUSIBLE, probe_candidates};
-    use crate::plan::{Estimate, Split};
-
-    fn est(split: Split, epoch: f64) -> Estimate {
-        Estimate {
-            split,
-            storage: epoch,
-            compute: 0.0,
-            epoch,
-            memory: 0,
-            fits: true,
-        }
-    }
-
-    #[test]
-    fn probes_spread_over_the_plausible_splits_and_start_with_the_best() {
-        // Splits 9..=25: the model likes 25 best; 9..=19 and 22..=24 are plausible.
-        let mut all = vec![est(Split::None, 10.0)];
-        for s in 0..=25 {
-            let e = match s {
-                25 => 3.88,
-                22..=24 => 3.9,
-                9..=19 => 4.4,
-                _ => 9.0,
-            };
-            all.push(est(Split::At(s), e));
-        }
-        let c = probe_candidates(&all);
-        let splits: Vec<Split> = c.iter().map(|e| e.split).collect();
-        assert_eq!(splits[0], Split::At(25));
-        assert_eq!(splits.len(), 4, "{splits:?}");
-        assert!(splits.contains(&Split::At(9)), "{splits:?}");
-        assert!(c.iter().all(|e| e.epoch <= 3.88 * PLAUSIBLE));
-        // Nothing else plausible: only the best.
-        let c = probe_candidates(&[est(Split::None, 10.0), est(Split::At(3), 2.0)]);
-        assert_eq!(c.len(), 1);
     }
 }

@@ -27,8 +27,8 @@ pub(super) fn ms(s: f64) -> String {
 pub fn print_plan(p: &PlanReport) {
     let c = &p.costs;
     eprintln!(
-        "plan ({:.1} s of probing): bandwidth {:.1} MB/s, request latency {} ms, host decode {} ms/sample, local decode {} ms/sample, store read {:.1} MB/s, head step {} ms",
-        p.probe_s,
+        "plan ({:.1} s of measuring): bandwidth {:.1} MB/s, request latency {} ms, host decode {} ms/sample, local decode {} ms/sample, store read {:.1} MB/s, head step {} ms",
+        p.plan_s,
         c.bandwidth / 1e6,
         ms(c.latency),
         ms(c.host_decode),
@@ -51,34 +51,23 @@ pub fn print_plan(p: &PlanReport) {
             mb,
             if e.fits { "yes" } else { "no" },
             if e.split == p.chosen {
-                "  <- chosen"
+                "  <- the model's best"
+            } else if p.candidates.contains(&e.split) {
+                "  <- explored"
             } else {
                 ""
             },
         );
     }
-    print_probes(p);
+    eprintln!(
+        "  exploring splits {} on training iterations",
+        p.candidates
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
 }
-
-pub(super) fn print_probes(p: &PlanReport) {
-    for probe in &p.probes {
-        eprintln!(
-            "  probe {:>5}: storage {} ms/it, compute {} ms/it (predicted {} / {}), epoch {:.2} s{}",
-            probe.split.to_string(),
-            ms(probe.storage_s),
-            ms(probe.compute_s),
-            ms(probe.predicted.storage),
-            ms(probe.predicted.compute),
-            probe.epoch_s,
-            if probe.split == p.chosen {
-                "  <- chosen"
-            } else {
-                ""
-            },
-        );
-    }
-}
-
 pub(super) fn print_epoch(r: &EpochResult, epochs: usize) {
     let pred = r.predicted.map_or_else(String::new, |p| {
         format!(" (predicted {} / {} ms)", ms(p.storage), ms(p.compute))
@@ -109,4 +98,21 @@ pub(super) fn print_epoch(r: &EpochResult, epochs: usize) {
             ""
         },
     );
+    let mut counts: Vec<(Split, usize)> = Vec::new();
+    for i in &r.trace {
+        match counts.iter_mut().find(|(s, _)| *s == i.split) {
+            Some((_, n)) => *n += 1,
+            None => counts.push((i.split, 1)),
+        }
+    }
+    if counts.len() > 1 {
+        eprintln!(
+            "  iterations per split: {}",
+            counts
+                .iter()
+                .map(|(s, n)| format!("{s}: {n}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
 }

@@ -1,6 +1,8 @@
-//! `--sweep`: every split measured for a fixed number of iterations (the split-choice
-//! evaluation).
+//! `--sweep`: every split measured for a fixed number of iterations, then `--split auto`'s
+//! online adaptation for a longer run (the split-choice evaluation).
 
+use crate::adapt::{Choice, Move};
+use crate::pipeline::Iteration;
 use crate::plan::{Estimate, Split};
 use anyhow::Context;
 use serde::{Deserialize, Serialize};
@@ -13,36 +15,73 @@ use super::train::Job;
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct SweepCase {
     pub split: Split,
+    /// Wall time of its `iterations` iterations.
     pub seconds: f64,
+    /// The same pipeline run for the adaptive run's `adaptive_iterations`: its first
+    /// iteration's end, then its steady pace (the mean interval between iteration ends).
+    pub seconds_at_adaptive: f64,
+    /// Its steady pace: seconds per iteration after the first.
+    pub pace_s: f64,
     pub storage_stage_s: f64,
     pub compute_stage_s: f64,
     pub bytes_received: u64,
     pub predicted: Estimate,
 }
 
-/// Every split measured for a fixed number of iterations, and the planner's choice.
+/// Every split measured, and the adaptive run.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct SweepResults {
     pub model: String,
     pub batch: usize,
+    /// Iterations per fixed split.
     pub iterations: usize,
+    /// Iterations of the adaptive run.
+    pub adaptive_iterations: usize,
     pub freeze: usize,
     pub cases: Vec<SweepCase>,
+    /// The fastest fixed split over `adaptive_iterations`, and its time.
     pub best: Split,
     pub best_s: f64,
-    /// The planner's choice and its own run's time (profiling not included; see `plan.probe_s`).
+    /// The split the adaptive run settled on (most of its iterations), and its wall time
+    /// (measuring the tiers before it is in `plan.plan_s`).
     pub auto: Split,
     pub auto_s: f64,
+    /// Where exploration started: the model's best split.
+    pub first_candidate: Split,
+    /// Iterations the adaptive run spent exploring.
+    pub explored: usize,
+    pub moves: Vec<Move>,
+    pub auto_trace: Vec<Iteration>,
     pub none_s: f64,
     pub plan: PlanReport,
 }
 
+/// Seconds per iteration after the first (the first's own time when there is one).
+fn pace(start: f64, trace: &[Iteration]) -> f64 {
+    match (trace.first(), trace.last()) {
+        (Some(first), Some(last)) if trace.len() > 1 => {
+            (last.end_unix - first.end_unix) / (trace.len() - 1) as f64
+        }
+        (Some(first), _) => first.end_unix - start,
+        _ => f64::NAN,
+    }
+}
+
+/// The first iteration's end from the start, then `(n - 1)` steady intervals.
+fn extrapolate(start: f64, trace: &[Iteration], n: usize) -> f64 {
+    let Some(first) = trace.first() else {
+        return f64::NAN;
+    };
+    (first.end_unix - start) + pace(start, trace) * (n.max(1) - 1) as f64
+}
+
 impl Job {
-    /// `--sweep`: plans as `auto` would, then runs `none` and every split 0..=freeze for the
-    /// job's iteration count (`--max-iters`), then the planner's choice again as `auto`'s run.
-    pub fn sweep(mut self) -> anyhow::Result<SweepResults> {
+    /// `--sweep`: measures the tiers as `auto` would, runs `none` and every split 0..=freeze for
+    /// the job's iteration count (`--max-iters`), then `auto`'s online adaptation for
+    /// `adaptive_iters` iterations (over more epochs if one has fewer batches).
+    pub fn sweep(mut self, adaptive_iters: usize) -> anyhow::Result<SweepResults> {
         let iters = self.iterations();
-        eprintln!("sweep: planning as --split auto would");
+        eprintln!("sweep: measuring the tiers as --split auto would");
         let plan = self.plan()?;
         print_plan(&plan);
         let mut cases = Vec::new();
@@ -50,11 +89,14 @@ impl Job {
             .chain((0..=self.freeze).map(Split::At))
             .collect();
         for split in candidates {
-            let r = self.train_epoch(0, split, iters)?;
+            let start = crate::pipeline::now_unix();
+            let r = self.train_epoch(0, &Choice::Fixed(split), iters)?;
             let predicted = plan.costs.estimate(split);
+            let at_n = extrapolate(start, &r.trace, adaptive_iters);
             eprintln!(
-                "sweep: split {split:>4}: {:.2} s for {iters} it (predicted {:.2} s), storage {} / compute {} ms/it, {:.1} MB",
+                "sweep: split {split:>4}: {:.2} s for {iters} it ({:.2} s for {adaptive_iters}; predicted {:.2} s for {iters}), storage {} / compute {} ms/it, {:.1} MB",
                 r.wall_s,
+                at_n,
                 predicted.epoch,
                 ms(r.storage_stage_s),
                 ms(r.compute_stage_s),
@@ -63,27 +105,56 @@ impl Job {
             cases.push(SweepCase {
                 split,
                 seconds: r.wall_s,
+                seconds_at_adaptive: at_n,
+                pace_s: pace(start, &r.trace),
                 storage_stage_s: r.storage_stage_s,
                 compute_stage_s: r.compute_stage_s,
                 bytes_received: r.bytes_received,
                 predicted,
             });
         }
-        let auto = self.train_epoch(0, plan.chosen, iters)?;
+        let choice = self.adaptive(&plan.costs);
+        let per_epoch = self.data.train.len().div_ceil(self.cfg.batch);
+        let (mut left, mut epoch, mut auto_s) = (adaptive_iters, 1, 0.0);
+        let mut trace = Vec::new();
+        while left > 0 {
+            let r = self.train_epoch(epoch, &choice, left.min(per_epoch))?;
+            anyhow::ensure!(r.iterations > 0, "the adaptive run trained nothing");
+            left = left.saturating_sub(r.iterations);
+            auto_s += r.wall_s;
+            trace.extend(r.trace);
+            epoch += 1;
+        }
+        let Choice::Adaptive(a) = &choice else {
+            unreachable!("Job::adaptive gives an adaptive choice")
+        };
+        let (explored, _) = a
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .explored();
+        let times = crate::pipeline::StageTimes {
+            iterations: trace,
+            starved: 0.0,
+        };
         let best = cases
             .iter()
-            .min_by(|a, b| a.seconds.total_cmp(&b.seconds))
+            .min_by(|a, b| a.seconds_at_adaptive.total_cmp(&b.seconds_at_adaptive))
             .context("no cases")?;
-        let none_s = cases.first().map_or(f64::NAN, |c| c.seconds);
+        let none_s = cases.first().map_or(f64::NAN, |c| c.seconds_at_adaptive);
         Ok(SweepResults {
             model: self.cfg.model.clone(),
             batch: self.cfg.batch,
             iterations: iters,
+            adaptive_iterations: adaptive_iters,
             freeze: self.freeze,
             best: best.split,
-            best_s: best.seconds,
-            auto: plan.chosen,
-            auto_s: auto.wall_s,
+            best_s: best.seconds_at_adaptive,
+            auto: times.main_split().unwrap_or(plan.chosen),
+            auto_s,
+            first_candidate: plan.chosen,
+            explored,
+            moves: choice.moves(),
+            auto_trace: times.iterations,
             none_s,
             cases,
             plan,

@@ -1,11 +1,12 @@
 //! The job itself: opening it (model, data, hosts, feature store), feeding batches through the
 //! pipeline, training epochs, evaluating, and the whole run.
 
+use crate::adapt::{AdaptConfig, Adaptive, Choice};
 use crate::dataset::{Dataset, Limits, Sample, epoch_order};
 use crate::features::{self, FeatureStore, Identity};
 use crate::head::Head;
-use crate::pipeline::{self, StageTimes};
-use crate::plan::{Drift, Split};
+use crate::pipeline::{self, Iteration, StageTimes};
+use crate::plan::Split;
 use crate::source::{Fetched, Source};
 use anyhow::{Context, bail};
 use hapi_client::{RetryPolicy, StorageClient};
@@ -13,8 +14,9 @@ use hapi_model::ModelPackage;
 use indicatif::{ProgressBar, ProgressStyle};
 use object_store::ObjectStore;
 use std::collections::HashMap;
+use std::io::Write;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 use tch::{Device, Tensor};
 use tokio::runtime::Runtime;
@@ -39,6 +41,10 @@ pub struct Job {
     pub(super) features: Option<FeatureStore>,
     /// Keys whose features were computed since they were last written to the feature store.
     pub(super) unsaved: Vec<String>,
+    /// `--trace`: a JSON line per training iteration, written as it ends.
+    pub(super) trace: Option<std::fs::File>,
+    /// Training iterations so far, over all epochs.
+    pub(super) iteration: usize,
 }
 
 impl std::fmt::Debug for Job {
@@ -91,6 +97,15 @@ impl Job {
             bail!(
                 "--split {s} is past the freeze index {freeze}: only frozen layers can be pushed down"
             );
+        }
+        for c in cfg.candidates.iter().flatten() {
+            if let SplitArg::At(s) = c
+                && *s > freeze
+            {
+                bail!(
+                    "--candidates: split {s} is past the freeze index {freeze}: only frozen layers can be pushed down"
+                );
+            }
         }
         anyhow::ensure!(cfg.batch > 0, "--batch must be at least 1");
         let rt = Arc::new(
@@ -156,6 +171,8 @@ impl Job {
             cache,
             features,
             unsaved: Vec::new(),
+            trace: None,
+            iteration: 0,
         })
     }
 
@@ -177,6 +194,21 @@ impl Job {
 
     pub fn freeze(&self) -> usize {
         self.freeze
+    }
+
+    /// A source for each split `choice` may give (pushdown splits only with a host).
+    pub(super) fn sources(&self, choice: &Choice) -> anyhow::Result<HashMap<Split, Source>> {
+        let mut out = HashMap::new();
+        for split in choice.splits(self.freeze) {
+            match self.source(split) {
+                Ok(source) => {
+                    out.insert(split, source);
+                }
+                Err(e) if matches!(choice, Choice::Fixed(_)) => return Err(e),
+                Err(_) => {}
+            }
+        }
+        Ok(out)
     }
 
     pub(super) fn source(&self, split: Split) -> anyhow::Result<Source> {
@@ -246,19 +278,19 @@ impl Job {
 
     /// Feeds `batches` to `step(head, features, labels)`, where the features are the head's
     /// input: from the feature cache when it holds every sample, else through the pipeline at
-    /// `split` (layers [s, freeze) run here, and fill the cache with `--cache-features`).
-    /// Returns the stage times, what came over the network, and whether the cache served.
-    /// With `use_cache` false (the planner's probes) the cache is neither read nor filled.
+    /// the split `choice` gives each batch (layers [s, freeze) run here, and fill the cache
+    /// with `--cache-features`). Returns the stage times, what came over the network, and
+    /// whether the cache served. With `training` the iterations are counted and traced.
     pub(super) fn feed(
         &mut self,
-        split: Split,
+        choice: &Choice,
         batches: Vec<Vec<Sample>>,
         pb: &ProgressBar,
-        use_cache: bool,
+        training: bool,
         mut step: impl FnMut(&mut Head, &Tensor, &Tensor) -> anyhow::Result<()>,
     ) -> anyhow::Result<(StageTimes, Traffic, bool)> {
         let mut traffic = Traffic::default();
-        let use_cache = use_cache && (self.cfg.cache_features || self.features.is_some());
+        let use_cache = self.cfg.cache_features || self.features.is_some();
         let cached = use_cache
             && batches
                 .iter()
@@ -272,42 +304,85 @@ impl Job {
                     .cached_tensor(batch)
                     .context("feature cache incomplete")?;
                 step(&mut self.head, &x, &y)?;
-                times.compute.push(started.elapsed().as_secs_f64());
+                times.iterations.push(Iteration {
+                    split: choice.current(),
+                    storage_s: 0.0,
+                    compute_s: started.elapsed().as_secs_f64(),
+                    end_unix: pipeline::now_unix(),
+                });
                 pb.inc(1);
             }
             return Ok((times, traffic, true));
         }
-        let source = self.source(split)?;
+        let sources = self.sources(choice)?;
         let rt = Arc::clone(&self.rt);
-        let times = pipeline::run(&rt, &source, batches, self.cfg.prefetch, |mut f| {
-            traffic.bytes += f.bytes;
-            traffic.requests += f.requests;
-            traffic.server.add(&f.server);
-            for (key, message) in std::mem::take(&mut f.skipped) {
-                log(pb, &format!("skipped bad object `{key}`: {message}"));
-                traffic.skipped.push(key);
-            }
-            if !f.labels.is_empty() {
-                let x = self.to_tensor(&f)?;
-                let feats = self.frozen_rest(split, &x)?;
-                if use_cache {
-                    self.cache_batch(&f.keys, &feats)?;
+        let mut trace = if training { self.trace.take() } else { None };
+        let mut iteration = self.iteration;
+        let mut trace_error = None;
+        let times = pipeline::run(
+            &rt,
+            sources,
+            choice,
+            batches,
+            self.cfg.prefetch,
+            |mut f, split| {
+                traffic.bytes += f.bytes;
+                traffic.requests += f.requests;
+                traffic.server.add(&f.server);
+                for (key, message) in std::mem::take(&mut f.skipped) {
+                    log(pb, &format!("skipped bad object `{key}`: {message}"));
+                    traffic.skipped.push(key);
                 }
-                let y = Tensor::from_slice(&f.labels).to_device(self.device);
-                step(&mut self.head, &feats, &y)?;
-            }
-            pb.inc(1);
-            Ok(())
-        })?;
+                if !f.labels.is_empty() {
+                    let x = self.to_tensor(&f)?;
+                    let feats = self.frozen_rest(split, &x)?;
+                    if use_cache {
+                        self.cache_batch(&f.keys, &feats)?;
+                    }
+                    let y = Tensor::from_slice(&f.labels).to_device(self.device);
+                    step(&mut self.head, &feats, &y)?;
+                }
+                pb.inc(1);
+                Ok(())
+            },
+            |it| {
+                if let Some(file) = trace.as_mut()
+                    && trace_error.is_none()
+                {
+                    let line = serde_json::json!({
+                        "iteration": iteration,
+                        "split": it.split,
+                        "storage_s": it.storage_s,
+                        "compute_s": it.compute_s,
+                        "end_unix": it.end_unix,
+                    });
+                    if let Err(e) = writeln!(file, "{line}").and_then(|()| file.flush()) {
+                        trace_error = Some(e);
+                    }
+                }
+                if training {
+                    iteration += 1;
+                }
+            },
+        );
+        if training {
+            self.trace = trace;
+            self.iteration = iteration;
+        }
+        let times = times?;
+        if let Some(e) = trace_error {
+            bail!("writing --trace: {e}");
+        }
         self.save_features(pb);
         Ok((times, traffic, false))
     }
 
-    /// Trains one epoch at `split`; `iters` batches of the epoch's order.
+    /// Trains one epoch, each batch at the split `choice` gives; `iters` batches of the
+    /// epoch's order.
     pub fn train_epoch(
         &mut self,
         epoch: usize,
-        split: Split,
+        choice: &Choice,
         iters: usize,
     ) -> anyhow::Result<EpochResult> {
         let order = epoch_order(self.data.train.len(), self.cfg.seed, epoch);
@@ -318,10 +393,12 @@ impl Job {
             .collect();
         let pb = self.progress(batches.len(), format!("epoch {}", epoch + 1));
         let started = Instant::now();
+        let first_iteration = self.iteration;
+        let moves_before = choice.moves().len();
         let mut losses = Vec::with_capacity(batches.len());
         let mut samples = 0usize;
         let retries_before = self.client.as_ref().map_or(0, |c| c.retries());
-        let (times, traffic, cached) = self.feed(split, batches, &pb, true, |head, x, y| {
+        let (times, traffic, cached) = self.feed(choice, batches, &pb, true, |head, x, y| {
             let loss = head.train_step(x, y);
             samples += x.size()[0] as usize;
             losses.push(loss);
@@ -334,10 +411,18 @@ impl Job {
         })?;
         pb.finish_and_clear();
         let wall = started.elapsed().as_secs_f64();
+        let moves = choice.moves().split_off(moves_before);
+        for m in &moves {
+            log(
+                &pb,
+                &format!("split: iteration {}: {}", m.iteration, m.reason),
+            );
+        }
         Ok(EpochResult {
             epoch,
-            split,
+            split: times.main_split().unwrap_or_else(|| choice.current()),
             iterations: losses.len(),
+            first_iteration,
             samples,
             wall_s: wall,
             storage_stage_s: times.mean_storage(),
@@ -358,12 +443,14 @@ impl Job {
             test_s: None,
             skipped: traffic.skipped,
             from_cache: cached,
-            replanned: None,
+            moves,
+            trace: if cached { Vec::new() } else { times.iterations },
         })
     }
 
     /// Test accuracy at `split`, and the test objects skipped as bad.
     pub fn evaluate(&mut self, split: Split) -> anyhow::Result<(f64, Vec<String>)> {
+        let choice = Choice::Fixed(split);
         let batches: Vec<Vec<Sample>> = self
             .data
             .test
@@ -373,13 +460,27 @@ impl Job {
         let pb = self.progress(batches.len(), "test".into());
         let mut correct = 0i64;
         let mut total = 0i64;
-        let (_, traffic, _) = self.feed(split, batches, &pb, true, |head, x, y| {
+        let (_, traffic, _) = self.feed(&choice, batches, &pb, false, |head, x, y| {
             correct += head.correct(x, y);
             total += x.size()[0];
             Ok(())
         })?;
         pb.finish_and_clear();
         Ok((correct as f64 / total.max(1) as f64, traffic.skipped))
+    }
+
+    /// The chooser for `--split auto`: online adaptation seeded by the plan's model.
+    pub(super) fn adaptive(&self, costs: &crate::plan::Costs) -> Choice {
+        let only: Option<Vec<Split>> = self
+            .cfg
+            .candidates
+            .as_ref()
+            .map(|c| c.iter().map(|&a| self.fixed_split(a)).collect());
+        Choice::Adaptive(Arc::new(Mutex::new(Adaptive::new(
+            costs.clone(),
+            AdaptConfig::new(self.cfg.replan_threshold),
+            only.as_deref(),
+        ))))
     }
 
     /// Runs the whole job.
@@ -397,6 +498,14 @@ impl Job {
             epochs: Vec::new(),
             skipped_total: 0,
         };
+        if let Some(path) = &self.cfg.trace {
+            let file = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+                .with_context(|| format!("--trace {}", path.display()))?;
+            self.trace = Some(file);
+        }
         let mut split = self.fixed_split(self.cfg.split);
         let mut start_epoch = 0;
         if self.cfg.resume {
@@ -406,6 +515,7 @@ impl Job {
                 split = state.split;
                 results.epochs = state.results.epochs;
                 results.plan = state.results.plan;
+                self.iteration = results.epochs.iter().map(|e| e.iterations).sum();
                 eprintln!(
                     "resuming after epoch {start_epoch} from {} (split {split})",
                     dir.display()
@@ -414,7 +524,7 @@ impl Job {
                 eprintln!("--resume: no checkpoint yet; starting from the beginning");
             }
         }
-        let mut costs = None;
+        let mut choice = Choice::Fixed(split);
         if self.cfg.split == SplitArg::Auto && results.plan.is_none() && self.all_stored() {
             eprintln!(
                 "every sample's features are in the feature store: nothing to extract, no split to choose"
@@ -423,53 +533,35 @@ impl Job {
             let report = match results.plan.clone() {
                 Some(p) => p,
                 None => {
-                    eprintln!("profiling both tiers and the network to choose the split...");
-                    let p = self.plan()?;
-                    split = p.chosen;
-                    p
+                    eprintln!("profiling both tiers and the network to rank the splits...");
+                    self.plan()?
                 }
             };
             print_plan(&report);
-            costs = Some(report.costs.clone());
+            choice = self.adaptive(&report.costs);
             results.plan = Some(report);
         }
         let iters = self.iterations();
         for epoch in start_epoch..self.cfg.epochs {
-            let mut r = self.train_epoch(epoch, split, iters)?;
-            r.predicted = costs.as_ref().map(|c| c.estimate(split));
+            let mut r = self.train_epoch(epoch, &choice, iters)?;
+            if let (Some(p), Choice::Adaptive(a)) = (results.plan.as_mut(), &choice) {
+                let a = a.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                r.predicted = Some(a.costs().estimate(r.split));
+                // Resuming starts from the model as calibrated so far.
+                p.costs = a.costs().clone();
+            }
+            let current = choice.current();
             if self.cfg.test && !self.data.test.is_empty() {
                 let t = Instant::now();
-                let (acc, skipped) = self.evaluate(split)?;
+                let (acc, skipped) = self.evaluate(current)?;
                 r.test_accuracy = Some(acc);
                 r.test_s = Some(t.elapsed().as_secs_f64());
                 r.skipped.extend(skipped);
             }
             print_epoch(&r, self.cfg.epochs);
-            if let (Some(c), Some(pred)) = (costs.as_mut(), r.predicted)
-                && !r.from_cache
-            {
-                let drift = Drift::of(&pred, r.storage_stage_s, r.compute_stage_s);
-                if drift.exceeds(self.cfg.replan_threshold) {
-                    c.storage_scale *= 1.0 + drift.storage;
-                    c.compute_scale *= 1.0 + drift.compute;
-                    let next = c.choose();
-                    let note = format!(
-                        "re-plan: storage stage {:+.0}%, compute stage {:+.0}% against the plan; split {split} -> {}",
-                        drift.storage * 100.0,
-                        drift.compute * 100.0,
-                        next.split
-                    );
-                    eprintln!("{note}");
-                    r.replanned = Some(note);
-                    split = next.split;
-                    if let Some(p) = results.plan.as_mut() {
-                        p.costs = c.clone();
-                    }
-                }
-            }
             results.skipped_total += r.skipped.len();
             results.epochs.push(r);
-            self.write_checkpoint(epoch + 1, split, &results)?;
+            self.write_checkpoint(epoch + 1, current, &results)?;
             if let Some(out) = &self.cfg.out {
                 write_json(out, &results)?;
             }
@@ -478,7 +570,6 @@ impl Job {
     }
 }
 
-/// `MemAvailable` from /proc/meminfo (the compute tier's memory limit unless given).
 pub(super) fn available_memory() -> u64 {
     std::fs::read_to_string("/proc/meminfo")
         .ok()

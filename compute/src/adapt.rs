@@ -1,0 +1,707 @@
+//! Online split adaptation: the split is chosen, and revised, on real training iterations.
+//!
+//! Frozen layers run in eval mode on both tiers, so every split gives the same features: the
+//! trainer may change the split on any iteration without changing a loss. [`Adaptive`] uses
+//! that. It starts from the planner's candidates (the model's best few splits), gives each
+//! training iteration to one of them, and measures what each costs: an iteration at split `s`
+//! costs `max(storage stage, compute stage)`, the pipeline's pace. Candidates are dropped by
+//! successive elimination: once a candidate's lower confidence bound (mean minus `z` standard
+//! errors) is above the best one's upper bound, it can no longer be the fastest. The noise is
+//! pooled over every candidate as a relative standard deviation (the stages' noise scales with
+//! their length), with a weak prior, so that a candidate 50% slower goes after one sample and
+//! near-ties get more. When one is left (or every one has `max_samples`), the trainer stays
+//! there and watches a window of recent iterations; when their median moves more than `drift`
+//! from what was measured when it settled (the network shaped down, another tenant on the
+//! host), the model is recalibrated from what moved (the storage stage gives a new bandwidth,
+//! the compute stage a new scale), the candidates are ranked again and exploration restarts.
+//!
+//! Nothing here trains or fetches: [`Choice`] is what the pipeline asks for the next batch's
+//! split and tells how the batch went.
+
+use crate::plan::{Costs, Estimate, Split};
+use serde::{Deserialize, Serialize};
+use std::sync::{Arc, Mutex, PoisonError};
+
+/// Candidates explored at once.
+pub const CANDIDATES: usize = 4;
+/// Splits whose estimate is within this factor of the best are plausible winners: the model's
+/// stage estimates are off by up to about 25% here.
+pub const PLAUSIBLE: f64 = 1.3;
+
+/// The splits to explore: the model's best, then others among the plausible ones spread
+/// evenly over the layers (neighbouring splits often cost the same, and exploring three of
+/// them would tell nothing new), `none` included when plausible.
+pub fn candidates(estimates: &[Estimate]) -> Vec<Estimate> {
+    let fits: Vec<Estimate> = estimates.iter().filter(|e| e.fits).copied().collect();
+    let Some(best) = fits
+        .iter()
+        .min_by(|a, b| a.epoch.total_cmp(&b.epoch))
+        .copied()
+    else {
+        return Vec::new();
+    };
+    let mut plausible: Vec<Estimate> = fits
+        .into_iter()
+        .filter(|e| e.epoch <= best.epoch * PLAUSIBLE && e.split != best.split)
+        .collect();
+    plausible.sort_by_key(|e| e.split);
+    let mut out = vec![best];
+    let k = (CANDIDATES - 1).min(plausible.len());
+    for j in 0..k {
+        // Evenly spaced positions over the plausible splits, in layer order.
+        let i = if k == 1 {
+            0
+        } else {
+            j * (plausible.len() - 1) / (k - 1)
+        };
+        let e = plausible[i];
+        if !out.iter().any(|o| o.split == e.split) {
+            out.push(e);
+        }
+    }
+    out
+}
+
+/// How [`Adaptive`] decides.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
+pub struct AdaptConfig {
+    /// Standard errors in a confidence bound.
+    pub z: f64,
+    /// Samples after which a candidate stops being explored even if not separated.
+    pub max_samples: usize,
+    /// Recent iterations watched at the settled split.
+    pub window: usize,
+    /// Relative change of the window's median that restarts exploration.
+    pub drift: f64,
+    /// Prior relative standard deviation of an iteration's cost, and its weight in samples.
+    pub prior_cv: f64,
+    pub prior_weight: f64,
+}
+
+impl AdaptConfig {
+    pub fn new(drift: f64) -> Self {
+        Self {
+            z: 2.0,
+            max_samples: 8,
+            window: 6,
+            drift,
+            prior_cv: 0.1,
+            prior_weight: 2.0,
+        }
+    }
+}
+
+/// One candidate split and what its iterations cost.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Arm {
+    pub split: Split,
+    /// The model's estimate per iteration (`max(storage, compute)`), for ranking.
+    pub predicted: f64,
+    /// Measured per iteration: `max(storage, compute)`, and the stages.
+    pub samples: Vec<f64>,
+    pub storage: Vec<f64>,
+    pub compute: Vec<f64>,
+    /// Still in the running.
+    pub active: bool,
+    /// Batches handed out and not yet measured.
+    #[serde(skip)]
+    pending: usize,
+}
+
+impl Arm {
+    fn new(e: &Estimate) -> Self {
+        Self {
+            split: e.split,
+            predicted: e.storage.max(e.compute),
+            samples: Vec::new(),
+            storage: Vec::new(),
+            compute: Vec::new(),
+            active: true,
+            pending: 0,
+        }
+    }
+
+    pub fn mean(&self) -> f64 {
+        mean(&self.samples)
+    }
+}
+
+/// Where the trainer moved, and why.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Move {
+    /// The job's iteration (over all epochs) whose batch was the first at `to`.
+    pub iteration: usize,
+    pub to: Split,
+    pub reason: String,
+}
+
+#[derive(Clone, Debug)]
+enum Phase {
+    Explore,
+    Settled {
+        arm: usize,
+        /// Medians of the first full window at the settled split: cost, storage and compute
+        /// stages per iteration.
+        baseline: Option<(f64, f64, f64)>,
+        /// The latest iterations at the settled split (its exploration samples first).
+        recent: Vec<(f64, f64, f64)>,
+    },
+}
+
+/// The online split chooser. See the module's documentation.
+#[derive(Debug)]
+pub struct Adaptive {
+    cfg: AdaptConfig,
+    costs: Costs,
+    /// `--candidates`: exploration restricted to these splits.
+    only: Option<Vec<Split>>,
+    arms: Vec<Arm>,
+    phase: Phase,
+    /// Batches handed out so far (the job's iteration count).
+    issued: usize,
+    moves: Vec<Move>,
+    /// Batches handed out while exploring.
+    explored: usize,
+}
+
+impl Adaptive {
+    /// Starts exploring the model's candidates (`only`: restricted to these splits).
+    pub fn new(costs: Costs, cfg: AdaptConfig, only: Option<&[Split]>) -> Self {
+        let only = only.map(<[Split]>::to_vec);
+        let arms = Self::arms(&costs, only.as_deref());
+        Self {
+            cfg,
+            costs,
+            only,
+            arms,
+            phase: Phase::Explore,
+            issued: 0,
+            moves: Vec::new(),
+            explored: 0,
+        }
+    }
+
+    fn arms(costs: &Costs, only: Option<&[Split]>) -> Vec<Arm> {
+        let all = costs.estimates();
+        let arms: Vec<Arm> = match only {
+            Some(only) => {
+                let mut picked: Vec<Estimate> = all
+                    .iter()
+                    .filter(|e| only.contains(&e.split))
+                    .copied()
+                    .collect();
+                picked.sort_by(|a, b| a.epoch.total_cmp(&b.epoch));
+                picked.iter().map(Arm::new).collect()
+            }
+            None => candidates(&all).iter().map(Arm::new).collect(),
+        };
+        if arms.is_empty() {
+            // Nothing fits the compute tier's memory: the model's fallback.
+            vec![Arm::new(&costs.choose())]
+        } else {
+            arms
+        }
+    }
+
+    /// The split the trainer would use now if it stopped exploring.
+    pub fn current(&self) -> Split {
+        match &self.phase {
+            Phase::Settled { arm, .. } => self.arms[*arm].split,
+            Phase::Explore => self
+                .leader()
+                .map_or(self.arms[0].split, |i| self.arms[i].split),
+        }
+    }
+
+    /// Whether it has settled on a split.
+    pub fn settled(&self) -> bool {
+        matches!(self.phase, Phase::Settled { .. })
+    }
+
+    pub fn moves(&self) -> &[Move] {
+        &self.moves
+    }
+
+    pub fn arms_now(&self) -> &[Arm] {
+        &self.arms
+    }
+
+    /// Batches handed out while exploring, and in all.
+    pub fn explored(&self) -> (usize, usize) {
+        (self.explored, self.issued)
+    }
+
+    /// The model as calibrated so far.
+    pub fn costs(&self) -> &Costs {
+        &self.costs
+    }
+
+    /// The split for the next batch.
+    pub fn next(&mut self) -> Split {
+        let i = match &self.phase {
+            Phase::Settled { arm, .. } => *arm,
+            Phase::Explore => {
+                self.explored += 1;
+                // The active candidate with the fewest samples (counting those on their way),
+                // the model's favourite first among equals.
+                (0..self.arms.len())
+                    .filter(|&i| self.arms[i].active)
+                    .min_by_key(|&i| (self.arms[i].samples.len() + self.arms[i].pending, i))
+                    .unwrap_or(0)
+            }
+        };
+        self.arms[i].pending += 1;
+        self.issued += 1;
+        self.arms[i].split
+    }
+
+    /// A batch at `split` took `storage` (the producer's busy time) and `compute` (the
+    /// trainer's) seconds.
+    pub fn observe(&mut self, split: Split, storage: f64, compute: f64) {
+        let Some(i) = self.arms.iter().position(|a| a.split == split) else {
+            return;
+        };
+        let cost = storage.max(compute);
+        let arm = &mut self.arms[i];
+        arm.pending = arm.pending.saturating_sub(1);
+        match &mut self.phase {
+            Phase::Explore => {
+                arm.samples.push(cost);
+                arm.storage.push(storage);
+                arm.compute.push(compute);
+                self.eliminate();
+            }
+            Phase::Settled {
+                arm: settled,
+                baseline,
+                recent,
+            } => {
+                if *settled != i {
+                    return; // a batch handed out before it settled
+                }
+                recent.push((cost, storage, compute));
+                if recent.len() > self.cfg.window {
+                    recent.remove(0);
+                }
+                if recent.len() < self.cfg.window {
+                    return;
+                }
+                let now = (
+                    median(recent.iter().map(|r| r.0)),
+                    median(recent.iter().map(|r| r.1)),
+                    median(recent.iter().map(|r| r.2)),
+                );
+                let Some(base) = *baseline else {
+                    *baseline = Some(now);
+                    return;
+                };
+                if (now.0 / base.0 - 1.0).abs() <= self.cfg.drift {
+                    return;
+                }
+                let reason = format!(
+                    "iteration cost {:.0} -> {:.0} ms at split {} (storage {:.0} -> {:.0} ms, compute {:.0} -> {:.0} ms): exploring again",
+                    base.0 * 1e3,
+                    now.0 * 1e3,
+                    self.arms[i].split,
+                    base.1 * 1e3,
+                    now.1 * 1e3,
+                    base.2 * 1e3,
+                    now.2 * 1e3,
+                );
+                self.recalibrate(self.arms[i].split, base.1, now.1, base.2, now.2);
+                self.restart(reason);
+            }
+        }
+    }
+
+    /// The model follows what moved: a storage stage that changed gives the bandwidth that
+    /// explains it, a compute stage its scale.
+    fn recalibrate(&mut self, split: Split, s0: f64, s1: f64, c0: f64, c1: f64) {
+        let moved = |a: f64, b: f64| a > 0.0 && (b / a - 1.0).abs() > self.cfg.drift;
+        if moved(c0, c1) {
+            self.costs.compute_scale *= c1 / c0;
+        }
+        if moved(s0, s1) && matches!(split, Split::At(_)) {
+            // The storage stage falls as bandwidth grows: bisect on log(bandwidth).
+            let (mut lo, mut hi) = (1e4f64.ln(), 1e11f64.ln());
+            for _ in 0..60 {
+                let mid = 0.5 * (lo + hi);
+                self.costs.bandwidth = mid.exp();
+                if self.costs.estimate(split).storage > s1 {
+                    lo = mid;
+                } else {
+                    hi = mid;
+                }
+            }
+            self.costs.bandwidth = (0.5 * (lo + hi)).exp();
+        }
+    }
+
+    /// Explore again: the candidates the recalibrated model ranks best, and the split in use.
+    fn restart(&mut self, reason: String) {
+        let current = self.current();
+        let mut arms = Self::arms(&self.costs, self.only.as_deref());
+        if !arms.iter().any(|a| a.split == current) {
+            let e = self.costs.estimate(current);
+            arms.push(Arm::new(&e));
+        }
+        // Batches already handed out at a split stay counted against it.
+        for a in &mut arms {
+            a.pending = self
+                .arms
+                .iter()
+                .find(|o| o.split == a.split)
+                .map_or(0, |o| o.pending);
+        }
+        self.arms = arms;
+        self.phase = Phase::Explore;
+        self.moves.push(Move {
+            iteration: self.issued,
+            to: current,
+            reason,
+        });
+    }
+
+    /// The active candidate with the lowest mean, among those measured.
+    fn leader(&self) -> Option<usize> {
+        (0..self.arms.len())
+            .filter(|&i| self.arms[i].active && !self.arms[i].samples.is_empty())
+            .min_by(|&a, &b| self.arms[a].mean().total_cmp(&self.arms[b].mean()))
+    }
+
+    /// Pooled relative standard deviation of a sample, with the prior.
+    fn cv(&self) -> f64 {
+        let (mut ss, mut dof) = (
+            self.cfg.prior_cv * self.cfg.prior_cv * self.cfg.prior_weight,
+            self.cfg.prior_weight,
+        );
+        for a in &self.arms {
+            if a.samples.len() >= 2 {
+                let m = a.mean();
+                ss += a.samples.iter().map(|x| (x / m - 1.0).powi(2)).sum::<f64>();
+                dof += (a.samples.len() - 1) as f64;
+            }
+        }
+        (ss / dof).sqrt()
+    }
+
+    fn eliminate(&mut self) {
+        let every_active_measured = self
+            .arms
+            .iter()
+            .filter(|a| a.active)
+            .all(|a| !a.samples.is_empty());
+        if !every_active_measured {
+            return;
+        }
+        let Some(best) = self.leader() else { return };
+        let (z, cv) = (self.cfg.z, self.cv());
+        let bound = |a: &Arm, sign: f64| {
+            let m = a.mean();
+            m + sign * z * cv * m / (a.samples.len() as f64).sqrt()
+        };
+        let upper = bound(&self.arms[best], 1.0);
+        for i in 0..self.arms.len() {
+            if i != best && self.arms[i].active && bound(&self.arms[i], -1.0) > upper {
+                self.arms[i].active = false;
+            }
+        }
+        let active: Vec<usize> = (0..self.arms.len())
+            .filter(|&i| self.arms[i].active)
+            .collect();
+        let done = active.len() == 1
+            || active
+                .iter()
+                .all(|&i| self.arms[i].samples.len() >= self.cfg.max_samples);
+        if done {
+            self.settle(best);
+        }
+    }
+
+    fn settle(&mut self, i: usize) {
+        let a = &self.arms[i];
+        let (cost, storage, compute) = (a.mean(), mean(&a.storage), mean(&a.compute));
+        // Calibrate the model where it settled, so that a later recalibration starts from
+        // what was measured there (within bounds: a stage predicted at almost nothing gives no
+        // scale).
+        let e = self.costs.estimate(a.split);
+        let scale = |measured: f64, predicted: f64| {
+            if predicted > 1e-3 {
+                (measured / predicted).clamp(0.2, 5.0)
+            } else {
+                1.0
+            }
+        };
+        self.costs.storage_scale *= scale(storage, e.storage);
+        self.costs.compute_scale *= scale(compute, e.compute);
+        let others: Vec<String> = self
+            .arms
+            .iter()
+            .filter(|o| o.split != a.split && !o.samples.is_empty())
+            .map(|o| {
+                format!(
+                    "{} {:.0} ms ({} it)",
+                    o.split,
+                    o.mean() * 1e3,
+                    o.samples.len()
+                )
+            })
+            .collect();
+        self.moves.push(Move {
+            iteration: self.issued,
+            to: a.split,
+            reason: format!(
+                "settled on split {} at {:.0} ms per iteration ({} it, {:.1}% noise){}",
+                a.split,
+                cost * 1e3,
+                a.samples.len(),
+                self.cv() * 100.0,
+                if others.is_empty() {
+                    String::new()
+                } else {
+                    format!("; against {}", others.join(", "))
+                }
+            ),
+        });
+        let recent: Vec<(f64, f64, f64)> = (0..a.samples.len())
+            .map(|k| (a.samples[k], a.storage[k], a.compute[k]))
+            .rev()
+            .take(self.cfg.window)
+            .rev()
+            .collect();
+        self.phase = Phase::Settled {
+            arm: i,
+            baseline: None,
+            recent,
+        };
+    }
+}
+
+fn mean(v: &[f64]) -> f64 {
+    if v.is_empty() {
+        f64::NAN
+    } else {
+        v.iter().sum::<f64>() / v.len() as f64
+    }
+}
+
+fn median(v: impl Iterator<Item = f64>) -> f64 {
+    let mut v: Vec<f64> = v.collect();
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => 0.5 * (v[n / 2 - 1] + v[n / 2]),
+    }
+}
+
+/// How the pipeline gets each batch's split: fixed, or from an [`Adaptive`] chooser that it
+/// tells how each batch went.
+#[derive(Clone, Debug)]
+pub enum Choice {
+    Fixed(Split),
+    Adaptive(Arc<Mutex<Adaptive>>),
+}
+
+impl Choice {
+    pub fn next(&self) -> Split {
+        match self {
+            Self::Fixed(s) => *s,
+            Self::Adaptive(a) => a.lock().unwrap_or_else(PoisonError::into_inner).next(),
+        }
+    }
+
+    pub fn observe(&self, split: Split, storage: f64, compute: f64) {
+        if let Self::Adaptive(a) = self {
+            a.lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .observe(split, storage, compute);
+        }
+    }
+
+    /// The split in use (the leader while exploring).
+    pub fn current(&self) -> Split {
+        match self {
+            Self::Fixed(s) => *s,
+            Self::Adaptive(a) => a.lock().unwrap_or_else(PoisonError::into_inner).current(),
+        }
+    }
+
+    /// The splits a batch may be given.
+    pub fn splits(&self, freeze: usize) -> Vec<Split> {
+        match self {
+            Self::Fixed(s) => vec![*s],
+            Self::Adaptive(_) => std::iter::once(Split::None)
+                .chain((0..=freeze).map(Split::At))
+                .collect(),
+        }
+    }
+
+    pub fn moves(&self) -> Vec<Move> {
+        match self {
+            Self::Fixed(_) => Vec::new(),
+            Self::Adaptive(a) => a
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .moves()
+                .to_vec(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::tests::costs;
+
+    fn est(split: Split, epoch: f64) -> Estimate {
+        Estimate {
+            split,
+            storage: epoch,
+            compute: 0.0,
+            epoch,
+            memory: 0,
+            fits: true,
+        }
+    }
+
+    #[test]
+    fn candidates_spread_over_the_plausible_splits_and_start_with_the_best() {
+        // Splits 9..=25: the model likes 25 best; 9..=19 and 22..=24 are plausible.
+        let mut all = vec![est(Split::None, 10.0)];
+        for s in 0..=25 {
+            let e = match s {
+                25 => 3.88,
+                22..=24 => 3.9,
+                9..=19 => 4.4,
+                _ => 9.0,
+            };
+            all.push(est(Split::At(s), e));
+        }
+        let c = candidates(&all);
+        let splits: Vec<Split> = c.iter().map(|e| e.split).collect();
+        assert_eq!(splits[0], Split::At(25));
+        assert_eq!(splits.len(), 4, "{splits:?}");
+        assert!(splits.contains(&Split::At(9)), "{splits:?}");
+        assert!(c.iter().all(|e| e.epoch <= 3.88 * PLAUSIBLE));
+        // Nothing else plausible: only the best.
+        let c = candidates(&[est(Split::None, 10.0), est(Split::At(3), 2.0)]);
+        assert_eq!(c.len(), 1);
+    }
+
+    /// Runs `n` iterations with the pipeline's lag (`lag` batches handed out ahead of the one
+    /// measured) against `cost(iteration, split) -> (storage, compute)`; returns the splits.
+    fn simulate(
+        a: &mut Adaptive,
+        n: usize,
+        lag: usize,
+        mut cost: impl FnMut(usize, Split) -> (f64, f64),
+    ) -> Vec<Split> {
+        let mut handed = std::collections::VecDeque::new();
+        let mut out = Vec::new();
+        for i in 0..n {
+            while handed.len() <= lag {
+                handed.push_back(a.next());
+            }
+            let s = handed.pop_front().expect("handed out");
+            let (st, co) = cost(i, s);
+            a.observe(s, st, co);
+            out.push(s);
+        }
+        out
+    }
+
+    /// A little deterministic noise: +-`amp` relative.
+    fn jitter(i: usize, amp: f64) -> f64 {
+        let x = ((i as u64).wrapping_mul(2654435761) % 1000) as f64 / 1000.0;
+        1.0 + amp * (2.0 * x - 1.0)
+    }
+
+    #[test]
+    fn it_settles_on_the_fastest_candidate_and_spends_little_on_clearly_slower_ones() {
+        let mut a = Adaptive::new(
+            costs(5e6),
+            AdaptConfig::new(0.2),
+            Some(&[Split::At(1), Split::At(2), Split::At(3), Split::None]),
+        );
+        // Split 2 is fastest; 3 is 10% slower, the others twice as slow.
+        let truth = |s: Split| match s {
+            Split::At(2) => 0.100,
+            Split::At(3) => 0.110,
+            _ => 0.200,
+        };
+        let splits = simulate(&mut a, 100, 2, |i, s| (truth(s) * jitter(i, 0.02), 0.05));
+        assert!(a.settled());
+        assert_eq!(a.current(), Split::At(2));
+        let slow = splits
+            .iter()
+            .filter(|s| !matches!(s, Split::At(2) | Split::At(3)))
+            .count();
+        // One sample each (the pipeline's lag may hand out one or two more) before they go.
+        assert!(
+            slow <= 2 * 3,
+            "{slow} iterations at twice the cost: {splits:?}"
+        );
+        // Iterations over the best's own pace: the price of exploring.
+        let spent: f64 = splits.iter().map(|&s| truth(s) - 0.1).sum();
+        assert!(spent < 0.1 * 8.0, "{spent} s lost exploring");
+        assert_eq!(splits[99], Split::At(2));
+        let m = a.moves();
+        assert_eq!(m.len(), 1, "{m:?}");
+        assert!(
+            m[0].reason.contains("settled on split 2"),
+            "{}",
+            m[0].reason
+        );
+    }
+
+    #[test]
+    fn a_slower_network_moves_it_to_a_split_that_sends_less_and_back() {
+        let mut a = Adaptive::new(
+            costs(1e9),
+            AdaptConfig::new(0.2),
+            Some(&[Split::At(1), Split::At(2)]),
+        );
+        // Split 1 sends much more than split 2 and does less work on the host.
+        let truth = |s: Split, slow: bool| -> (f64, f64) {
+            match (s, slow) {
+                (Split::At(1), false) => (0.080, 0.05),
+                (Split::At(1), true) => (0.400, 0.05),
+                (_, false) => (0.100, 0.04),
+                (_, true) => (0.150, 0.04),
+            }
+        };
+        let splits = simulate(&mut a, 200, 2, |i, s| {
+            let (st, co) = truth(s, (60..140).contains(&i));
+            (st * jitter(i, 0.02), co)
+        });
+        assert_eq!(splits[55], Split::At(1), "{splits:?}");
+        assert_eq!(splits[135], Split::At(2), "{splits:?}");
+        assert_eq!(splits[199], Split::At(1), "{splits:?}");
+        let m = a.moves();
+        let restarts: Vec<&Move> = m
+            .iter()
+            .filter(|m| m.reason.contains("exploring again"))
+            .collect();
+        assert_eq!(restarts.len(), 2, "{m:#?}");
+        // Each change is noticed within a window, plus the batches in flight.
+        for (r, at) in restarts.iter().zip([60, 140]) {
+            assert!((at..at + 6 + 4).contains(&r.iteration), "{m:#?}");
+        }
+    }
+
+    #[test]
+    fn noise_alone_does_not_make_it_move() {
+        let mut a = Adaptive::new(
+            costs(5e6),
+            AdaptConfig::new(0.2),
+            Some(&[Split::At(2), Split::At(3)]),
+        );
+        simulate(&mut a, 300, 2, |i, s| {
+            let base = if s == Split::At(2) { 0.1 } else { 0.15 };
+            (base * jitter(i, 0.15), 0.01)
+        });
+        assert_eq!(a.current(), Split::At(2));
+        assert_eq!(a.moves().len(), 1, "{:#?}", a.moves());
+    }
+}

@@ -1,5 +1,5 @@
 //! `--sweep`: every split measured for a fixed number of iterations, then `--split auto`'s
-//! online adaptation for a longer run (the split-choice evaluation).
+//! online adaptation for a longer run on the same batches (the split-choice evaluation).
 
 use crate::adapt::{Choice, Move};
 use crate::pipeline::Iteration;
@@ -15,7 +15,7 @@ use super::train::Job;
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct SweepCase {
     pub split: Split,
-    /// Wall time of its `iterations` iterations.
+    /// Wall time of its `iterations` iterations (batches spread evenly over the adaptive run's).
     pub seconds: f64,
     /// The same pipeline run for the adaptive run's `adaptive_iterations`: its first
     /// iteration's end, then its steady pace (the mean interval between iteration ends).
@@ -76,25 +76,50 @@ fn extrapolate(start: f64, trace: &[Iteration], n: usize) -> f64 {
 }
 
 impl Job {
-    /// `--sweep`: measures the tiers as `auto` would, runs `none` and every split 0..=freeze for
-    /// the job's iteration count (`--max-iters`), then `auto`'s online adaptation for
-    /// `adaptive_iters` iterations (over more epochs if one has fewer batches).
+    /// `--sweep`: measures the tiers as `auto` would; runs the adaptive run's batches once at
+    /// split `freeze` without training, so that every run reads objects the storage tier has
+    /// read before; runs `none` and every split 0..=freeze on `--max-iters` of those batches
+    /// spread evenly over them; then `auto`'s online adaptation on all `adaptive_iters`.
     pub fn sweep(mut self, adaptive_iters: usize) -> anyhow::Result<SweepResults> {
-        let iters = self.iterations();
+        let k = self.iterations();
+        let all = self.epoch_batches(0, adaptive_iters);
+        anyhow::ensure!(
+            all.len() == adaptive_iters && all.iter().all(|b| b.len() == self.cfg.batch),
+            "--sweep: {} training samples make {} full batches of {}; the adaptive run needs {adaptive_iters} (raise --train-limit)",
+            self.data.train.len(),
+            self.data.train.len() / self.cfg.batch,
+            self.cfg.batch
+        );
         eprintln!("sweep: measuring the tiers as --split auto would");
         let plan = self.plan()?;
         print_plan(&plan);
+        eprintln!(
+            "sweep: reading the {adaptive_iters} batches once at split {} (not timed)",
+            self.freeze
+        );
+        let pb = self.progress(all.len(), "warm".into());
+        self.feed(
+            &Choice::Fixed(Split::At(self.freeze)),
+            all.clone(),
+            &pb,
+            false,
+            |_, _, _| Ok(()),
+        )?;
+        pb.finish_and_clear();
+        let picked: Vec<Vec<crate::dataset::Sample>> = (0..k)
+            .map(|j| all[j * adaptive_iters / k.max(1)].clone())
+            .collect();
         let mut cases = Vec::new();
         let candidates: Vec<Split> = std::iter::once(Split::None)
             .chain((0..=self.freeze).map(Split::At))
             .collect();
         for split in candidates {
             let start = crate::pipeline::now_unix();
-            let r = self.train_epoch(0, &Choice::Fixed(split), iters)?;
+            let r = self.train_batches(0, &Choice::Fixed(split), picked.clone())?;
             let predicted = plan.costs.estimate(split);
             let at_n = extrapolate(start, &r.trace, adaptive_iters);
             eprintln!(
-                "sweep: split {split:>4}: {:.2} s for {iters} it ({:.2} s for {adaptive_iters}; predicted {:.2} s for {iters}), storage {} / compute {} ms/it, {:.1} MB",
+                "sweep: split {split:>4}: {:.2} s for {k} it ({:.2} s for {adaptive_iters}; predicted {:.2} s for {k}), storage {} / compute {} ms/it, {:.1} MB",
                 r.wall_s,
                 at_n,
                 predicted.epoch,
@@ -114,17 +139,7 @@ impl Job {
             });
         }
         let choice = self.adaptive(&plan.costs);
-        let per_epoch = self.data.train.len().div_ceil(self.cfg.batch);
-        let (mut left, mut epoch, mut auto_s) = (adaptive_iters, 1, 0.0);
-        let mut trace = Vec::new();
-        while left > 0 {
-            let r = self.train_epoch(epoch, &choice, left.min(per_epoch))?;
-            anyhow::ensure!(r.iterations > 0, "the adaptive run trained nothing");
-            left = left.saturating_sub(r.iterations);
-            auto_s += r.wall_s;
-            trace.extend(r.trace);
-            epoch += 1;
-        }
+        let r = self.train_batches(1, &choice, all)?;
         let Choice::Adaptive(a) = &choice else {
             unreachable!("Job::adaptive gives an adaptive choice")
         };
@@ -132,10 +147,6 @@ impl Job {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .explored();
-        let times = crate::pipeline::StageTimes {
-            iterations: trace,
-            starved: 0.0,
-        };
         let best = cases
             .iter()
             .min_by(|a, b| a.seconds_at_adaptive.total_cmp(&b.seconds_at_adaptive))
@@ -144,17 +155,17 @@ impl Job {
         Ok(SweepResults {
             model: self.cfg.model.clone(),
             batch: self.cfg.batch,
-            iterations: iters,
+            iterations: k,
             adaptive_iterations: adaptive_iters,
             freeze: self.freeze,
             best: best.split,
             best_s: best.seconds_at_adaptive,
-            auto: times.main_split().unwrap_or(plan.chosen),
-            auto_s,
+            auto: r.split,
+            auto_s: r.wall_s,
             first_candidate: plan.chosen,
             explored,
-            moves: choice.moves(),
-            auto_trace: times.iterations,
+            moves: r.moves,
+            auto_trace: r.trace,
             none_s,
             cases,
             plan,

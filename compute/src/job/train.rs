@@ -385,12 +385,26 @@ impl Job {
         choice: &Choice,
         iters: usize,
     ) -> anyhow::Result<EpochResult> {
-        let order = epoch_order(self.data.train.len(), self.cfg.seed, epoch);
-        let batches: Vec<Vec<Sample>> = order
+        let batches = self.epoch_batches(epoch, iters);
+        self.train_batches(epoch, choice, batches)
+    }
+
+    /// The first `iters` batches of epoch `epoch`'s order.
+    pub(super) fn epoch_batches(&self, epoch: usize, iters: usize) -> Vec<Vec<Sample>> {
+        epoch_order(self.data.train.len(), self.cfg.seed, epoch)
             .chunks(self.cfg.batch)
             .take(iters)
             .map(|c| c.iter().map(|&i| self.data.train[i].clone()).collect())
-            .collect();
+            .collect()
+    }
+
+    /// Trains on `batches` as epoch `epoch`, each at the split `choice` gives.
+    pub(super) fn train_batches(
+        &mut self,
+        epoch: usize,
+        choice: &Choice,
+        batches: Vec<Vec<Sample>>,
+    ) -> anyhow::Result<EpochResult> {
         let pb = self.progress(batches.len(), format!("epoch {}", epoch + 1));
         let started = Instant::now();
         let first_iteration = self.iteration;

@@ -17,6 +17,13 @@
 //! A sample is served from the store only when its key and version match; an object rewritten
 //! since has another version and is extracted again. A damaged index or shard is reported and
 //! treated as missing: the store is a cache, and the job recomputes what it cannot read.
+//!
+//! With a size cap ([`enforce_cap`], `hapi-train --feature-store-cap`), shards no index refers
+//! to any more (their rows were all extracted again since) are deleted, then whole shards are
+//! evicted, least recently used first over every identity in the directory, until the shards
+//! fit: a shard's modification time is set when a job reads it. An evicted shard's entries
+//! leave its index first (under that identity's lock), so no job is ever pointed at a missing
+//! file; its samples are simply extracted again by the next job that needs them.
 
 use crate::dataset::Sample;
 use anyhow::Context;
@@ -190,6 +197,7 @@ impl FeatureStore {
             let path = self.shard_path(shard);
             match self.read_shard(&path) {
                 Ok(data) => {
+                    touch(&path);
                     let n = data.len() / self.per_sample;
                     for (key, row) in rows {
                         let row = row as usize;
@@ -269,15 +277,7 @@ impl FeatureStore {
         if rows.is_empty() {
             return Ok(None);
         }
-        let lock_path = self.dir.join(".lock");
-        let lock = File::options()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&lock_path)
-            .with_context(|| format!("feature store: {}", lock_path.display()))?;
-        lock.lock()
-            .with_context(|| format!("feature store: locking {}", lock_path.display()))?;
+        let lock = lock_dir(&self.dir)?;
         let mut warnings = Vec::new();
         let mut index = self.read_index(&mut warnings);
         for w in warnings {
@@ -323,10 +323,205 @@ impl FeatureStore {
     }
 }
 
+/// Holds the `.lock` of an identity's folder until dropped.
+fn lock_dir(dir: &Path) -> anyhow::Result<File> {
+    let lock_path = dir.join(".lock");
+    let lock = File::options()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .with_context(|| format!("feature store: {}", lock_path.display()))?;
+    lock.lock()
+        .with_context(|| format!("feature store: locking {}", lock_path.display()))?;
+    Ok(lock)
+}
+
+/// Marks a shard as just used (its modification time); eviction goes by it.
+fn touch(path: &Path) {
+    if let Ok(f) = File::options().append(true).open(path) {
+        let _ = f.set_modified(std::time::SystemTime::now());
+    }
+}
+
+/// The shard number in a file name `shard-NNNNNN.safetensors`.
+fn shard_number(name: &str) -> Option<u32> {
+    name.strip_prefix("shard-")?
+        .strip_suffix(".safetensors")?
+        .parse()
+        .ok()
+}
+
+/// What [`enforce_cap`] did.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Enforced {
+    /// Shards no index referred to, deleted.
+    pub garbage: usize,
+    /// Shards evicted to fit the cap, and the samples they held.
+    pub evicted: usize,
+    pub evicted_samples: usize,
+    /// Bytes of shards left.
+    pub bytes: u64,
+}
+
+/// Keeps the shards of every identity under `root` within `cap` bytes: unreferenced shards
+/// go, then the least recently used ones (see the module's documentation). Takes one
+/// identity's lock at a time.
+pub fn enforce_cap(root: &Path, cap: u64) -> anyhow::Result<Enforced> {
+    let mut out = Enforced::default();
+    // (last used, bytes, identity folder, shard number) of every referenced shard.
+    let mut shards: Vec<(std::time::SystemTime, u64, PathBuf, u32)> = Vec::new();
+    let dirs = std::fs::read_dir(root)
+        .with_context(|| format!("feature store: reading {}", root.display()))?;
+    for d in dirs {
+        let dir = d?.path();
+        if !dir.join("identity.json").is_file() {
+            continue;
+        }
+        let _lock = lock_dir(&dir)?;
+        let Ok(bytes) = std::fs::read(dir.join("index.json")) else {
+            continue;
+        };
+        let Ok(index) = serde_json::from_slice::<Index>(&bytes) else {
+            continue; // a damaged index: the next job that opens it reports it
+        };
+        let used: std::collections::BTreeSet<u32> =
+            index.entries.values().map(|e| e.shard).collect();
+        for f in std::fs::read_dir(&dir)? {
+            let f = f?;
+            let name = f.file_name();
+            let Some(n) = name.to_str().and_then(shard_number) else {
+                continue;
+            };
+            let meta = f.metadata()?;
+            if used.contains(&n) {
+                shards.push((meta.modified()?, meta.len(), dir.clone(), n));
+            } else {
+                std::fs::remove_file(f.path())
+                    .with_context(|| format!("feature store: removing {}", f.path().display()))?;
+                out.garbage += 1;
+            }
+        }
+    }
+    let mut total: u64 = shards.iter().map(|s| s.1).sum();
+    shards.sort_by(|a, b| a.0.cmp(&b.0).then_with(|| a.3.cmp(&b.3)));
+    for (_, bytes, dir, n) in shards {
+        if total <= cap {
+            break;
+        }
+        let _lock = lock_dir(&dir)?;
+        let index_path = dir.join("index.json");
+        let mut index: Index = serde_json::from_slice(
+            &std::fs::read(&index_path)
+                .with_context(|| format!("feature store: {}", index_path.display()))?,
+        )
+        .with_context(|| format!("feature store: {}", index_path.display()))?;
+        let before = index.entries.len();
+        index.entries.retain(|_, e| e.shard != n);
+        out.evicted_samples += before - index.entries.len();
+        write_atomic(&index_path, &serde_json::to_vec(&index)?)?;
+        let path = dir.join(format!("shard-{n:06}.safetensors"));
+        std::fs::remove_file(&path)
+            .with_context(|| format!("feature store: removing {}", path.display()))?;
+        out.evicted += 1;
+        total -= bytes;
+    }
+    out.bytes = total;
+    Ok(out)
+}
+
 /// Writes `bytes` to a temporary file beside `path` and renames it into place.
 fn write_atomic(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
     let tmp = path.with_extension(format!("tmp{}", std::process::id()));
     std::fs::write(&tmp, bytes).with_context(|| format!("writing {}", tmp.display()))?;
     std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(key: &str) -> Sample {
+        Sample {
+            key: key.into(),
+            label: 0,
+            version: "v1".into(),
+        }
+    }
+
+    fn identity(model: &str) -> Identity {
+        Identity {
+            store: "/data".into(),
+            bucket: "b".into(),
+            function: "feature-extract".into(),
+            model: model.into(),
+            package_digest: "d".into(),
+            freeze: 1,
+            dtype: "f32".into(),
+            sample_shape: vec![4],
+        }
+    }
+
+    fn add(fs: &FeatureStore, keys: &[&str]) -> PathBuf {
+        let samples: Vec<Sample> = keys.iter().map(|k| sample(k)).collect();
+        let refs: Vec<&Sample> = samples.iter().collect();
+        let features = keys
+            .iter()
+            .map(|k| (k.to_string(), vec![1.0f32; 4]))
+            .collect();
+        fs.add(&refs, &features).expect("added").expect("a shard")
+    }
+
+    fn set_age(path: &Path, secs_ago: u64) {
+        let f = File::options().append(true).open(path).expect("shard");
+        f.set_modified(std::time::SystemTime::now() - std::time::Duration::from_secs(secs_ago))
+            .expect("mtime");
+    }
+
+    #[test]
+    fn the_cap_evicts_the_least_recently_used_shards_over_every_identity_and_unlists_them() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let a = FeatureStore::open(root.path(), identity("a")).expect("a");
+        let b = FeatureStore::open(root.path(), identity("b")).expect("b");
+        let a1 = add(&a, &["x", "y"]);
+        let b1 = add(&b, &["x"]);
+        let a2 = add(&a, &["z"]);
+        // Oldest use first: a1, then b1, then a2.
+        set_age(&a1, 300);
+        set_age(&b1, 200);
+        set_age(&a2, 100);
+        let size = |p: &Path| std::fs::metadata(p).expect("size").len();
+        let all = size(&a1) + size(&b1) + size(&a2);
+        // Under the cap: nothing goes.
+        let e = enforce_cap(root.path(), all).expect("enforced");
+        assert_eq!((e.garbage, e.evicted, e.bytes), (0, 0, all));
+        // Reading a1 makes it the most recent: b1 goes first now.
+        let got = a.load([&sample("x")]);
+        assert_eq!(got.features.len(), 1);
+        let e = enforce_cap(root.path(), all - 1).expect("enforced");
+        assert_eq!((e.evicted, e.evicted_samples), (1, 1), "{e:?}");
+        assert!(!b1.exists() && a1.exists() && a2.exists());
+        assert!(b.load([&sample("x")]).features.is_empty());
+        // A cap of nothing empties the store, and the index lists nothing missing.
+        let e = enforce_cap(root.path(), 0).expect("enforced");
+        assert_eq!((e.evicted, e.evicted_samples, e.bytes), (2, 3, 0), "{e:?}");
+        let left = a.load([&sample("x"), &sample("y"), &sample("z")]);
+        assert!(
+            left.features.is_empty() && left.warnings.is_empty(),
+            "{left:?}"
+        );
+    }
+
+    #[test]
+    fn shards_whose_rows_were_all_extracted_again_are_garbage() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let a = FeatureStore::open(root.path(), identity("a")).expect("a");
+        let old = add(&a, &["x"]);
+        let new = add(&a, &["x"]); // x again: the index points at the new shard
+        let e = enforce_cap(root.path(), u64::MAX).expect("enforced");
+        assert_eq!((e.garbage, e.evicted), (1, 0));
+        assert!(!old.exists() && new.exists());
+        assert_eq!(a.load([&sample("x")]).features.len(), 1);
+    }
 }

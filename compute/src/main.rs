@@ -128,6 +128,10 @@ struct Cli {
     /// once (implies --cache-features; an object changed since is extracted again).
     #[arg(long, value_name = "DIR")]
     feature_store: Option<PathBuf>,
+    /// Keep the feature store's shards (every model and data set in DIR) within SIZE (e.g.
+    /// 20GiB, 500MB): after a job adds features, the least recently used shards go.
+    #[arg(long, value_name = "SIZE", value_parser = hapi_wire::units::parse_size, requires = "feature_store")]
+    feature_store_cap: Option<u64>,
     /// Element type of pushed-down features on the network: f32, f16 or bf16 (half the bytes;
     /// narrowed on the storage tier's device, widened here). Split 0 and `none` stay f32.
     #[arg(long, default_value = "f32")]
@@ -224,6 +228,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         replan_threshold: cli.replan_threshold,
         cache_features: cli.cache_features,
         feature_store: cli.feature_store,
+        feature_store_cap: cli.feature_store_cap,
         wire_dtype: cli.wire_dtype,
         checkpoint: cli.checkpoint,
         resume: cli.resume,

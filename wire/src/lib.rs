@@ -9,13 +9,15 @@
 //! - [`error`]: the JSON error body and its stable codes, each with its HTTP status;
 //! - [`timing`]: the `Server-Timing` stages of an invocation;
 //! - [`profile`]: per-layer time, output size and memory of a model on the host's device;
-//! - [`tensor`]: the safetensors encoding of a response's `features` tensor.
+//! - [`tensor`]: the safetensors encoding of a response's `features` tensor;
+//! - [`units`]: sizes and durations as operators write them, parsed alike on both tiers.
 
 pub mod error;
 pub mod invoke;
 pub mod profile;
 pub mod tensor;
 pub mod timing;
+pub mod units;
 
 pub use error::{ErrorBody, ErrorCode};
 pub use invoke::InvokeRequest;

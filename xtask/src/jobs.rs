@@ -443,7 +443,9 @@ pub fn eval_split(args: &[String]) -> Result<(), String> {
         .filter_map(|b| b.parse::<usize>().ok())
         .max()
         .unwrap_or(32);
-    let photos = (grid.adaptive * most_batch).max(40 * 32).to_string();
+    // hapi-data keeps one photo in ten for the test split.
+    let need = (grid.adaptive * most_batch).max(40 * 32);
+    let photos = (need * 10 / 9 + 32).to_string();
     let cores = std::thread::available_parallelism().map_or(1, usize::from);
     if cores < 2 {
         return Err("eval-split pins each tier to its own core: it needs at least 2".into());

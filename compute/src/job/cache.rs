@@ -55,6 +55,30 @@ impl Job {
             Ok(None) => {}
             Err(e) => log(pb, &format!("feature store: not written: {e:#}")),
         }
+        self.enforce_feature_cap(pb);
+    }
+
+    /// Keeps the feature store within `--feature-store-cap`; a failure is reported and the job
+    /// goes on.
+    pub(super) fn enforce_feature_cap(&self, pb: &ProgressBar) {
+        let (Some(root), Some(cap)) = (&self.cfg.feature_store, self.cfg.feature_store_cap) else {
+            return;
+        };
+        match crate::features::enforce_cap(root, cap) {
+            Ok(e) if e.garbage + e.evicted > 0 => log(
+                pb,
+                &format!(
+                    "feature store: {} shards evicted ({} samples, least recently used first), {} superseded shards deleted; {} of {} used",
+                    e.evicted,
+                    e.evicted_samples,
+                    e.garbage,
+                    hapi_wire::units::format_size(e.bytes),
+                    hapi_wire::units::format_size(cap)
+                ),
+            ),
+            Ok(_) => {}
+            Err(e) => log(pb, &format!("feature store: cap not enforced: {e:#}")),
+        }
     }
 
     pub(super) fn cached_tensor(&self, samples: &[Sample]) -> Option<(Tensor, Tensor)> {

@@ -73,6 +73,9 @@ pub struct JobConfig {
     /// The feature store's directory ([`crate::features`]); implies `cache_features`.
     #[serde(default)]
     pub feature_store: Option<PathBuf>,
+    /// Bytes the feature store's shards may take, over every identity in its directory.
+    #[serde(default)]
+    pub feature_store_cap: Option<u64>,
     /// Element type of pushed-down features on the network (splits >= 1).
     #[serde(default)]
     pub wire_dtype: WireDtype,

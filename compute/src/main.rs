@@ -133,9 +133,10 @@ struct Cli {
     #[arg(long, value_name = "SIZE", value_parser = hapi_wire::units::parse_size, requires = "feature_store")]
     feature_store_cap: Option<u64>,
     /// Element type of pushed-down features on the network: f32, f16 or bf16 (half the bytes;
-    /// narrowed on the storage tier's device, widened here). Split 0 and `none` stay f32.
-    #[arg(long, default_value = "f32")]
-    wire_dtype: hapi_train::client::WireDtype,
+    /// narrowed on the storage tier's device, widened here), or auto (f16 where a few objects'
+    /// features fit its range with 16x to spare, else bf16). Split 0 and `none` stay f32.
+    #[arg(long, default_value = "f32", value_parser = parse_wire_dtype)]
+    wire_dtype: DtypeArg,
     /// Directory for per-epoch checkpoints.
     #[arg(long)]
     checkpoint: Option<PathBuf>,
@@ -155,6 +156,23 @@ struct Cli {
     /// No progress bars.
     #[arg(long)]
     quiet: bool,
+}
+
+/// `--wire-dtype`.
+#[derive(Clone, Copy, Debug)]
+enum DtypeArg {
+    Auto,
+    Fixed(hapi_train::client::WireDtype),
+}
+
+fn parse_wire_dtype(s: &str) -> Result<DtypeArg, String> {
+    if s == "auto" {
+        Ok(DtypeArg::Auto)
+    } else {
+        s.parse()
+            .map(DtypeArg::Fixed)
+            .map_err(|e: String| format!("{e}, or auto"))
+    }
 }
 
 fn main() -> ExitCode {
@@ -229,7 +247,12 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         cache_features: cli.cache_features,
         feature_store: cli.feature_store,
         feature_store_cap: cli.feature_store_cap,
-        wire_dtype: cli.wire_dtype,
+        wire_dtype: match cli.wire_dtype {
+            DtypeArg::Auto => Default::default(),
+            DtypeArg::Fixed(d) => d,
+        },
+        wire_dtype_auto: matches!(cli.wire_dtype, DtypeArg::Auto),
+        wire_dtype_reason: None,
         checkpoint: cli.checkpoint,
         resume: cli.resume,
         out: cli.out.clone(),

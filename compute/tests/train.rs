@@ -638,6 +638,7 @@ fn half_precision_on_the_wire_halves_the_bytes_and_trains_alike() {
     };
     let wide = run("f32");
     let bytes = |r: &Value| r["epochs"][0]["bytes_received"].as_u64().expect("bytes");
+    let mut narrowed = Vec::new();
     for dtype in ["f16", "bf16"] {
         let narrow = run(dtype);
         let ratio = bytes(&narrow) as f64 / bytes(&wide) as f64;
@@ -653,7 +654,30 @@ fn half_precision_on_the_wire_halves_the_bytes_and_trains_alike() {
             d > 0.0 && d < 0.05,
             "{dtype}: losses differ from f32 by {d}"
         );
+        narrowed.push((dtype, narrow));
     }
+    // auto: chosen from the features' values, recorded with its reason, and then exactly the
+    // run of the dtype it chose (EfficientNet-Lite0's features at the freeze index are small).
+    let auto = run("auto");
+    let config = &auto["config"];
+    let chosen = config["wire_dtype"].as_str().expect("wire_dtype");
+    let reason = config["wire_dtype_reason"].as_str().expect("a reason");
+    assert!(
+        config["wire_dtype_auto"].as_bool().expect("auto"),
+        "{config}"
+    );
+    assert!(
+        reason.contains("reach |x| = ") && reason.contains("split 25"),
+        "{reason}"
+    );
+    assert_eq!(chosen, "f16", "{reason}");
+    let same = &narrowed
+        .iter()
+        .find(|(d, _)| *d == chosen)
+        .expect("measured")
+        .1;
+    assert_eq!(bytes(&auto), bytes(same));
+    assert_eq!(max_diff(&losses(&auto), &losses(same)), 0.0, "{reason}");
     // An unknown dtype is a usage error naming the choices.
     let o = trainer(
         &fx,
@@ -664,5 +688,5 @@ fn half_precision_on_the_wire_halves_the_bytes_and_trains_alike() {
     .output()
     .expect("runs");
     assert_eq!(o.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&o.stderr).contains("expected f32, f16 or bf16"));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("expected f32, f16 or bf16, or auto"));
 }

@@ -76,9 +76,16 @@ pub struct JobConfig {
     /// Bytes the feature store's shards may take, over every identity in its directory.
     #[serde(default)]
     pub feature_store_cap: Option<u64>,
-    /// Element type of pushed-down features on the network (splits >= 1).
+    /// Element type of pushed-down features on the network (splits >= 1); with
+    /// `wire_dtype_auto`, what [`Job::open`](super::Job::open) chose.
     #[serde(default)]
     pub wire_dtype: WireDtype,
+    /// `--wire-dtype auto`: chosen from the features' values (see `job/dtype.rs`).
+    #[serde(default)]
+    pub wire_dtype_auto: bool,
+    /// Why `auto` chose what it did.
+    #[serde(default)]
+    pub wire_dtype_reason: Option<String>,
     pub checkpoint: Option<PathBuf>,
     pub resume: bool,
     pub out: Option<PathBuf>,

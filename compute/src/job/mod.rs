@@ -4,6 +4,7 @@
 mod cache;
 mod checkpoint;
 mod config;
+mod dtype;
 mod plan;
 mod report;
 mod sweep;

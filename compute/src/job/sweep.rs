@@ -15,7 +15,8 @@ use super::train::Job;
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct SweepCase {
     pub split: Split,
-    /// Wall time of its `iterations` iterations (batches spread evenly over the adaptive run's).
+    /// Wall time of its `iterations` iterations (batches spread evenly over the adaptive run's,
+    /// then `--prefetch` more that are not timed).
     pub seconds: f64,
     /// The same pipeline run for the adaptive run's `adaptive_iterations`: its first
     /// iteration's end, then its steady pace (the mean interval between iteration ends).
@@ -106,8 +107,12 @@ impl Job {
             |_, _, _| Ok(()),
         )?;
         pb.finish_and_clear();
-        let picked: Vec<Vec<crate::dataset::Sample>> = (0..k)
-            .map(|j| all[j * adaptive_iters / k.max(1)].clone())
+        // `prefetch` more batches than are timed keep the producer busy through the last timed
+        // iteration, as it is in a long run (a short run's last iterations would otherwise
+        // train without the fetching beside them, on the same core, and look faster).
+        let tail = self.cfg.prefetch;
+        let picked: Vec<Vec<crate::dataset::Sample>> = (0..k + tail)
+            .map(|j| all[j * adaptive_iters / (k + tail)].clone())
             .collect();
         let mut cases = Vec::new();
         let candidates: Vec<Split> = std::iter::once(Split::None)
@@ -116,11 +121,13 @@ impl Job {
         for split in candidates {
             let start = crate::pipeline::now_unix();
             let r = self.train_batches(0, &Choice::Fixed(split), picked.clone())?;
+            let timed = &r.trace[..k.min(r.trace.len())];
+            let wall = timed.last().map_or(f64::NAN, |i| i.end_unix - start);
             let predicted = plan.costs.estimate(split);
-            let at_n = extrapolate(start, &r.trace, adaptive_iters);
+            let at_n = extrapolate(start, timed, adaptive_iters);
             eprintln!(
                 "sweep: split {split:>4}: {:.2} s for {k} it ({:.2} s for {adaptive_iters}; predicted {:.2} s for {k}), storage {} / compute {} ms/it, {:.1} MB",
-                r.wall_s,
+                wall,
                 at_n,
                 predicted.epoch,
                 ms(r.storage_stage_s),
@@ -129,9 +136,9 @@ impl Job {
             );
             cases.push(SweepCase {
                 split,
-                seconds: r.wall_s,
+                seconds: wall,
                 seconds_at_adaptive: at_n,
-                pace_s: pace(start, &r.trace),
+                pace_s: pace(start, timed),
                 storage_stage_s: r.storage_stage_s,
                 compute_stage_s: r.compute_stage_s,
                 bytes_received: r.bytes_received,
@@ -139,7 +146,16 @@ impl Job {
             });
         }
         let choice = self.adaptive(&plan.costs);
-        let r = self.train_batches(1, &choice, all)?;
+        // The same tail after the adaptive run's batches: timed to the end of its last.
+        let mut batches = all;
+        let again: Vec<_> = batches.iter().take(tail).cloned().collect();
+        batches.extend(again);
+        let start = crate::pipeline::now_unix();
+        let r = self.train_batches(1, &choice, batches)?;
+        let auto_s = r
+            .trace
+            .get(adaptive_iters - 1)
+            .map_or(f64::NAN, |i| i.end_unix - start);
         let Choice::Adaptive(a) = &choice else {
             unreachable!("Job::adaptive gives an adaptive choice")
         };
@@ -161,7 +177,7 @@ impl Job {
             best: best.split,
             best_s: best.seconds_at_adaptive,
             auto: r.split,
-            auto_s: r.wall_s,
+            auto_s,
             first_candidate: plan.chosen,
             explored,
             moves: r.moves,

@@ -76,7 +76,7 @@ pub(super) struct Traffic {
 
 impl Job {
     /// Loads the model, lists the data and reaches the storage hosts.
-    pub fn open(cfg: JobConfig) -> anyhow::Result<Self> {
+    pub fn open(mut cfg: JobConfig) -> anyhow::Result<Self> {
         let device = hapi_model::device::parse(&cfg.device)?;
         let pkg_dir = cfg.models.join(&cfg.model);
         let pkg = Arc::new(
@@ -121,6 +121,45 @@ impl Job {
             seed: cfg.seed,
         };
         let data = rt.block_on(Dataset::list(store.as_ref(), &cfg.prefix, limits))?;
+        let retry = RetryPolicy {
+            give_up_after: std::time::Duration::from_secs_f64(cfg.retry_secs),
+            ..RetryPolicy::default()
+        };
+        if cfg.wire_dtype_auto {
+            // Chosen before the feature store opens: the stored features depend on it.
+            let (dtype, why) = if cfg.split == SplitArg::None {
+                (
+                    hapi_client::WireDtype::F32,
+                    "--wire-dtype auto: --split none sends nothing narrowed".to_string(),
+                )
+            } else {
+                anyhow::ensure!(
+                    !cfg.hosts.is_empty(),
+                    "--wire-dtype auto looks at features on the storage tier: give --host, or a dtype (f32, f16, bf16)"
+                );
+                let probe = StorageClient::new(
+                    cfg.hosts.clone(),
+                    cfg.token.clone(),
+                    cfg.function.clone(),
+                    retry,
+                )?;
+                rt.block_on(probe.check_reachable())?;
+                let keys: Vec<String> = data.train.iter().map(|s| s.key.clone()).collect();
+                let m = pkg.manifest();
+                let bytes: Vec<u64> =
+                    std::iter::once(m.input.shape.iter().product::<i64>() as u64 * 4)
+                        .chain(
+                            m.layers[..freeze]
+                                .iter()
+                                .map(|l| l.output_bytes_per_sample()),
+                        )
+                        .collect();
+                super::dtype::choose(&rt, &probe, &cfg, &keys, freeze, &bytes)?
+            };
+            eprintln!("{why}");
+            cfg.wire_dtype = dtype;
+            cfg.wire_dtype_reason = Some(why);
+        }
         let (features, cache) = match &cfg.feature_store {
             Some(root) => {
                 let (fs, cache) = open_feature_store(root, &cfg, &pkg, freeze, &data)?;
@@ -133,10 +172,6 @@ impl Job {
         let client = if cfg.split == SplitArg::None {
             None
         } else {
-            let retry = RetryPolicy {
-                give_up_after: std::time::Duration::from_secs_f64(cfg.retry_secs),
-                ..RetryPolicy::default()
-            };
             let c = StorageClient::new(
                 cfg.hosts.clone(),
                 cfg.token.clone(),

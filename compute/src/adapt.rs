@@ -237,7 +237,7 @@ impl Adaptive {
     }
 
     /// The split for the next batch.
-    pub fn next(&mut self) -> Split {
+    pub fn next_split(&mut self) -> Split {
         let i = match &self.phase {
             Phase::Settled { arm, .. } => *arm,
             Phase::Explore => {
@@ -504,10 +504,13 @@ pub enum Choice {
 }
 
 impl Choice {
-    pub fn next(&self) -> Split {
+    pub fn next_split(&self) -> Split {
         match self {
             Self::Fixed(s) => *s,
-            Self::Adaptive(a) => a.lock().unwrap_or_else(PoisonError::into_inner).next(),
+            Self::Adaptive(a) => a
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .next_split(),
         }
     }
 
@@ -601,7 +604,7 @@ mod tests {
         let mut out = Vec::new();
         for i in 0..n {
             while handed.len() <= lag {
-                handed.push_back(a.next());
+                handed.push_back(a.next_split());
             }
             let s = handed.pop_front().expect("handed out");
             let (st, co) = cost(i, s);

@@ -90,7 +90,7 @@ where
     let producer_choice = choice.clone();
     let producer = rt.spawn(async move {
         for batch in batches {
-            let split = producer_choice.next();
+            let split = producer_choice.next_split();
             let started = Instant::now();
             let r = match sources.get(&split) {
                 Some(source) => source.fetch(&batch).await,

@@ -249,7 +249,7 @@ fn the_loss_is_the_same_for_none_a_middle_split_and_freeze_and_auto_plans() {
     let out = tmp.join("auto.json");
     let trace = tmp.join("auto.trace.jsonl");
     let r = run_ok(
-        &mut trainer(
+        trainer(
             &fx,
             &host.url,
             &out,

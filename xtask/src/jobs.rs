@@ -530,28 +530,10 @@ pub fn eval_split(args: &[String]) -> Result<(), String> {
                 let file = dir.join(format!("{model}-b{batch}.json"));
                 let limit = (batch.parse::<usize>().unwrap_or(32) * grid.adaptive).to_string();
                 sh::run(
-                    Command::new("taskset")
-                        .args(["-c", "1"])
-                        .arg(bins.join("hapi-train"))
-                        .args(["--host", &host.url, "--token", TOKEN, "--store", "s3://"])
-                        .args([
-                            "--bucket", "datasets", "--prefix", "photos", "--model", model,
-                        ])
-                        .args([
-                            "--batch",
-                            batch,
-                            "--max-iters",
-                            &iters,
-                            "--adaptive-iters",
-                            &adaptive,
-                            "--train-limit",
-                            &limit,
-                        ])
-                        .args(["--sweep", "--quiet", "--device", "cpu", "--out"])
-                        .arg(&file)
-                        .envs(env.vars())
-                        .envs(s3_env())
-                        .env("OMP_NUM_THREADS", "1"),
+                    pinned_trainer(&env, &bins, &host.url, model, batch)
+                        .args(["--max-iters", &iters, "--adaptive-iters", &adaptive])
+                        .args(["--train-limit", &limit, "--sweep", "--out"])
+                        .arg(&file),
                 )?;
                 files.push(file);
             }
@@ -586,6 +568,21 @@ pub fn eval_split(args: &[String]) -> Result<(), String> {
     Ok(())
 }
 
+/// `hapi-train` on core 1 with one libtorch thread, against `host`, on the photos in S3.
+fn pinned_trainer(env: &Env, bins: &Path, host: &str, model: &str, batch: &str) -> Command {
+    let mut cmd = Command::new("taskset");
+    cmd.args(["-c", "1"])
+        .arg(bins.join("hapi-train"))
+        .args(["--host", host, "--token", TOKEN, "--store", "s3://"])
+        .args(["--bucket", "datasets", "--prefix", "photos"])
+        .args(["--model", model, "--batch", batch])
+        .args(["--quiet", "--device", "cpu"])
+        .envs(env.vars())
+        .envs(s3_env())
+        .env("OMP_NUM_THREADS", "1");
+    cmd
+}
+
 /// The drift case: `--split auto` with `--trace`, the link shaped to 50 Mbit/s once
 /// `DRIFT_AT[0]` iterations have ended and back to 1000 at `DRIFT_AT[1]`. Returns the trace
 /// and the switches' times (JSON: `[{"unix": .., "mbit": ..}]`).
@@ -604,28 +601,14 @@ fn drift_case(
     link.shape(1000)?;
     let trace = out.join("drift-trace.jsonl");
     let _ = std::fs::remove_file(&trace);
-    let mut child = Command::new("taskset")
-        .args(["-c", "1"])
-        .arg(bins.join("hapi-train"))
-        .args(["--host", host, "--token", TOKEN, "--store", "s3://"])
-        .args(["--bucket", "datasets", "--prefix", "photos"])
-        .args([
-            "--model",
-            "efficientnet_lite0",
-            "--batch",
-            "32",
-            "--split",
-            "auto",
-        ])
+    let mut child = pinned_trainer(env, bins, host, "efficientnet_lite0", "32")
+        .args(["--split", "auto"])
         .args(["--train-limit", &(per_epoch * 32).to_string()])
         .args(["--epochs", &DRIFT_ITERS.div_ceil(per_epoch).to_string()])
-        .args(["--no-test", "--quiet", "--device", "cpu", "--out"])
+        .args(["--no-test", "--out"])
         .arg(out.join("drift-results.json"))
         .arg("--trace")
         .arg(&trace)
-        .envs(env.vars())
-        .envs(s3_env())
-        .env("OMP_NUM_THREADS", "1")
         .spawn()
         .map_err(|e| format!("starting hapi-train: {e}"))?;
     let mut switches = Vec::new();

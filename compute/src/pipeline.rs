@@ -43,18 +43,23 @@ impl StageTimes {
     }
     /// The split most iterations ran at (`None` when there were none).
     pub fn main_split(&self) -> Option<Split> {
-        let mut counts: Vec<(Split, usize)> = Vec::new();
-        for i in &self.iterations {
-            match counts.iter_mut().find(|(s, _)| *s == i.split) {
-                Some((_, n)) => *n += 1,
-                None => counts.push((i.split, 1)),
-            }
-        }
-        counts
+        split_counts(self.iterations.iter().map(|i| i.split))
             .into_iter()
             .max_by_key(|&(s, n)| (n, std::cmp::Reverse(s)))
             .map(|(s, _)| s)
     }
+}
+
+/// How many of `splits` are each split, in the order they first appear.
+pub fn split_counts(splits: impl IntoIterator<Item = Split>) -> Vec<(Split, usize)> {
+    let mut counts: Vec<(Split, usize)> = Vec::new();
+    for split in splits {
+        match counts.iter_mut().find(|(s, _)| *s == split) {
+            Some((_, n)) => *n += 1,
+            None => counts.push((split, 1)),
+        }
+    }
+    counts
 }
 
 fn mean(v: impl Iterator<Item = f64>) -> f64 {

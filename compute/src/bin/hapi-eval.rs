@@ -429,13 +429,7 @@ fn drift_summary(args: &[String]) -> anyhow::Result<()> {
         };
         let sweep = if mbit == fast_mbit { &fast } else { &slow };
         let its: Vec<&TraceLine> = trace.iter().filter(|t| phase_of(t.end_unix) == k).collect();
-        let mut splits: Vec<(Split, usize)> = Vec::new();
-        for t in &its {
-            match splits.iter_mut().find(|(s, _)| *s == t.split) {
-                Some((_, n)) => *n += 1,
-                None => splits.push((t.split, 1)),
-            }
-        }
+        let splits = hapi_train::pipeline::split_counts(its.iter().map(|t| t.split));
         let intervals: Vec<f64> = its
             .windows(2)
             .filter(|w| {

@@ -10,8 +10,8 @@
 use hapi_client::{StorageClient, WireDtype};
 use tokio::runtime::Runtime;
 
-use super::config::{JobConfig, SplitArg};
-use crate::plan::min_output_split;
+use super::config::JobConfig;
+use crate::dataset::Sample;
 
 /// f16's largest finite value.
 const F16_MAX: f64 = 65504.0;
@@ -20,38 +20,32 @@ const HEADROOM: f64 = 16.0;
 /// Objects whose features are looked at.
 const OBJECTS: usize = 4;
 
-/// The dtype `--wire-dtype auto` gives, and why (a line for stderr and the results).
+/// The dtype `--wire-dtype auto` gives for features pushed down to `splits` (each >= 1, at
+/// least one), and why (a line for stderr and the results).
 pub(super) fn choose(
     rt: &Runtime,
     client: &StorageClient,
     cfg: &JobConfig,
-    keys: &[String],
-    freeze: usize,
-    bytes_at: &[u64],
+    samples: &[Sample],
+    splits: &[usize],
 ) -> anyhow::Result<(WireDtype, String)> {
-    let splits: Vec<usize> = match cfg.split {
-        SplitArg::None => Vec::new(),
-        SplitArg::At(s) => vec![s],
-        SplitArg::Freeze => vec![freeze],
-        SplitArg::Min => vec![min_output_split(bytes_at, freeze)],
-        SplitArg::Auto => (1..=freeze).collect(),
-    };
-    let splits: Vec<usize> = splits.into_iter().filter(|&s| s > 0).collect();
-    if splits.is_empty() {
-        return Ok((
-            WireDtype::F32,
-            "--wire-dtype auto: nothing pushed down is narrowed (split 0 and none send the input in f32)".into(),
-        ));
-    }
     anyhow::ensure!(
-        !keys.is_empty(),
+        !splits.is_empty(),
+        "--wire-dtype auto: no split that sends features"
+    );
+    anyhow::ensure!(
+        !samples.is_empty(),
         "--wire-dtype auto: no training object to measure features on"
     );
-    let keys = &keys[..OBJECTS.min(keys.len())];
+    let keys: Vec<String> = samples
+        .iter()
+        .take(OBJECTS)
+        .map(|s| s.key.clone())
+        .collect();
     let mut most = 0.0f64;
     let mut at = splits[0];
-    for &s in &splits {
-        let f = rt.block_on(client.invoke(&cfg.bucket, keys, &cfg.model, s))?;
+    for &s in splits {
+        let f = rt.block_on(client.invoke(&cfg.bucket, &keys, &cfg.model, s))?;
         let m = f.data.iter().fold(0.0f64, |m, v| m.max(f64::from(v.abs())));
         anyhow::ensure!(
             m.is_finite(),

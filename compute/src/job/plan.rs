@@ -6,6 +6,8 @@ use crate::head::Head;
 use crate::plan::{Costs, Split, min_output_split};
 use anyhow::Context;
 use futures::StreamExt;
+use hapi_client::WireDtype;
+use hapi_model::ModelPackage;
 use object_store::ObjectStoreExt;
 use std::sync::Arc;
 use std::time::Instant;
@@ -14,20 +16,35 @@ use tch::Tensor;
 use super::config::{PlanReport, SplitArg};
 use super::train::{Job, available_memory};
 
+/// Bytes per sample sent at each split 0..=freeze of `pkg` (split 0 in f32, the others in
+/// `wire`).
+pub(super) fn bytes_at(pkg: &ModelPackage, freeze: usize, wire: WireDtype) -> Vec<u64> {
+    let m = pkg.manifest();
+    let input: i64 = m.input.shape.iter().product();
+    std::iter::once(input as u64 * 4)
+        .chain(
+            m.layers[..freeze]
+                .iter()
+                .map(|l| l.output_bytes_per_sample() / 4 * wire.size()),
+        )
+        .collect()
+}
+
+/// The split a fixed `--split` names (`auto` before a plan: freeze).
+pub(super) fn split_named(arg: SplitArg, freeze: usize, bytes_at: &[u64]) -> Split {
+    match arg {
+        SplitArg::None => Split::None,
+        SplitArg::Freeze | SplitArg::Auto => Split::At(freeze),
+        SplitArg::Min => Split::At(min_output_split(bytes_at, freeze)),
+        SplitArg::At(s) => Split::At(s),
+    }
+}
+
 impl Job {
     /// Bytes per sample sent at each split 0..=freeze (split 0 in f32, the others in the
     /// wire dtype).
     pub(super) fn bytes_at(&self) -> Vec<u64> {
-        let m = self.pkg.manifest();
-        let input: i64 = m.input.shape.iter().product();
-        let wire = self.cfg.wire_dtype.size();
-        std::iter::once(input as u64 * 4)
-            .chain(
-                m.layers[..self.freeze]
-                    .iter()
-                    .map(|l| l.output_bytes_per_sample() / 4 * wire),
-            )
-            .collect()
+        bytes_at(&self.pkg, self.freeze, self.cfg.wire_dtype)
     }
 
     /// Measures both tiers and the network, estimates every split, and loads the candidates'
@@ -208,12 +225,6 @@ impl Job {
 
     /// The split a fixed `--split` names.
     pub fn fixed_split(&self, arg: SplitArg) -> Split {
-        match arg {
-            SplitArg::None => Split::None,
-            SplitArg::Freeze => Split::At(self.freeze),
-            SplitArg::Min => Split::At(min_output_split(&self.bytes_at(), self.freeze)),
-            SplitArg::At(s) => Split::At(s),
-            SplitArg::Auto => Split::At(self.freeze),
-        }
+        split_named(arg, self.freeze, &self.bytes_at())
     }
 }

@@ -98,13 +98,7 @@ pub(super) fn print_epoch(r: &EpochResult, epochs: usize) {
             ""
         },
     );
-    let mut counts: Vec<(Split, usize)> = Vec::new();
-    for i in &r.trace {
-        match counts.iter_mut().find(|(s, _)| *s == i.split) {
-            Some((_, n)) => *n += 1,
-            None => counts.push((i.split, 1)),
-        }
-    }
+    let counts = crate::pipeline::split_counts(r.trace.iter().map(|i| i.split));
     if counts.len() > 1 {
         eprintln!(
             "  iterations per split: {}",

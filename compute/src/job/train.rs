@@ -127,10 +127,18 @@ impl Job {
         };
         if cfg.wire_dtype_auto {
             // Chosen before the feature store opens: the stored features depend on it.
-            let (dtype, why) = if cfg.split == SplitArg::None {
+            let bytes = super::plan::bytes_at(&pkg, freeze, hapi_client::WireDtype::F32);
+            let splits: Vec<usize> = match cfg.split {
+                SplitArg::Auto => (1..=freeze).collect(),
+                fixed => match super::plan::split_named(fixed, freeze, &bytes) {
+                    Split::At(s) if s > 0 => vec![s],
+                    _ => Vec::new(),
+                },
+            };
+            let (dtype, why) = if splits.is_empty() {
                 (
                     hapi_client::WireDtype::F32,
-                    "--wire-dtype auto: --split none sends nothing narrowed".to_string(),
+                    "--wire-dtype auto: nothing pushed down is narrowed (split 0 and none send the input in f32)".to_string(),
                 )
             } else {
                 anyhow::ensure!(
@@ -144,17 +152,7 @@ impl Job {
                     retry,
                 )?;
                 rt.block_on(probe.check_reachable())?;
-                let keys: Vec<String> = data.train.iter().map(|s| s.key.clone()).collect();
-                let m = pkg.manifest();
-                let bytes: Vec<u64> =
-                    std::iter::once(m.input.shape.iter().product::<i64>() as u64 * 4)
-                        .chain(
-                            m.layers[..freeze]
-                                .iter()
-                                .map(|l| l.output_bytes_per_sample()),
-                        )
-                        .collect();
-                super::dtype::choose(&rt, &probe, &cfg, &keys, freeze, &bytes)?
+                super::dtype::choose(&rt, &probe, &cfg, &data.train, &splits)?
             };
             eprintln!("{why}");
             cfg.wire_dtype = dtype;
@@ -619,6 +617,7 @@ impl Job {
     }
 }
 
+/// `MemAvailable` from /proc/meminfo (the compute tier's memory limit unless given).
 pub(super) fn available_memory() -> u64 {
     std::fs::read_to_string("/proc/meminfo")
         .ok()

@@ -206,6 +206,24 @@ impl Costs {
     }
 }
 
+/// Bytes per sample sent at each split 0..=freeze of `pkg` (split 0 in f32, the others in
+/// `wire`).
+pub fn bytes_at(
+    pkg: &hapi_model::ModelPackage,
+    freeze: usize,
+    wire: hapi_wire::tensor::WireDtype,
+) -> Vec<u64> {
+    let m = pkg.manifest();
+    let input: i64 = m.input.shape.iter().product();
+    std::iter::once(input as u64 * 4)
+        .chain(
+            m.layers[..freeze]
+                .iter()
+                .map(|l| l.output_bytes_per_sample() / 4 * wire.size()),
+        )
+        .collect()
+}
+
 /// The split with the smallest output among 1..=freeze (ties: the earliest).
 pub fn min_output_split(bytes_at: &[u64], freeze: usize) -> usize {
     (1..=freeze)

@@ -33,6 +33,19 @@ impl std::str::FromStr for SplitArg {
     }
 }
 
+impl SplitArg {
+    /// The split this names (`auto` before a plan: freeze); `bytes_at` from
+    /// [`crate::plan::bytes_at`].
+    pub fn named(self, freeze: usize, bytes_at: &[u64]) -> Split {
+        match self {
+            Self::None => Split::None,
+            Self::Freeze | Self::Auto => Split::At(freeze),
+            Self::Min => Split::At(crate::plan::min_output_split(bytes_at, freeze)),
+            Self::At(s) => Split::At(s),
+        }
+    }
+}
+
 /// Everything a job needs (the CLI's flags).
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct JobConfig {

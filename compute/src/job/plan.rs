@@ -3,11 +3,9 @@
 
 use crate::adapt::candidates;
 use crate::head::Head;
-use crate::plan::{Costs, Split, min_output_split};
+use crate::plan::{Costs, Split};
 use anyhow::Context;
 use futures::StreamExt;
-use hapi_client::WireDtype;
-use hapi_model::ModelPackage;
 use object_store::ObjectStoreExt;
 use std::sync::Arc;
 use std::time::Instant;
@@ -16,35 +14,11 @@ use tch::Tensor;
 use super::config::{PlanReport, SplitArg};
 use super::train::{Job, available_memory};
 
-/// Bytes per sample sent at each split 0..=freeze of `pkg` (split 0 in f32, the others in
-/// `wire`).
-pub(super) fn bytes_at(pkg: &ModelPackage, freeze: usize, wire: WireDtype) -> Vec<u64> {
-    let m = pkg.manifest();
-    let input: i64 = m.input.shape.iter().product();
-    std::iter::once(input as u64 * 4)
-        .chain(
-            m.layers[..freeze]
-                .iter()
-                .map(|l| l.output_bytes_per_sample() / 4 * wire.size()),
-        )
-        .collect()
-}
-
-/// The split a fixed `--split` names (`auto` before a plan: freeze).
-pub(super) fn split_named(arg: SplitArg, freeze: usize, bytes_at: &[u64]) -> Split {
-    match arg {
-        SplitArg::None => Split::None,
-        SplitArg::Freeze | SplitArg::Auto => Split::At(freeze),
-        SplitArg::Min => Split::At(min_output_split(bytes_at, freeze)),
-        SplitArg::At(s) => Split::At(s),
-    }
-}
-
 impl Job {
     /// Bytes per sample sent at each split 0..=freeze (split 0 in f32, the others in the
     /// wire dtype).
     pub(super) fn bytes_at(&self) -> Vec<u64> {
-        bytes_at(&self.pkg, self.freeze, self.cfg.wire_dtype)
+        crate::plan::bytes_at(&self.pkg, self.freeze, self.cfg.wire_dtype)
     }
 
     /// Measures both tiers and the network, estimates every split, and loads the candidates'
@@ -225,6 +199,6 @@ impl Job {
 
     /// The split a fixed `--split` names.
     pub fn fixed_split(&self, arg: SplitArg) -> Split {
-        split_named(arg, self.freeze, &self.bytes_at())
+        arg.named(self.freeze, &self.bytes_at())
     }
 }

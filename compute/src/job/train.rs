@@ -127,10 +127,10 @@ impl Job {
         };
         if cfg.wire_dtype_auto {
             // Chosen before the feature store opens: the stored features depend on it.
-            let bytes = super::plan::bytes_at(&pkg, freeze, hapi_client::WireDtype::F32);
+            let bytes = crate::plan::bytes_at(&pkg, freeze, hapi_client::WireDtype::F32);
             let splits: Vec<usize> = match cfg.split {
                 SplitArg::Auto => (1..=freeze).collect(),
-                fixed => match super::plan::split_named(fixed, freeze, &bytes) {
+                fixed => match fixed.named(freeze, &bytes) {
                     Split::At(s) if s > 0 => vec![s],
                     _ => Vec::new(),
                 },

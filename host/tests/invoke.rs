@@ -90,6 +90,96 @@ async fn split_zero_returns_the_preprocessed_images() {
     assert_eq!(values[..], native[..values.len()]);
 }
 
+/// The guest's preprocessing is the native code's, bit for bit, on every path the resampler
+/// takes: RGB photos (PNG, JPEG) reduced by small and large factors, enlarged, a tall portrait
+/// whose vertical pass runs first, and grayscale. The guest runs its Wasm SIMD kernels
+/// (`preprocess/src/resize/simd128.rs`), natively the portable loops run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_guests_preprocessing_equals_the_native_code_on_every_resampling_path() {
+    use image::{DynamicImage, ImageFormat, RgbImage};
+    let h = TestHost::start().await;
+    let coffee = image::open(hapi_tests::photos_dir().join("coffee.png"))
+        .expect("coffee.png (run `cargo xtask setup`)")
+        .to_rgb8();
+    // Noise with edges: rounding differences would show.
+    let synthetic = |w: u32, h: u32| {
+        RgbImage::from_fn(w, h, |x, y| {
+            let v = (x * 7919 + y * 104_729) ^ (x * y);
+            image::Rgb([
+                (v % 251) as u8,
+                ((v >> 3) % 253) as u8,
+                ((x + 3 * y) % 256) as u8,
+            ])
+        })
+    };
+    let encode = |img: DynamicImage, format: ImageFormat| {
+        let mut buf = std::io::Cursor::new(Vec::new());
+        img.write_to(&mut buf, format).expect("encode");
+        buf.into_inner()
+    };
+    let resized =
+        |w, h| image::imageops::resize(&coffee, w, h, image::imageops::FilterType::Triangle);
+    let cases = [
+        (
+            "coffee-600x400.png",
+            encode(coffee.clone().into(), ImageFormat::Png),
+        ),
+        (
+            "coffee-500x375.jpg",
+            encode(resized(500, 375).into(), ImageFormat::Jpeg),
+        ),
+        (
+            "noise-300x260.png",
+            encode(synthetic(300, 260).into(), ImageFormat::Png),
+        ),
+        (
+            "noise-1000x700.png",
+            encode(synthetic(1000, 700).into(), ImageFormat::Png),
+        ),
+        (
+            "noise-300x1000.png",
+            encode(synthetic(300, 1000).into(), ImageFormat::Png),
+        ),
+        (
+            "noise-100x80.png",
+            encode(synthetic(100, 80).into(), ImageFormat::Png),
+        ),
+        (
+            "gray-350x300.png",
+            encode(
+                DynamicImage::from(synthetic(350, 300)).grayscale(),
+                ImageFormat::Png,
+            ),
+        ),
+    ];
+    let pkg =
+        ModelPackage::load(&models_dir().join("resnet18"), tch::Device::Cpu).expect("package");
+    let t = pkg.manifest().input.transform();
+    for (name, bytes) in &cases {
+        let key = format!("fashion-mnist/resize/{name}");
+        let path = h.store.join("datasets").join(&key);
+        std::fs::create_dir_all(path.parent().expect("parent")).expect("mkdir");
+        std::fs::write(&path, bytes).expect("object");
+        let resp = h
+            .warm(
+                ALICE,
+                "feature-extract",
+                json!({"bucket": "datasets", "keys": [key], "model": "resnet18", "split": 0}),
+            )
+            .await;
+        let (shape, values) = features(resp).await;
+        assert_eq!(shape, [1, 3, 224, 224], "{name}");
+        let native = preprocess(bytes, &t).expect("preprocess");
+        let differ = values.iter().zip(&native).filter(|(a, b)| a != b).count();
+        assert_eq!(
+            differ,
+            0,
+            "{name}: {differ} of {} values differ",
+            native.len()
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_a_split_features_stop_at_the_freeze_index_and_without_a_model_the_function_says_so()
  {

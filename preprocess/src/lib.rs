@@ -304,16 +304,16 @@ pub fn crop_offset(size: u32, crop: u32) -> u32 {
 
 /// The normalised value of each 8-bit level for each model input channel: `(v / 255 - mean)
 /// / std` in f32, in the order torchvision's `ToTensor` and `Normalize` compute it (`(v - mean)
-/// / std` with pixels in [0, 255]).
-fn levels(t: &Transform) -> [[f32; 256]; 3] {
-    let mut lut = [[0f32; 256]; 3];
+/// / std` with pixels in [0, 255]), each as `store` gives it (the f32 itself, or its bytes).
+fn levels<T: Copy + Default>(t: &Transform, store: impl Fn(f32) -> T) -> [[T; 256]; 3] {
+    let mut lut = [[T::default(); 256]; 3];
     for (c, row) in lut.iter_mut().enumerate() {
         for (v, x) in row.iter_mut().enumerate() {
             let p = match t.scale {
                 Scale::Unit => v as f32 / 255.0,
                 Scale::Byte => v as f32,
             };
-            *x = (p - t.mean[c]) / t.std[c];
+            *x = store((p - t.mean[c]) / t.std[c]);
         }
     }
     lut
@@ -321,12 +321,14 @@ fn levels(t: &Transform) -> [[f32; 256]; 3] {
 
 /// Resize (Pillow's resampling with antialiasing), centre crop and normalise an image:
 /// torchvision's `Resize`, `CenterCrop(crop)`, `ToTensor()`, `Normalize(mean, std)` on a PIL
-/// image, bit for bit. Calls `emit(model_channel, index_in_plane, value)` for every output
-/// element, channel by channel; with BGR order, model channel 0 is the image's blue.
-fn transform_with(
+/// image, bit for bit. Writes one sample into `dst` (`sample_len` elements) in the transform's
+/// layout, each element as `store` gives it; with BGR order, model channel 0 is the image's
+/// blue.
+fn transform_with<T: Copy + Default>(
     img: &Decoded,
     t: &Transform,
-    mut emit: impl FnMut(usize, usize, f32),
+    store: impl Fn(f32) -> T,
+    dst: &mut [T],
 ) -> Result<(), PreprocessError> {
     t.check()?;
     let (w, h) = img.dimensions();
@@ -342,38 +344,52 @@ fn transform_with(
         height: crop,
     };
     let (src, out) = ((w as usize, h as usize), (nw as usize, nh as usize));
-    let lut = levels(t);
+    let lut = levels(t, store);
+    // The image channel each model channel reads.
+    let sources = match t.channel_order {
+        ChannelOrder::Rgb => [0, 1, 2],
+        ChannelOrder::Bgr => [2, 1, 0],
+    };
     match img {
         Decoded::Gray(g) => {
             let px = resize::resize_window::<1>(g.as_raw(), src, out, win, t.filter);
-            for (c, lut) in lut.iter().enumerate() {
-                for (i, &v) in px.iter().enumerate() {
-                    emit(c, i, lut[usize::from(v)]);
-                }
-            }
+            write_sample::<1, T>(&px, &lut, [0; 3], t.layout, dst);
         }
         Decoded::Rgb(rgb) => {
             let px = resize::resize_window::<3>(rgb.as_raw(), src, out, win, t.filter);
-            for (c, lut) in lut.iter().enumerate() {
-                let source = match t.channel_order {
-                    ChannelOrder::Rgb => c,
-                    ChannelOrder::Bgr => 2 - c,
-                };
-                for (i, p) in px.chunks_exact(3).enumerate() {
-                    emit(c, i, lut[usize::from(p[source])]);
-                }
-            }
+            write_sample::<3, T>(&px, &lut, sources, t.layout, dst);
         }
     }
     Ok(())
 }
 
-/// Where element (channel `c`, pixel `i` of the plane) of one sample goes.
-#[inline]
-fn position(layout: Layout, plane: usize, c: usize, i: usize) -> usize {
+/// Normalised elements of the interleaved `C`-channel pixels `px` into `dst` (3 per pixel):
+/// model channel `c` is image channel `sources[c]` through `lut[c]`. Channel planes one after
+/// the other (NCHW) or the three channels of each pixel together (NHWC).
+fn write_sample<const C: usize, T: Copy>(
+    px: &[u8],
+    lut: &[[T; 256]; 3],
+    sources: [usize; 3],
+    layout: Layout,
+    dst: &mut [T],
+) {
+    let pixels = px.len() / C;
+    assert_eq!(dst.len(), 3 * pixels, "one sample is 3 x {pixels} elements");
     match layout {
-        Layout::Nchw => c * plane + i,
-        Layout::Nhwc => i * 3 + c,
+        Layout::Nchw => {
+            for ((plane, lut), &source) in dst.chunks_exact_mut(pixels).zip(lut).zip(&sources) {
+                for (d, p) in plane.iter_mut().zip(px.chunks_exact(C)) {
+                    *d = lut[usize::from(p[source])];
+                }
+            }
+        }
+        Layout::Nhwc => {
+            for (d, p) in dst.chunks_exact_mut(3).zip(px.chunks_exact(C)) {
+                for c in 0..3 {
+                    d[c] = lut[c][usize::from(p[sources[c]])];
+                }
+            }
+        }
     }
 }
 
@@ -386,11 +402,8 @@ pub fn transform_into(
 ) -> Result<(), PreprocessError> {
     t.check()?;
     let start = out.len();
-    let plane = t.crop as usize * t.crop as usize;
     out.resize(start + t.sample_len(), 0.0);
-    let dst = &mut out[start..];
-    let layout = t.layout;
-    transform_with(img, t, |c, i, v| dst[position(layout, plane, c, i)] = v)
+    transform_with(img, t, |v| v, &mut out[start..])
 }
 
 /// As [`transform_into`], appending the f32 values as little-endian bytes (the layout of a
@@ -402,13 +415,10 @@ pub fn transform_into_le_bytes(
 ) -> Result<(), PreprocessError> {
     t.check()?;
     let start = out.len();
-    let plane = t.crop as usize * t.crop as usize;
     out.resize(start + 4 * t.sample_len(), 0);
-    let dst = &mut out[start..];
-    let layout = t.layout;
-    transform_with(img, t, |c, i, v| {
-        dst[4 * position(layout, plane, c, i)..][..4].copy_from_slice(&v.to_le_bytes());
-    })
+    let (dst, rest) = out[start..].as_chunks_mut::<4>();
+    debug_assert!(rest.is_empty());
+    transform_with(img, t, f32::to_le_bytes, dst)
 }
 
 /// Decode and transform one encoded image into f32 in the transform's layout.

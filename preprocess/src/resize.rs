@@ -13,6 +13,9 @@
 //! exactly that part of the full resize. The vertical pass is a row of multiply-adds over
 //! contiguous bytes, which vectorises (SSE/AVX natively, `simd128` in the Wasm guest).
 
+#[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+mod simd128;
+
 /// Pillow's fixed-point precision for 8-bit images: 32 bits less 8 for the value and 2 for
 /// the sign and headroom.
 const PRECISION_BITS: u32 = 32 - 8 - 2;
@@ -197,10 +200,26 @@ fn horizontal_pass<const C: usize>(
 ) -> Vec<u8> {
     let row_len = width * C;
     let mut out = vec![0u8; (rows.1 - rows.0) * row_len];
+    #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+    if let (3, Some(t)) = (C, taps) {
+        let groups = simd128::Groups::new(t, origin, w * C, left, width);
+        for (r, dst) in out.chunks_exact_mut(row_len).enumerate() {
+            let line = line_of(src, w * C, rows.0 + r);
+            groups.row(line, dst);
+            for &xx in groups.rest() {
+                horizontal_pixel::<C>(line, origin, t, left + xx, &mut dst[xx * C..][..C]);
+            }
+        }
+        return out;
+    }
     for (r, dst) in out.chunks_exact_mut(row_len).enumerate() {
         let line = line_of(src, w * C, rows.0 + r);
         match taps {
-            Some(t) => horizontal::<C>(line, origin, t, left, dst),
+            Some(t) => {
+                for (xx, px) in dst.chunks_exact_mut(C).enumerate() {
+                    horizontal_pixel::<C>(line, origin, t, left + xx, px);
+                }
+            }
             None => dst.copy_from_slice(&line[(left - origin) * C..][..row_len]),
         }
     }
@@ -228,49 +247,68 @@ fn vertical_pass<const C: usize>(
         }
         return out;
     };
-    // Contiguous multiply-adds across the row: this loop vectorises.
+    let mut lines: Vec<&[u8]> = Vec::with_capacity(taps.ksize);
     let mut acc = vec![0i32; row_len];
     for (yy, dst) in out.chunks_exact_mut(row_len).enumerate() {
         let (start, k) = taps.of(top + yy);
-        acc.fill(HALF);
-        for (j, &kj) in k.iter().enumerate() {
-            for (a, &v) in acc.iter_mut().zip(line(start + j)) {
-                *a += i32::from(v) * kj;
-            }
-        }
-        for (d, &a) in dst.iter_mut().zip(&acc) {
-            *d = clip8(a);
-        }
+        lines.clear();
+        lines.extend((start..start + k.len()).map(line));
+        vertical_row(&lines, k, &mut acc, dst);
     }
     out
+}
+
+/// One output row of the vertical pass: `dst[i] = clip8(HALF + sum_j lines[j][i] * k[j])`.
+#[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+fn vertical_row(lines: &[&[u8]], k: &[i32], _acc: &mut [i32], dst: &mut [u8]) {
+    simd128::vertical_row(lines, k, dst);
+}
+
+/// One output row of the vertical pass: `dst[i] = clip8(HALF + sum_j lines[j][i] * k[j])`,
+/// with `acc` (as long as `dst`) for the sums. Contiguous multiply-adds across the row: LLVM
+/// vectorises this loop natively.
+#[cfg(not(all(target_arch = "wasm32", target_feature = "simd128")))]
+fn vertical_row(lines: &[&[u8]], k: &[i32], acc: &mut [i32], dst: &mut [u8]) {
+    acc.fill(HALF);
+    for (line, &kj) in lines.iter().zip(k) {
+        for (a, &v) in acc.iter_mut().zip(*line) {
+            *a += i32::from(v) * kj;
+        }
+    }
+    for (d, &a) in dst.iter_mut().zip(&*acc) {
+        *d = clip8(a);
+    }
 }
 
 fn line_of(buf: &[u8], len: usize, row: usize) -> &[u8] {
     &buf[row * len..][..len]
 }
 
-/// One row of the horizontal pass: output columns `left..left + dst.len() / C` from `line`,
-/// which holds source columns from `origin` on.
+/// Output pixel `x` of the horizontal pass from `line`, which holds source columns from
+/// `origin` on.
 #[inline(always)]
-fn horizontal<const C: usize>(
+fn horizontal_pixel<const C: usize>(
     line: &[u8],
     origin: usize,
     taps: &Taps,
-    left: usize,
-    dst: &mut [u8],
+    x: usize,
+    px: &mut [u8],
 ) {
-    for (xx, px) in dst.chunks_exact_mut(C).enumerate() {
-        let (start, k) = taps.of(left + xx);
-        let taps_src = &line[(start - origin) * C..][..k.len() * C];
-        let mut acc = [HALF; C];
-        for (p, &kj) in taps_src.chunks_exact(C).zip(k) {
-            for c in 0..C {
-                acc[c] += i32::from(p[c]) * kj;
-            }
-        }
+    let (start, k) = taps.of(x);
+    let taps_src = &line[(start - origin) * C..];
+    #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+    if C == 3 && taps_src.len() > k.len() * 3 {
+        simd128::horizontal_pixel3(taps_src, k, px);
+        return;
+    }
+    let mut acc = [HALF; C];
+    for (p, &kj) in taps_src[..k.len() * C].chunks_exact(C).zip(k) {
         for c in 0..C {
-            px[c] = clip8(acc[c]);
+            acc[c] += i32::from(p[c]) * kj;
         }
+    }
+    for c in 0..C {
+        px[c] = clip8(acc[c]);
     }
 }
 

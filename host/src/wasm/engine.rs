@@ -1,7 +1,9 @@
 //! The engine all tenants share, and the epoch clock that drives deadlines.
 
 use std::time::{Duration, Instant};
-use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
+use wasmtime::{
+    Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, ProfilingStrategy,
+};
 
 /// Epoch tick: how often a running guest is checked against its deadline and yields to other
 /// invocations on the same worker thread.
@@ -12,10 +14,21 @@ pub const MAX_INSTANCES: u32 = 256;
 /// bindings need, with room to spare.
 pub const STACK_BYTES: usize = 2 << 20;
 
+/// Environment variable that makes the engine write `/tmp/perf-<pid>.map` (value `perfmap`),
+/// so that `perf record` / `perf report` name the guests' compiled functions.
+pub const PROFILER_ENV: &str = "HAPI_WASM_PROFILER";
+
 /// Builds the engine: component model, async host calls, epoch interruption and a pooling
 /// allocator with `max_memory` bytes per guest memory.
 pub fn engine(max_memory: u64) -> anyhow::Result<Engine> {
     let mut config = Config::new();
+    match std::env::var(PROFILER_ENV).as_deref() {
+        Err(_) | Ok("" | "none") => {}
+        Ok("perfmap") => {
+            config.profiler(ProfilingStrategy::PerfMap);
+        }
+        Ok(other) => anyhow::bail!("{PROFILER_ENV}={other}: expected `perfmap` or `none`"),
+    }
     config.wasm_component_model(true);
     config.async_stack_size(STACK_BYTES);
     config.epoch_interruption(true);

@@ -23,7 +23,8 @@ enum Opt {
 #[derive(Debug, Parser)]
 #[command(version)]
 struct Cli {
-    /// Storage host URL; repeat for several hosts (requests are spread over them).
+    /// Storage host URL; repeat for several hosts (each request goes to the least loaded for
+    /// its speed; a failing host is left out and probed until it answers).
     #[arg(
         long = "host",
         env = "HAPI_HOSTS",

@@ -125,6 +125,22 @@ feature-extract = "{fe}"
     fn start_host(&self, listen: &str) -> HostProcess {
         HostProcess::serve(host_binary(), &self.dir.path().join("policy.toml"), listen)
     }
+
+    /// Another host on the same store and policy, with a state directory of its own (as a
+    /// host on another node would have).
+    fn start_second_host(&self, name: &str) -> HostProcess {
+        let policy = std::fs::read_to_string(self.dir.path().join("policy.toml")).expect("policy");
+        let state = self.dir.path().join("state");
+        let other = self.dir.path().join(format!("state-{name}"));
+        let policy = policy.replace(
+            &format!("state = \"{}\"", state.display()),
+            &format!("state = \"{}\"", other.display()),
+        );
+        assert!(policy.contains(&other.display().to_string()), "state line");
+        let path = self.dir.path().join(format!("policy-{name}.toml"));
+        std::fs::write(&path, policy).expect("policy");
+        HostProcess::serve(host_binary(), &path, "127.0.0.1:0")
+    }
 }
 
 fn walk(dir: &Path) -> Vec<PathBuf> {
@@ -401,6 +417,114 @@ fn a_host_killed_and_restarted_mid_epoch_is_retried_and_the_result_is_unchanged(
     );
     let d = max_diff(&losses(&calm), &losses(&killed));
     assert!(d <= 1e-6, "losses differ after the restart by {d}");
+}
+
+/// The longest and the median interval between iteration ends of a run's first epoch, in
+/// seconds: how long a failure held training up against its usual pace.
+fn stall(results: &Value) -> (f64, f64) {
+    let ends: Vec<f64> = results["epochs"][0]["trace"]
+        .as_array()
+        .expect("trace")
+        .iter()
+        .map(|i| i["end_unix"].as_f64().expect("end"))
+        .collect();
+    let mut gaps: Vec<f64> = ends.windows(2).map(|w| w[1] - w[0]).collect();
+    gaps.sort_by(f64::total_cmp);
+    (
+        gaps.last().copied().unwrap_or(0.0),
+        gaps.get(gaps.len() / 2).copied().unwrap_or(0.0),
+    )
+}
+
+/// Two hosts serve the job; mid-epoch one is killed (`kill -9`), and in another run one is
+/// frozen (`SIGSTOP`: it keeps its connections and answers nothing, as a node cut off does).
+/// The job goes on with the other host and its losses are those of an undisturbed run: a
+/// failed request is retried on the other host at once, a request the frozen host sits on is
+/// sent to the other host too (hedged), and the failed host is left out.
+#[test]
+fn with_two_hosts_one_killed_or_frozen_mid_epoch_the_job_goes_on_with_the_same_losses() {
+    let fx = Fixture::new();
+    let a = fx.start_host("127.0.0.1:0");
+    let run = |b: &HostProcess, name: &str, args: &[&str]| {
+        let mut all = vec!["--host", b.url.as_str()];
+        all.extend_from_slice(args);
+        trainer(
+            &fx,
+            &a.url,
+            &fx.dir.path().join(format!("{name}.json")),
+            &all,
+        )
+    };
+    let args = [
+        "--split",
+        "13",
+        "--prefetch",
+        "1",
+        "--no-test",
+        "--epochs",
+        "2",
+    ];
+    let b = fx.start_second_host("b");
+    let calm = run_ok(&mut run(&b, "calm", &args));
+    let (worst, median) = stall(&calm);
+    println!("undisturbed: longest interval {worst:.3} s, median {median:.3} s");
+    for (name, signal) in [("killed", "-KILL"), ("frozen", "-STOP")] {
+        let mut b = fx.start_second_host(name);
+        let child = run(&b, name, &args)
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("trainer");
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while invocations(&b.url) < 3 {
+            assert!(Instant::now() < deadline, "{name}: host b never invoked");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let st = Command::new("kill")
+            .args([signal, &b.child.id().to_string()])
+            .status()
+            .expect("kill");
+        assert!(st.success(), "{name}: kill {signal}");
+        let o = child.wait_with_output().expect("trainer finishes");
+        let _ = b.child.kill();
+        let _ = b.child.wait();
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success(), "{name}: {stderr}");
+        let r: Value = serde_json::from_slice(
+            &std::fs::read(fx.dir.path().join(format!("{name}.json"))).expect("results"),
+        )
+        .expect("json");
+        let d = max_diff(&losses(&calm), &losses(&r));
+        assert!(d <= 1e-6, "{name}: losses differ by {d}");
+        let retries: u64 = r["epochs"]
+            .as_array()
+            .expect("epochs")
+            .iter()
+            .map(|e| {
+                e["retries"].as_u64().expect("retries") + e["hedges"].as_u64().expect("hedges")
+            })
+            .sum();
+        assert!(
+            retries > 0,
+            "{name}: nothing was retried or hedged:\n{stderr}"
+        );
+        if name == "frozen" {
+            let hedges: u64 = r["epochs"]
+                .as_array()
+                .expect("epochs")
+                .iter()
+                .map(|e| e["hedges"].as_u64().expect("hedges"))
+                .sum();
+            assert!(hedges > 0, "frozen: no request was hedged:\n{stderr}");
+        }
+        assert!(
+            stderr.contains(&format!("host {}", b.url)) && stderr.contains("ejected"),
+            "{name}: no per-host report:\n{stderr}"
+        );
+        let (worst, median) = stall(&r);
+        println!(
+            "{name}: longest interval {worst:.3} s, median {median:.3} s, retried or hedged {retries}"
+        );
+    }
 }
 
 /// Invocations the host has answered (all codes), from /metrics; 0 when it is down.

@@ -1,9 +1,14 @@
 //! A client for HAPI's storage tier: `hapi-host`'s HTTP API, with retries. `hapi-train` uses
 //! it; so can any Rust program that wants a storage host's features.
 //!
-//! Transient failures (connection refused or reset, a body cut short, 5xx, 429) are retried
-//! with exponential backoff, on the next host when there are several, until the retry budget
-//! is spent. Client errors (4xx) are not retried: they name what is wrong.
+//! With several hosts serving the same data, each request goes to the host with the least
+//! outstanding work for its measured speed; a host that fails is ejected with backoff and
+//! probed through `/healthz` until it returns; a request that fails on one host is retried at
+//! once on another; a request a host is slow to answer (4x its usual time) is sent to another
+//! host as well and the first answer wins ([`route`]). Transient failures (connection refused or
+//! reset, a body cut short, 5xx, 429) are retried until the retry budget is spent, waiting with
+//! exponential backoff only when no host is in. Client errors (4xx) are not retried: they name
+//! what is wrong.
 //!
 //! ```no_run
 //! # async fn run() -> anyhow::Result<()> {
@@ -26,8 +31,12 @@
 /// The element type features travel in (the wire contract's type).
 pub use hapi_wire::tensor::WireDtype;
 use hapi_wire::{ErrorBody, ErrorCode, InvokeRequest};
+pub use route::HostStats;
+use route::{Pick, Router};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
+
+pub mod route;
 
 /// How long and how often to retry transient failures.
 #[derive(Clone, Copy, Debug)]
@@ -106,12 +115,11 @@ pub use hapi_wire::profile::ModelProfile as HostProfile;
 /// A client for one or more storage hosts serving the same data.
 #[derive(Debug)]
 pub struct StorageClient {
-    hosts: Vec<String>,
+    router: Router,
     token: String,
     function: String,
     http: reqwest::Client,
     retry: RetryPolicy,
-    next: AtomicUsize,
     /// Requests retried so far.
     retries: AtomicUsize,
     /// Element type [`StorageClient::invoke`] asks for at splits >= 1.
@@ -123,7 +131,10 @@ enum Attempt {
     Fatal(InvokeError),
     Retry {
         why: String,
+        /// The host's `Retry-After` (429: busy, not broken).
         after: Option<Duration>,
+        /// Index of the host it failed on.
+        host: usize,
     },
 }
 
@@ -135,7 +146,7 @@ impl StorageClient {
         retry: RetryPolicy,
     ) -> anyhow::Result<Self> {
         anyhow::ensure!(!hosts.is_empty(), "no storage host given (--host URL)");
-        let hosts = hosts
+        let hosts: Vec<String> = hosts
             .into_iter()
             .map(|h| h.trim_end_matches('/').to_string())
             .collect();
@@ -143,12 +154,11 @@ impl StorageClient {
             .connect_timeout(Duration::from_secs(5))
             .build()?;
         Ok(Self {
-            hosts,
+            router: Router::new(hosts),
             token,
             function,
             http,
             retry,
-            next: AtomicUsize::new(0),
             retries: AtomicUsize::new(0),
             dtype: WireDtype::F32,
         })
@@ -166,45 +176,55 @@ impl StorageClient {
     }
 
     pub fn hosts(&self) -> &[String] {
-        &self.hosts
+        self.router.hosts()
     }
 
-    /// Retried requests so far.
+    /// Retried requests so far (on the same host or another).
     pub fn retries(&self) -> usize {
         self.retries.load(Ordering::Relaxed)
     }
 
-    /// Checks that every host answers `/healthz`; the first that does not is the error.
-    pub async fn check_reachable(&self) -> Result<(), Unreachable> {
-        for host in &self.hosts {
+    /// Requests sent to a second host because the first was slow to answer.
+    pub fn hedges(&self) -> u64 {
+        self.router.hedges()
+    }
+
+    /// Each host's record: answers, failures, ejections, measured time per key.
+    pub fn host_stats(&self) -> Vec<HostStats> {
+        self.router.stats()
+    }
+
+    /// Checks that the hosts answer `/healthz`. Those that do not are ejected (and probed
+    /// later, as after a failure) and returned; when none answers, the first is the error.
+    pub async fn check_reachable(&self) -> Result<Vec<Unreachable>, Unreachable> {
+        let mut down = Vec::new();
+        for (i, host) in self.router.hosts().iter().enumerate() {
             let res = self
                 .http
                 .get(format!("{host}/healthz"))
                 .timeout(Duration::from_secs(10))
                 .send()
                 .await;
-            match res {
-                Ok(r) if r.status().is_success() => {}
-                Ok(r) => {
-                    return Err(Unreachable {
-                        host: host.clone(),
-                        message: format!("/healthz answered {}", r.status()),
-                    });
-                }
-                Err(e) => {
-                    return Err(Unreachable {
-                        host: host.clone(),
-                        message: error_chain(&e),
-                    });
-                }
-            }
+            let message = match res {
+                Ok(r) if r.status().is_success() => continue,
+                Ok(r) => format!("/healthz answered {}", r.status()),
+                Err(e) => error_chain(&e),
+            };
+            self.router.eject(i, &message);
+            down.push(Unreachable {
+                host: host.clone(),
+                message,
+            });
         }
-        Ok(())
+        if down.len() == self.router.hosts().len() {
+            return Err(down.swap_remove(0));
+        }
+        Ok(down)
     }
 
-    /// The host's per-layer profile of `model` (first host).
+    /// The host's per-layer profile of `model` (the first host that is in).
     pub async fn profile(&self, model: &str) -> anyhow::Result<HostProfile> {
-        let host = &self.hosts[0];
+        let host = self.router.host(self.router.first_in());
         let resp = self
             .http
             .get(format!("{host}/v1/models/{model}/profile"))
@@ -256,27 +276,117 @@ impl StorageClient {
         let started = Instant::now();
         let mut backoff = self.retry.initial;
         let mut attempts = 0u32;
+        let mut last = (
+            self.router.host(0).to_string(),
+            String::from("no attempt yet"),
+        );
         loop {
-            let host = &self.hosts[self.next.fetch_add(1, Ordering::Relaxed) % self.hosts.len()];
-            attempts += 1;
-            match self.attempt(host, body, keys).await {
-                Attempt::Done(f) => return Ok(f),
-                Attempt::Fatal(e) => return Err(e),
-                Attempt::Retry { why, after } => {
-                    if started.elapsed() >= self.retry.give_up_after {
-                        return Err(InvokeError::GaveUp {
-                            host: host.clone(),
-                            attempts,
-                            secs: started.elapsed().as_secs_f64(),
-                            last: why,
-                        });
-                    }
-                    self.retries.fetch_add(1, Ordering::Relaxed);
-                    let wait = after.unwrap_or(backoff).min(self.retry.max_backoff);
+            if attempts > 0 && started.elapsed() >= self.retry.give_up_after {
+                return Err(InvokeError::GaveUp {
+                    host: last.0,
+                    attempts,
+                    secs: started.elapsed().as_secs_f64(),
+                    last: last.1,
+                });
+            }
+            let lease = match self.router.pick(&self.http, None) {
+                Pick::Host(lease) => lease,
+                Pick::Wait(until) => {
+                    // Every host is out: wait for a backoff to end (or a probe to answer).
+                    let wait = until
+                        .saturating_duration_since(Instant::now())
+                        .max(Duration::from_millis(10))
+                        .min(backoff);
                     tokio::time::sleep(wait).await;
                     backoff = (backoff * 2).min(self.retry.max_backoff);
+                    attempts = attempts.max(1);
+                    continue;
+                }
+            };
+            attempts += 1;
+            if attempts > 1 {
+                self.retries.fetch_add(1, Ordering::Relaxed);
+            }
+            match self.hedged(lease, body, keys).await {
+                Attempt::Done(f) => return Ok(f),
+                Attempt::Fatal(e) => return Err(e),
+                Attempt::Retry { why, after, host } => {
+                    last = (self.router.host(host).to_string(), why);
+                    // 429: the host is busy, not broken (it stays in): come back when it says,
+                    // or after the backoff. A broken host is out already, and the next attempt
+                    // goes to another host at once.
+                    if let Some(after) = after {
+                        let wait = if after.is_zero() { backoff } else { after };
+                        tokio::time::sleep(wait.min(self.retry.max_backoff)).await;
+                        backoff = (backoff * 2).min(self.retry.max_backoff);
+                    }
                 }
             }
+        }
+    }
+
+    /// One attempt on the leased host; if it is slow to answer (see
+    /// [`route::Router::hedge_after`]), the same request on another host too, the first
+    /// answer winning.
+    async fn hedged(&self, lease: route::Lease, body: &InvokeRequest, keys: &[String]) -> Attempt {
+        let i = lease.index;
+        let sent = Instant::now();
+        let primary = self.attempt_on(lease, body, keys);
+        let Some(after) = self.router.hedge_after(i, keys.len()) else {
+            return primary.await;
+        };
+        tokio::pin!(primary);
+        tokio::select! {
+            a = &mut primary => return a,
+            () = tokio::time::sleep(after) => {}
+        }
+        let second = match self.router.pick(&self.http, Some(i)) {
+            Pick::Host(l) => l,
+            Pick::Wait(_) => return primary.await,
+        };
+        self.router.hedged();
+        let secondary = self.attempt_on(second, body, keys);
+        tokio::pin!(secondary);
+        tokio::select! {
+            a = &mut primary => match a {
+                Attempt::Retry { .. } => secondary.await,
+                a => a,
+            },
+            b = &mut secondary => match b {
+                Attempt::Done(f) => {
+                    self.router.lost_hedge(i, keys.len(), sent.elapsed());
+                    Attempt::Done(f)
+                }
+                Attempt::Retry { .. } => primary.await,
+                b => b,
+            },
+        }
+    }
+
+    /// One attempt on the leased host, recorded in its state.
+    async fn attempt_on(
+        &self,
+        lease: route::Lease,
+        body: &InvokeRequest,
+        keys: &[String],
+    ) -> Attempt {
+        let i = lease.index;
+        let a = self.attempt(self.router.host(i), body, keys).await;
+        match &a {
+            Attempt::Done(f) => self.router.answered(i, keys.len(), f.wall),
+            Attempt::Retry {
+                why, after: None, ..
+            } => self.router.failed(i, why),
+            _ => {}
+        }
+        drop(lease);
+        match a {
+            Attempt::Retry { why, after, .. } => Attempt::Retry {
+                why,
+                after,
+                host: i,
+            },
+            a => a,
         }
     }
 
@@ -295,6 +405,7 @@ impl StorageClient {
                 return Attempt::Retry {
                     why: format!("{host}: {}", error_chain(&e)),
                     after: None,
+                    host: 0,
                 };
             }
         };
@@ -317,6 +428,7 @@ impl StorageClient {
                 return Attempt::Retry {
                     why: format!("{host}: reading the response: {}", error_chain(&e)),
                     after: None,
+                    host: 0,
                 };
             }
         };
@@ -350,9 +462,12 @@ impl StorageClient {
             code, message, key, ..
         } = error;
         if status.as_u16() == 429 || status.is_server_error() || code.retryable() {
+            // 429 (busy) says when to come back; a 5xx may not.
+            let after = (status.as_u16() == 429).then(|| retry_after.unwrap_or_default());
             return Attempt::Retry {
                 why: format!("{host}: {status} {code}: {message}"),
-                after: retry_after,
+                after,
+                host: 0,
             };
         }
         // The host names the object an error is about; it must be one of ours.
@@ -422,7 +537,7 @@ pub fn bf16_to_f32(h: u16) -> f32 {
 }
 
 /// An error with its sources, which is where reqwest says "connection refused".
-fn error_chain(e: &dyn std::error::Error) -> String {
+pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();
     let mut src = e.source();
     while let Some(inner) = src {

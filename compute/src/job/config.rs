@@ -130,6 +130,9 @@ pub struct EpochResult {
     pub bytes_received: u64,
     pub requests: usize,
     pub retries: usize,
+    /// Requests also sent to a second host because the first was slow to answer.
+    #[serde(default)]
+    pub hedges: u64,
     pub server: hapi_client::ServerTiming,
     pub train_loss: f64,
     pub step_losses: Vec<f64>,

@@ -68,6 +68,28 @@ pub fn print_plan(p: &PlanReport) {
             .join(", ")
     );
 }
+/// One line per storage host: what it answered, what failed there, whether it is out.
+pub(super) fn print_hosts(hosts: &[hapi_client::HostStats], hedges: u64) {
+    for h in hosts {
+        eprintln!(
+            "  host {}: {} answered, {} failed, ejected {} times{}{}{}",
+            h.host,
+            h.answered,
+            h.failed,
+            h.ejections,
+            h.per_key_s
+                .map_or_else(String::new, |s| format!(", {} ms per key", ms(s))),
+            if h.ejected { ", out now" } else { "" },
+            h.last_failure
+                .as_ref()
+                .map_or_else(String::new, |f| format!(" (last failure: {f})")),
+        );
+    }
+    if hedges > 0 {
+        eprintln!("  {hedges} requests sent to a second host because the first was slow");
+    }
+}
+
 pub(super) fn print_epoch(r: &EpochResult, epochs: usize) {
     let pred = r.predicted.map_or_else(String::new, |p| {
         format!(" (predicted {} / {} ms)", ms(p.storage), ms(p.compute))

@@ -151,7 +151,7 @@ impl Job {
                     cfg.function.clone(),
                     retry,
                 )?;
-                rt.block_on(probe.check_reachable())?;
+                reach(&rt, &probe)?;
                 super::dtype::choose(&rt, &probe, &cfg, &data.train, &splits)?
             };
             eprintln!("{why}");
@@ -178,7 +178,7 @@ impl Job {
             )?
             .with_dtype(cfg.wire_dtype);
             if !all_stored {
-                rt.block_on(c.check_reachable())?;
+                reach(&rt, &c)?;
             }
             Some(Arc::new(c))
         };
@@ -445,6 +445,7 @@ impl Job {
         let mut losses = Vec::with_capacity(batches.len());
         let mut samples = 0usize;
         let retries_before = self.client.as_ref().map_or(0, |c| c.retries());
+        let hedges_before = self.client.as_ref().map_or(0, |c| c.hedges());
         let (times, traffic, cached) = self.feed(choice, batches, &pb, true, |head, x, y| {
             let loss = head.train_step(x, y);
             samples += x.size()[0] as usize;
@@ -479,6 +480,7 @@ impl Job {
             bytes_received: traffic.bytes,
             requests: traffic.requests,
             retries: self.client.as_ref().map_or(0, |c| c.retries()) - retries_before,
+            hedges: self.client.as_ref().map_or(0, |c| c.hedges()) - hedges_before,
             server: traffic.server,
             train_loss: if losses.is_empty() {
                 f64::NAN
@@ -606,6 +608,9 @@ impl Job {
                 r.skipped.extend(skipped);
             }
             print_epoch(&r, self.cfg.epochs);
+            if let Some(c) = self.client.as_ref().filter(|c| c.hosts().len() > 1) {
+                super::report::print_hosts(&c.host_stats(), r.hedges);
+            }
             results.skipped_total += r.skipped.len();
             results.epochs.push(r);
             self.write_checkpoint(epoch + 1, current, &results)?;
@@ -683,4 +688,13 @@ pub(super) fn holds_every_sample(cache: &HashMap<String, Vec<f32>>, data: &Datas
         .iter()
         .chain(&data.test)
         .all(|s| cache.contains_key(&s.key))
+}
+
+/// Checks that the storage hosts answer; one that does not is left out (and probed) with a
+/// warning while another does; none answering is the error.
+fn reach(rt: &Runtime, client: &StorageClient) -> anyhow::Result<()> {
+    for down in rt.block_on(client.check_reachable())? {
+        eprintln!("warning: {down}; going on without it until it answers /healthz");
+    }
+    Ok(())
 }

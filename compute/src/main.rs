@@ -24,14 +24,14 @@ enum Opt {
 #[command(version)]
 struct Cli {
     /// Storage host URL; repeat for several hosts (each request goes to the least loaded for
-    /// its speed; a failing host is left out and probed until it answers).
-    #[arg(
-        long = "host",
-        env = "HAPI_HOSTS",
-        value_delimiter = ',',
-        default_value = "http://127.0.0.1:8080"
-    )]
+    /// its speed; a failing host is left out and probed until it answers). Default, when
+    /// neither this nor --hosts-file is given: http://127.0.0.1:8080.
+    #[arg(long = "host", env = "HAPI_HOSTS", value_delimiter = ',')]
     hosts: Vec<String>,
+    /// A file of storage host URLs, one per line (blank lines and `#` comments ignored), added
+    /// to --host.
+    #[arg(long, value_name = "FILE")]
+    hosts_file: Option<PathBuf>,
     /// Bearer token of this tenant on the storage hosts.
     #[arg(long, env = "HAPI_TOKEN", default_value = "", hide_env_values = true)]
     token: String,
@@ -176,6 +176,36 @@ fn parse_wire_dtype(s: &str) -> Result<DtypeArg, String> {
     }
 }
 
+/// The storage host when none is given.
+const DEFAULT_HOST: &str = "http://127.0.0.1:8080";
+
+/// Host URLs from `path`: one per line, blank lines and `#` comments ignored; each must be an
+/// http(s) URL.
+fn read_hosts_file(path: &std::path::Path) -> anyhow::Result<Vec<String>> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| anyhow::anyhow!("--hosts-file {}: {e}", path.display()))?;
+    let mut hosts = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let line = line.split('#').next().unwrap_or("").trim();
+        if line.is_empty() {
+            continue;
+        }
+        anyhow::ensure!(
+            line.starts_with("http://") || line.starts_with("https://"),
+            "--hosts-file {} line {}: `{line}` is not an http:// or https:// URL",
+            path.display(),
+            n + 1
+        );
+        hosts.push(line.to_string());
+    }
+    anyhow::ensure!(
+        !hosts.is_empty(),
+        "--hosts-file {}: no host URL in it",
+        path.display()
+    );
+    Ok(hosts)
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match run(cli) {
@@ -216,8 +246,15 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     {
         anyhow::bail!("--candidates: `auto` is not a split");
     }
+    let mut hosts = cli.hosts;
+    if let Some(file) = &cli.hosts_file {
+        hosts.extend(read_hosts_file(file)?);
+    }
+    if hosts.is_empty() {
+        hosts.push(DEFAULT_HOST.into());
+    }
     let cfg = JobConfig {
-        hosts: cli.hosts,
+        hosts,
         token: cli.token,
         function: cli.function,
         store: cli.store,

@@ -445,8 +445,16 @@ fn stall(results: &Value) -> (f64, f64) {
 fn with_two_hosts_one_killed_or_frozen_mid_epoch_the_job_goes_on_with_the_same_losses() {
     let fx = Fixture::new();
     let a = fx.start_host("127.0.0.1:0");
+    // Host b comes from a hosts file, host a from --host.
     let run = |b: &HostProcess, name: &str, args: &[&str]| {
-        let mut all = vec!["--host", b.url.as_str()];
+        let file = fx.dir.path().join(format!("hosts-{name}"));
+        std::fs::write(
+            &file,
+            format!("# the second storage node\n\n{}  # b\n", b.url),
+        )
+        .expect("hosts file");
+        let file = file.display().to_string();
+        let mut all = vec!["--hosts-file", file.as_str()];
         all.extend_from_slice(args);
         trainer(
             &fx,
@@ -523,6 +531,68 @@ fn with_two_hosts_one_killed_or_frozen_mid_epoch_the_job_goes_on_with_the_same_l
         let (worst, median) = stall(&r);
         println!(
             "{name}: longest interval {worst:.3} s, median {median:.3} s, retried or hedged {retries}"
+        );
+    }
+}
+
+/// A hosts file that cannot be read, or holds a line that is not a URL, is an error that names
+/// the file and the line, before anything starts.
+#[test]
+fn a_bad_hosts_file_is_an_error_naming_the_file_and_line() {
+    let fx = Fixture::new();
+    let missing = fx.dir.path().join("no-such-hosts");
+    let bad = fx.dir.path().join("hosts");
+    std::fs::write(&bad, "http://127.0.0.1:1\n# ok\nnode2:8080\n").expect("write");
+    for (file, wants) in [(&missing, "no-such-hosts"), (&bad, "line 3: `node2:8080`")] {
+        let out = fx.dir.path().join("never.json");
+        let o = trainer(&fx, "http://127.0.0.1:1", &out, &["--hosts-file"])
+            .arg(file)
+            .output()
+            .expect("runs");
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "{}", file.display());
+        assert!(stderr.contains(wants), "{}: {stderr}", file.display());
+    }
+}
+
+/// The systemd units of `examples/systemd` (docs/operating.md) pass `systemd-analyze verify`
+/// with their binaries pointing at the ones built here: every key known, every command
+/// executable. Skipped, saying so, where `systemd-analyze` is not installed.
+#[test]
+fn the_systemd_units_in_the_examples_verify() {
+    let Ok(probe) = Command::new("systemd-analyze").arg("--version").output() else {
+        println!("skipped: systemd-analyze is not installed");
+        return;
+    };
+    assert!(probe.status.success(), "systemd-analyze --version");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let examples = workspace().join("examples/systemd");
+    for (file, as_name) in [
+        ("hapi-host.service", "hapi-host.service"),
+        ("hapi-train@.service", "hapi-train@job.service"),
+    ] {
+        let text = std::fs::read_to_string(examples.join(file)).expect("unit");
+        let text = text
+            .replace(
+                "/usr/local/bin/hapi-host",
+                &host_binary().display().to_string(),
+            )
+            .replace(
+                "/usr/local/bin/hapi-train",
+                env!("CARGO_BIN_EXE_hapi-train"),
+            );
+        let path = dir.path().join(as_name);
+        std::fs::write(&path, text).expect("write");
+        let out = Command::new("systemd-analyze")
+            .arg("verify")
+            .arg(&path)
+            .output()
+            .expect("systemd-analyze");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success() && stderr.trim().is_empty(),
+            "{file}: {:?}\n{stderr}",
+            out.status
         );
     }
 }

@@ -77,9 +77,10 @@ struct DecodeRow {
     image: String,
     guest: Duration,
     native: Duration,
-    /// (guest, native) p50s of the decoding and of the preprocessing alone.
-    decode: (Duration, Duration),
-    preprocess: (Duration, Duration),
+    /// (guest, native) p50s of the decoding and of the preprocessing alone, and the median
+    /// over rounds of their ratio.
+    decode: (Duration, Duration, f64),
+    preprocess: (Duration, Duration, f64),
     ratio: f64,
     round_ratios: Vec<f64>,
     in_invocation: Duration,
@@ -283,7 +284,10 @@ async fn main() {
         .function("bencher", "decode-bench")
         .expect("decode-bench");
     let decode_cases = decode_objects(&h.store.join("datasets"));
-    let (per_call, timed) = (8usize, 30usize);
+    // Many short rounds, guest and native in turn: this machine's speed drifts over seconds,
+    // and a ratio of two loops run far apart measures the drift (the median of per-round
+    // ratios does not).
+    let (per_call, timed, decode_rounds) = (8usize, 10usize, 9usize);
     let mut decode_rows = Vec::new();
     for (name, key, bytes) in &decode_cases {
         let bench_inv = InvokeRequest {
@@ -296,7 +300,7 @@ async fn main() {
         let (mut g_round, mut n_round) = (Vec::new(), Vec::new());
         // Per round: p50s of (decode, preprocess), guest and native.
         let (mut g_parts, mut n_parts) = (Vec::new(), Vec::new());
-        for _ in 0..rounds {
+        for _ in 0..decode_rounds {
             let out = host.invoke(&bencher, &db, bench_inv.clone()).await;
             let out = out.result.expect("decode-bench invocation");
             let guest: Vec<[Duration; 2]> = out
@@ -344,13 +348,18 @@ async fn main() {
                 in_call.push(done.timings.guest() / per_call as u32);
             }
         }
-        let part = |v: &[[Duration; 2]], k: usize| stats(v.iter().map(|p| p[k]).collect()).0;
+        let part = |k: usize| {
+            let g: Vec<Duration> = g_parts.iter().map(|p: &[Duration; 2]| p[k]).collect();
+            let n: Vec<Duration> = n_parts.iter().map(|p: &[Duration; 2]| p[k]).collect();
+            let r = median(&ratios_of(&g, &n));
+            (stats(g).0, stats(n).0, r)
+        };
         decode_rows.push(DecodeRow {
             image: name.clone(),
             guest: stats(g_round).0,
             native: stats(n_round).0,
-            decode: (part(&g_parts, 0), part(&n_parts, 0)),
-            preprocess: (part(&g_parts, 1), part(&n_parts, 1)),
+            decode: part(0),
+            preprocess: part(1),
             ratio: median(&ratios),
             round_ratios: ratios,
             in_invocation: stats(in_call).0,
@@ -466,7 +475,7 @@ async fn main() {
     );
 
     println!(
-        "\ndecode + preprocess per image (resize {}, crop {}; p50 of {timed}, median of {rounds} rounds)",
+        "\ndecode + preprocess per image (resize {}, crop {}; p50 of {timed}, median of {decode_rounds} rounds' ratios)",
         t.resize, t.crop
     );
     println!(
@@ -475,22 +484,29 @@ async fn main() {
         "guest",
         "native",
         "ratio",
-        "rounds",
+        "rounds (min-max)",
         "in invocation",
         "decode g/n (ratio)",
         "preprocess g/n (ratio)"
     );
     for row in &decode_rows {
-        let part = |(g, n): (Duration, Duration)| {
-            format!("{:.2}/{:.2} ({:.2})", ms(g), ms(n), ms(g) / ms(n))
-        };
+        let part =
+            |(g, n, r): (Duration, Duration, f64)| format!("{:.2}/{:.2} ({r:.2})", ms(g), ms(n));
         println!(
             "{:<14} {:>8.3}ms {:>8.3}ms {:>7.3}  {:<20} {:>12.3}ms  {:>22}  {:>22}",
             row.image,
             ms(row.guest),
             ms(row.native),
             row.ratio,
-            rounds_line(&row.round_ratios),
+            {
+                let lo = row
+                    .round_ratios
+                    .iter()
+                    .copied()
+                    .fold(f64::INFINITY, f64::min);
+                let hi = row.round_ratios.iter().copied().fold(0.0, f64::max);
+                format!("{lo:.2}-{hi:.2}")
+            },
             ms(row.in_invocation),
             part(row.decode),
             part(row.preprocess)
@@ -503,8 +519,8 @@ async fn main() {
         "decode_per_image_ms": decode_rows.iter().map(|r| json!({
             "image": r.image, "guest": ms(r.guest), "native": ms(r.native), "ratio": r.ratio,
             "round_ratios": r.round_ratios, "guest_in_invocation": ms(r.in_invocation),
-            "decode": {"guest": ms(r.decode.0), "native": ms(r.decode.1)},
-            "preprocess": {"guest": ms(r.preprocess.0), "native": ms(r.preprocess.1)}})).collect::<Vec<_>>(),
+            "decode": {"guest": ms(r.decode.0), "native": ms(r.decode.1), "ratio": r.decode.2},
+            "preprocess": {"guest": ms(r.preprocess.0), "native": ms(r.preprocess.1), "ratio": r.preprocess.2}})).collect::<Vec<_>>(),
         "extraction_ms": {"wasm_p50": ms(wasm_p50), "native_p50": ms(native_p50), "ratio": ratio, "round_ratios": ratios,
             "device_batches_per_call": batches_per_call,
             "native_same_batches_p50": ms(same_p50), "same_batches_chunk": chunk,

@@ -137,11 +137,16 @@ async fn main() {
         .unwrap_or_else(|| {
             concat!(env!("CARGO_MANIFEST_DIR"), "/../target/bench/host.json").to_string()
         });
-    // The test policy plus a tenant granted clocks, which the decode bench guest imports.
+    // The test policy plus a tenant granted clocks, which the decode bench guest imports, and
+    // guest memory slots that keep their first 16 MiB resident (`host.keep_resident`).
     let h = common::start_tenants(|store, state| {
         format!(
             "{}\n[tenants.bencher]\ntoken_sha256 = \"{}\"\ngrants = [{{ bucket = \"datasets\", prefix = \"fashion-mnist/\" }}]\nmodels = [\"resnet18\"]\ncapabilities = [\"clocks\"]\ntimeout = \"60s\"\n[tenants.bencher.functions]\ndecode-bench = \"{}\"\n",
-            common::policy_text(store, state),
+            common::policy_text_for(
+                &format!("store = \"{}\"", store.display()),
+                "keep_resident = \"16MiB\"",
+                state
+            ),
             hapi_host::policy::hash_token("bencher-token"),
             common::guest("decode-bench").display()
         )

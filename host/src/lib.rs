@@ -96,7 +96,7 @@ impl Host {
             },
             Arc::clone(&models),
         )?;
-        let engine = wasm::engine::engine(policy::MAX_GUEST_MEMORY)?;
+        let engine = wasm::engine::engine(policy::MAX_GUEST_MEMORY, h.keep_resident)?;
         let runtime = Arc::new(Runtime::new(
             engine,
             models,

@@ -20,6 +20,7 @@
 //! slice = "50ms"                       # longest batch of one tenant's work while others wait
 //! batch_time = "300ms"                 # longest pooled batch (several tenants' work)
 //! max_request = "64MiB"                # largest request body (component uploads)
+//! keep_resident = "0"                  # of each guest memory slot, kept resident when freed
 //! operator_token_sha256 = "<hex>"      # who may read /metrics (else nobody, on this address)
 //! metrics_listen = "127.0.0.1:9090"    # /metrics without a token, on a separate address
 //! max_connections = 1024               # open connections, all clients
@@ -81,6 +82,8 @@ pub const MAX_MAX_BATCH: u64 = 4096;
 pub const SLICE_RANGE: (Duration, Duration) = (Duration::from_millis(5), Duration::from_secs(2));
 /// Smallest device memory budget: below this no model here fits.
 pub const MIN_MEMORY_BUDGET: u64 = 16 << 20;
+/// Most of each guest memory slot kept resident when freed (`host.keep_resident`).
+pub const MAX_KEEP_RESIDENT: u64 = 256 << 20;
 /// Range of the largest request body (component uploads).
 pub const MAX_REQUEST_RANGE: (u64, u64) = (64 << 10, 1 << 30);
 /// Range of a tenant's output limit: a safetensors header alone is about 100 bytes.
@@ -171,6 +174,10 @@ pub struct HostSettings {
     pub slice: Duration,
     /// Longest pooled batch (several tenants' work), estimated.
     pub batch_time: Duration,
+    /// Bytes of each guest memory slot kept resident (zeroed) when its instance ends, so that
+    /// the next instance does not page-fault them in; at most (instances alive at once) x this
+    /// stays resident, no tenant's.
+    pub keep_resident: u64,
     pub http: HttpSettings,
     /// sha256 of the operator's token, which `/metrics` asks for.
     pub operator_token_sha256: Option<[u8; 32]>,
@@ -204,6 +211,7 @@ impl HostSettings {
         check("max_batch", self.max_batch != other.max_batch);
         check("slice", self.slice != other.slice);
         check("batch_time", self.batch_time != other.batch_time);
+        check("keep_resident", self.keep_resident != other.keep_resident);
         check("http", self.http != other.http);
         check(
             "metrics_listen",

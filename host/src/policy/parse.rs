@@ -33,6 +33,7 @@ struct RawHost {
     slice: Option<Spanned<String>>,
     batch_time: Option<Spanned<String>>,
     max_request: Option<Spanned<String>>,
+    keep_resident: Option<Spanned<String>>,
     operator_token_sha256: Option<Spanned<String>>,
     metrics_listen: Option<Spanned<String>>,
     max_connections: Option<Spanned<i64>>,
@@ -441,6 +442,12 @@ fn host_settings(ctx: &Ctx<'_>, h: &RawHost) -> Result<HostSettings, PolicyError
             Duration::from_millis(300),
             SLICE_RANGE,
         )?,
+        keep_resident: ctx.size(
+            "host.keep_resident",
+            &h.keep_resident,
+            0,
+            (0, MAX_KEEP_RESIDENT),
+        )?,
         http,
         operator_token_sha256: h
             .operator_token_sha256
@@ -678,6 +685,7 @@ mod tests {
             ]),
             host_key in prop::sample::select(vec![
                 "memory_budget", "batch_window", "max_batch", "slice", "batch_time", "max_request",
+                "keep_resident",
                 "max_connections", "max_connections_per_client", "header_timeout",
                 "body_timeout", "idle_timeout", "workers", "device_workers",
             ]),
@@ -700,6 +708,7 @@ mod tests {
                 Ok(p) => {
                     prop_assert!(p.host.memory_budget >= MIN_MEMORY_BUDGET);
                     prop_assert!(p.host.batch_window <= MAX_BATCH_WINDOW);
+                    prop_assert!(p.host.keep_resident <= MAX_KEEP_RESIDENT);
                     if let Some(t) = p.tenants.get("a") {
                         prop_assert!(t.limits.memory >= MIN_GUEST_MEMORY);
                         prop_assert!(!t.limits.timeout.is_zero());

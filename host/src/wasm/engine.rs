@@ -10,11 +10,6 @@ use wasmtime::{
 pub const EPOCH_TICK: Duration = Duration::from_millis(10);
 /// Instances alive at once across all tenants (pooling allocator slots).
 pub const MAX_INSTANCES: u32 = 256;
-/// Bytes of each guest memory slot kept resident when its instance ends (zeroed with memset
-/// instead of handed back to the kernel), so that the next instance in the slot does not
-/// page-fault its first megabytes in again. With `max_unused_warm_slots(0)` slots are reused
-/// most recently used first, so at most (instances alive at once) x this stays resident.
-pub const KEEP_RESIDENT: usize = 16 << 20;
 /// Stack of a guest's call into the host (async fiber): what Rust guests and the host's
 /// bindings need, with room to spare.
 pub const STACK_BYTES: usize = 2 << 20;
@@ -24,8 +19,11 @@ pub const STACK_BYTES: usize = 2 << 20;
 pub const PROFILER_ENV: &str = "HAPI_WASM_PROFILER";
 
 /// Builds the engine: component model, async host calls, epoch interruption and a pooling
-/// allocator with `max_memory` bytes per guest memory.
-pub fn engine(max_memory: u64) -> anyhow::Result<Engine> {
+/// allocator with `max_memory` bytes per guest memory, of which `keep_resident` stay resident
+/// (zeroed with memset) when an instance ends, so that the next instance in the slot does not
+/// page-fault them in. Slots are reused most recently used first, so at most (instances alive at
+/// once) x `keep_resident` stays resident.
+pub fn engine(max_memory: u64, keep_resident: u64) -> anyhow::Result<Engine> {
     let mut config = Config::new();
     match std::env::var(PROFILER_ENV).as_deref() {
         Err(_) | Ok("" | "none") => {}
@@ -44,7 +42,7 @@ pub fn engine(max_memory: u64) -> anyhow::Result<Engine> {
         .total_tables(MAX_INSTANCES * 2)
         .total_stacks(MAX_INSTANCES)
         .max_memory_size(usize::try_from(max_memory).unwrap_or(usize::MAX))
-        .linear_memory_keep_resident(KEEP_RESIDENT)
+        .linear_memory_keep_resident(usize::try_from(keep_resident).unwrap_or(usize::MAX))
         .max_unused_warm_slots(0);
     config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
     let engine = Engine::new(&config).map_err(|e| anyhow::anyhow!("{e:#}"))?;

@@ -503,26 +503,24 @@ fn with_two_hosts_one_killed_or_frozen_mid_epoch_the_job_goes_on_with_the_same_l
         .expect("json");
         let d = max_diff(&losses(&calm), &losses(&r));
         assert!(d <= 1e-6, "{name}: losses differ by {d}");
-        let retries: u64 = r["epochs"]
-            .as_array()
-            .expect("epochs")
-            .iter()
-            .map(|e| {
-                e["retries"].as_u64().expect("retries") + e["hedges"].as_u64().expect("hedges")
-            })
-            .sum();
+        let total = |field: &str| -> u64 {
+            r["epochs"]
+                .as_array()
+                .expect("epochs")
+                .iter()
+                .map(|e| e[field].as_u64().expect(field))
+                .sum()
+        };
+        let retries = total("retries") + total("hedges");
         assert!(
             retries > 0,
             "{name}: nothing was retried or hedged:\n{stderr}"
         );
         if name == "frozen" {
-            let hedges: u64 = r["epochs"]
-                .as_array()
-                .expect("epochs")
-                .iter()
-                .map(|e| e["hedges"].as_u64().expect("hedges"))
-                .sum();
-            assert!(hedges > 0, "frozen: no request was hedged:\n{stderr}");
+            assert!(
+                total("hedges") > 0,
+                "frozen: no request was hedged:\n{stderr}"
+            );
         }
         assert!(
             stderr.contains(&format!("host {}", b.url)) && stderr.contains("ejected"),

@@ -210,7 +210,7 @@ impl StorageClient {
                 Ok(r) => format!("/healthz answered {}", r.status()),
                 Err(e) => error_chain(&e),
             };
-            self.router.eject(i, &message);
+            self.router.failed(i, &message);
             down.push(Unreachable {
                 host: host.clone(),
                 message,
@@ -371,7 +371,7 @@ impl StorageClient {
         keys: &[String],
     ) -> Attempt {
         let i = lease.index;
-        let a = self.attempt(self.router.host(i), body, keys).await;
+        let a = self.attempt(i, body, keys).await;
         match &a {
             Attempt::Done(f) => self.router.answered(i, keys.len(), f.wall),
             Attempt::Retry {
@@ -379,18 +379,12 @@ impl StorageClient {
             } => self.router.failed(i, why),
             _ => {}
         }
-        drop(lease);
-        match a {
-            Attempt::Retry { why, after, .. } => Attempt::Retry {
-                why,
-                after,
-                host: i,
-            },
-            a => a,
-        }
+        a
     }
 
-    async fn attempt(&self, host: &str, body: &InvokeRequest, keys: &[String]) -> Attempt {
+    /// One request to host `index`.
+    async fn attempt(&self, index: usize, body: &InvokeRequest, keys: &[String]) -> Attempt {
+        let host = self.router.host(index);
         let sent = Instant::now();
         let resp = match self
             .http
@@ -405,7 +399,7 @@ impl StorageClient {
                 return Attempt::Retry {
                     why: format!("{host}: {}", error_chain(&e)),
                     after: None,
-                    host: 0,
+                    host: index,
                 };
             }
         };
@@ -428,7 +422,7 @@ impl StorageClient {
                 return Attempt::Retry {
                     why: format!("{host}: reading the response: {}", error_chain(&e)),
                     after: None,
-                    host: 0,
+                    host: index,
                 };
             }
         };
@@ -467,7 +461,7 @@ impl StorageClient {
             return Attempt::Retry {
                 why: format!("{host}: {status} {code}: {message}"),
                 after,
-                host: 0,
+                host: index,
             };
         }
         // The host names the object an error is about; it must be one of ours.

@@ -256,11 +256,6 @@ impl Router {
         self.hedges.load(Ordering::Relaxed)
     }
 
-    /// Marks host `i` out (it did not answer `/healthz` when the job started).
-    pub(crate) fn eject(&self, i: usize, why: &str) {
-        self.failed(i, why);
-    }
-
     /// The first host that is not out (for one-off calls such as the profile).
     pub(crate) fn first_in(&self) -> usize {
         let s = lock(&self.state);

@@ -100,16 +100,25 @@ pub(super) fn horizontal_pixel3(taps: &[u8], k: &[i32], px: &mut [u8]) {
 /// coefficient 0 (the rows of [`super::Taps::k`] are zero-padded to `ksize`).
 #[derive(Debug)]
 pub(super) struct Groups {
-    /// Per group that fits: its number (output pixels `4q..4q + 4` of the window), the byte
-    /// offset of pixel 0's first source pixel in a line, its number of taps, and where its
-    /// coefficients start in `coef`.
-    groups: Vec<(usize, usize, usize, usize)>,
-    /// Per group, the three swizzles.
-    index: Vec<[v128; 3]>,
+    /// The groups that fit.
+    groups: Vec<Group>,
     /// Per group and tap, the three coefficient vectors.
     coef: Vec<[v128; 3]>,
     /// Window-relative output pixels outside the groups that fit.
     rest: Vec<usize>,
+}
+
+/// Four output pixels computed together.
+#[derive(Debug)]
+struct Group {
+    /// Its number: output pixels `4q..4q + 4` of the window.
+    q: usize,
+    /// Byte offset of pixel 0's first source pixel in a line.
+    at: usize,
+    /// The three swizzles.
+    index: [v128; 3],
+    /// Its taps' coefficient vectors in `Groups::coef`.
+    taps: core::ops::Range<usize>,
 }
 
 impl Groups {
@@ -126,7 +135,6 @@ impl Groups {
     ) -> Groups {
         let mut g = Groups {
             groups: Vec::new(),
-            index: Vec::new(),
             coef: Vec::new(),
             rest: (width / 4 * 4..width).collect(),
         };
@@ -141,11 +149,10 @@ impl Groups {
                 g.rest.extend(4 * q..4 * q + 4);
                 continue;
             }
-            let lane = |l: usize| -> (usize, usize) { (l / 3, l % 3) };
             let mut bytes = [[0xffu8; 16]; 3];
             let mut kv = vec![[[0i32; 4]; 3]; n];
             for l in 0..12 {
-                let (i, c) = lane(l);
+                let (i, c) = (l / 3, l % 3);
                 bytes[l / 4][(l % 4) * 4] = ((starts[i] - s0) * 3 + c) as u8;
                 let row = &taps.k[(first + i) * taps.ksize..][..taps.ksize];
                 // Pixel i's tap j reads source pixel starts[i] + j.
@@ -153,15 +160,20 @@ impl Groups {
                     kj[l / 4][l % 4] = row[j];
                 }
             }
-            g.groups.push((q, (s0 - origin) * 3, n, g.coef.len()));
-            g.index.push(bytes.map(|b| {
-                u8x16(
-                    b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11],
-                    b[12], b[13], b[14], b[15],
-                )
-            }));
+            let start = g.coef.len();
             g.coef
                 .extend(kv.iter().map(|k| k.map(|v| i32x4(v[0], v[1], v[2], v[3]))));
+            g.groups.push(Group {
+                q,
+                at: (s0 - origin) * 3,
+                index: bytes.map(|b| {
+                    u8x16(
+                        b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11],
+                        b[12], b[13], b[14], b[15],
+                    )
+                }),
+                taps: start..g.coef.len(),
+            });
         }
         g
     }
@@ -174,18 +186,18 @@ impl Groups {
     /// Writes the output pixels of the groups that fit into `dst` (the row's output, 3 bytes
     /// per pixel) from `line`.
     pub(super) fn row(&self, line: &[u8], dst: &mut [u8]) {
-        for (&(q, at, n, c), index) in self.groups.iter().zip(&self.index) {
+        for g in &self.groups {
             let mut acc = [i32x4_splat(HALF); 3];
-            for (j, k) in self.coef[c..c + n].iter().enumerate() {
-                let v = load16(line, at + 3 * j);
-                for ((a, ix), kk) in acc.iter_mut().zip(index).zip(k) {
+            for (j, k) in self.coef[g.taps.clone()].iter().enumerate() {
+                let v = load16(line, g.at + 3 * j);
+                for ((a, ix), kk) in acc.iter_mut().zip(&g.index).zip(k) {
                     *a = i32x4_add(*a, i32x4_mul(i8x16_swizzle(v, *ix), *kk));
                 }
             }
             let lo = i16x8_narrow_i32x4(shifted(acc[0]), shifted(acc[1]));
             let hi = i16x8_narrow_i32x4(shifted(acc[2]), shifted(acc[2]));
             let b = u8x16_narrow_i16x8(lo, hi);
-            let out = &mut dst[12 * q..12 * q + 12];
+            let out = &mut dst[12 * g.q..12 * g.q + 12];
             // SAFETY: `out` is 12 writable bytes: 8 then 4 of them are stored.
             unsafe {
                 v128_store64_lane::<0>(b, out.as_mut_ptr().cast());

@@ -1,50 +1,18 @@
 //! `hapi-train` end to end: the real `hapi-host` binary serving the real `feature-extract`
 //! component over a socket, real Fashion-MNIST objects in a local store, real libtorch.
 
+mod common;
+
+use common::{OPERATOR, host_binary, invocations, losses, max_diff, stall};
 use hapi_tests::{HostProcess, guest, workspace};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 const TOKEN: &str = "trainer-token";
-/// The operator's token: the test reads /metrics with it.
-const OPERATOR: &str = "operator-token";
 const TRAIN: usize = 64;
 const TEST: usize = 32;
-
-fn cargo() -> String {
-    std::env::var("CARGO").unwrap_or_else(|_| "cargo".into())
-}
-
-/// The `hapi-host` binary, built by cargo (another package's binary is not in
-/// `CARGO_BIN_EXE_*`); its path comes from cargo's own build report.
-fn host_binary() -> &'static Path {
-    static P: OnceLock<PathBuf> = OnceLock::new();
-    P.get_or_init(|| {
-        let out = Command::new(cargo())
-            .args([
-                "build",
-                "--package",
-                "hapi-host",
-                "--bin",
-                "hapi-host",
-                "--message-format=json",
-            ])
-            .current_dir(workspace())
-            .stderr(Stdio::inherit())
-            .output()
-            .expect("cargo build -p hapi-host");
-        assert!(out.status.success(), "building hapi-host failed");
-        String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-            .filter(|v| v["target"]["name"] == "hapi-host")
-            .find_map(|v| v["executable"].as_str().map(PathBuf::from))
-            .expect("cargo reported the hapi-host executable")
-    })
-}
 
 /// A store with `TRAIN` + `TEST` Fashion-MNIST objects in ImageFolder layout, and a policy.
 struct Fixture {
@@ -197,24 +165,6 @@ fn run_ok(cmd: &mut Command) -> Value {
         .nth(1)
         .expect("--out");
     serde_json::from_slice(&std::fs::read(path).expect("results")).expect("results JSON")
-}
-
-fn losses(results: &Value) -> Vec<f64> {
-    results["epochs"]
-        .as_array()
-        .expect("epochs")
-        .iter()
-        .flat_map(|e| e["step_losses"].as_array().expect("losses").clone())
-        .map(|v| v.as_f64().expect("f64"))
-        .collect()
-}
-
-fn max_diff(a: &[f64], b: &[f64]) -> f64 {
-    assert_eq!(a.len(), b.len(), "different step counts");
-    a.iter()
-        .zip(b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0, f64::max)
 }
 
 #[test]
@@ -419,23 +369,6 @@ fn a_host_killed_and_restarted_mid_epoch_is_retried_and_the_result_is_unchanged(
     assert!(d <= 1e-6, "losses differ after the restart by {d}");
 }
 
-/// The longest and the median interval between iteration ends of a run's first epoch, in
-/// seconds: how long a failure held training up against its usual pace.
-fn stall(results: &Value) -> (f64, f64) {
-    let ends: Vec<f64> = results["epochs"][0]["trace"]
-        .as_array()
-        .expect("trace")
-        .iter()
-        .map(|i| i["end_unix"].as_f64().expect("end"))
-        .collect();
-    let mut gaps: Vec<f64> = ends.windows(2).map(|w| w[1] - w[0]).collect();
-    gaps.sort_by(f64::total_cmp);
-    (
-        gaps.last().copied().unwrap_or(0.0),
-        gaps.get(gaps.len() / 2).copied().unwrap_or(0.0),
-    )
-}
-
 /// Two hosts serve the job; mid-epoch one is killed (`kill -9`), and in another run one is
 /// frozen (`SIGSTOP`: it keeps its connections and answers nothing, as a node cut off does).
 /// The job goes on with the other host and its losses are those of an undisturbed run: a
@@ -596,30 +529,6 @@ fn the_systemd_units_in_the_examples_verify() {
 }
 
 /// Invocations the host has answered (all codes), from /metrics; 0 when it is down.
-fn invocations(url: &str) -> u64 {
-    let Ok(text) = http_get(url, "/metrics") else {
-        return 0;
-    };
-    text.lines()
-        .filter(|l| l.starts_with("hapi_invocations_total"))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum::<f64>() as u64
-}
-
-fn http_get(url: &str, path: &str) -> std::io::Result<String> {
-    use std::io::{Read, Write};
-    let addr = url.trim_start_matches("http://");
-    let mut s = std::net::TcpStream::connect(addr)?;
-    s.set_read_timeout(Some(Duration::from_secs(5)))?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {OPERATOR}\r\nConnection: close\r\n\r\n"
-    )?;
-    let mut body = String::new();
-    s.read_to_string(&mut body)?;
-    Ok(body)
-}
-
 #[test]
 fn a_corrupt_object_is_named_or_skipped_and_counted() {
     let fx = Fixture::new();

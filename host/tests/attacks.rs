@@ -891,8 +891,7 @@ async fn a_hostile_tenant_cannot_break_isolation() {
             let (gone, longest) = closed(conns, BODY_TIMEOUT + LATE + Duration::from_secs(1)).await;
             assert_eq!(gone, n, "{gone} of {n} closed");
             (
-                Outcome::of(408, "request_timeout", longest)
-                    .note(format!("{gone}/{n} closed")),
+                Outcome::of(408, "request_timeout", longest).note(format!("{gone}/{n} closed")),
                 Some(victim),
             )
         },
@@ -913,7 +912,8 @@ async fn a_hostile_tenant_cannot_break_isolation() {
             .await;
             let victim = s.victim_median(3).await;
             let n = conns.len();
-            let (gone, longest) = closed(conns, HEADER_TIMEOUT + LATE + Duration::from_secs(1)).await;
+            let (gone, longest) =
+                closed(conns, HEADER_TIMEOUT + LATE + Duration::from_secs(1)).await;
             assert_eq!(gone, n, "{gone} of {n} closed");
             (
                 Outcome::of(0, "closed", longest).note(format!("{gone}/{n} closed")),

@@ -1,6 +1,8 @@
 //! Support shared by the integration tests of several crates: the guests built from source and
 //! the `hapi-host` binary as a child process. The end-to-end tests themselves live in tests/.
 
+pub mod cluster;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

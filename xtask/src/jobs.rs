@@ -90,7 +90,17 @@ models = "{models_dir}"
 state = "{state}"
 device = "auto"
 {s3}
-[tenants.demo]
+{tenant}"#,
+        models_dir = env.models.display(),
+        state = state.display(),
+        tenant = tenant(env, hash, models, prefix),
+    )
+}
+
+/// The `demo` tenant's tables: token `TOKEN`, `models`, the `datasets` bucket under `prefix`.
+pub(crate) fn tenant(env: &Env, hash: &str, models: &str, prefix: &str) -> String {
+    format!(
+        r#"[tenants.demo]
 token_sha256 = "{hash}"
 grants = [{{ bucket = "datasets", prefix = "{prefix}/" }}]
 models = [{models}]
@@ -101,8 +111,6 @@ concurrency = 8
 [tenants.demo.functions]
 feature-extract = "{fe}"
 "#,
-        models_dir = env.models.display(),
-        state = state.display(),
         fe = env
             .workspace
             .join(".hapi/target-guests/wasm32-wasip2/release/feature_extract.wasm")

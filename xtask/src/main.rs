@@ -4,6 +4,7 @@
 //! the exporter's Python tools, Fashion-MNIST, model packages) into a cache outside the clone,
 //! so that a fresh clone on a warm machine is ready in seconds.
 
+mod cluster;
 mod features;
 mod jobs;
 mod layout;
@@ -38,6 +39,11 @@ commands:
                      split choice against every split: storage and compute tiers in two
                      network namespaces over a tc-shaped veth pair, one core each (needs
                      root); table, target/eval-split/summary.json and split-choice.svg
+  cluster up [--nodes N] [--link MBIT] [--fashion-mnist] | cluster down
+                     a storage tier of N nodes (default 3) in network namespaces: SeaweedFS
+                     master, filer and S3 on a metadata node, a volume server and a hapi-host
+                     on each storage node (replication 001), a compute node; each link
+                     tc-shaped to MBIT; left running (needs root); prints the URLs
   eval-sweep [--model M] [--train-limit N] [--test-limit N] [--epochs N] [--lrs A,B,..]
                      a sweep of heads (learning rates) through the feature store: job 1
                      extracts, the others train from the store, each checked against the
@@ -75,6 +81,7 @@ fn main() -> ExitCode {
         Some("bench") => bench(&args[1..]),
         Some("demo") => jobs::demo(&args[1..]),
         Some("eval-split") => jobs::eval_split(&args[1..]),
+        Some("cluster") => cluster::run(&args[1..]),
         Some("eval-sweep") => sweep::run(&args[1..]),
         Some("eval-dtype") => sweep::dtype(&args[1..]),
         Some("new-function") => setup::workspace().and_then(|w| newfn::run(&w, &args[1..])),

@@ -1,0 +1,235 @@
+//! A storage tier of three nodes (hapi_tests::cluster: network namespaces on a bridge, a
+//! SeaweedFS volume server and a `hapi-host` on each, objects replicated on two nodes, the
+//! trainer on a compute node of its own), and the job across it surviving three failures
+//! mid-epoch: a host killed, a volume server killed, a node cut off and restored.
+
+mod common;
+
+use common::{OPERATOR, host_binary, invocations, losses, max_diff, stall};
+use hapi_tests::cluster::{self, Cluster, Config, TEST};
+use hapi_tests::{guest, workspace};
+use serde_json::Value;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const TOKEN: &str = "cluster-token";
+const TRAIN: usize = 256;
+const TEST_SAMPLES: usize = 16;
+
+fn config(dir: &Path) -> Config {
+    let weed = std::env::var_os("HAPI_WEED").map_or_else(
+        || workspace().join(".hapi/venv-torch-2.13.0/bin/weed"),
+        Into::into,
+    );
+    Config {
+        network: TEST,
+        nodes: 3,
+        link_mbit: Some(200),
+        dir: dir.to_path_buf(),
+        weed,
+        host_binary: host_binary().to_path_buf(),
+        // Three hosts and the trainer share this machine's cores.
+        host_env: vec![("OMP_NUM_THREADS".into(), "1".into())],
+        host_extra: format!(
+            "models = \"{}\"\ndevice = \"cpu\"\noperator_token_sha256 = \"{}\"\n# Batches of one call alone: runs compared loss for loss see the same batches.\npool = false\n",
+            hapi_model::models_dir().display(),
+            hapi_host::policy::hash_token(OPERATOR),
+        ),
+        tenants: format!(
+            r#"[tenants.trainer]
+token_sha256 = "{}"
+grants = [{{ bucket = "datasets", prefix = "fashion-mnist/" }}]
+models = ["efficientnet_lite0"]
+memory = "1GiB"
+timeout = "60s"
+concurrency = 8
+[tenants.trainer.functions]
+feature-extract = "{}"
+"#,
+            hapi_host::policy::hash_token(TOKEN),
+            guest("feature-extract").display(),
+        ),
+    }
+}
+
+/// Fashion-MNIST objects into the cluster's `datasets` bucket, through its filer.
+fn load(c: &Cluster) {
+    let src = std::env::var_os("HAPI_FASHION_MNIST").map_or_else(
+        || hapi_data::fashion_mnist::DEFAULT_SOURCE.into(),
+        std::path::PathBuf::from,
+    );
+    let data = hapi_data::fashion_mnist::read_split(&src, "t10k")
+        .expect("Fashion-MNIST (run `cargo xtask setup`)");
+    c.create_bucket("datasets").expect("bucket");
+    let prefix = object_store::path::Path::from("fashion-mnist");
+    for i in 0..TRAIN + TEST_SAMPLES {
+        let split = if i < TRAIN { "train" } else { "test" };
+        let key = hapi_data::fashion_mnist::key(&prefix, split, data.labels[i], i).to_string();
+        let png = hapi_data::fashion_mnist::encode_png(data.image(i), 28, 28).expect("png");
+        c.put("datasets", &key, &png).expect("put");
+    }
+}
+
+/// The trainer on the compute node, against every host, reading the listing through S3.
+fn trainer(c: &Cluster, out: &Path) -> Child {
+    let mut cmd = cluster::in_namespace(&c.network.compute(), env!("CARGO_BIN_EXE_hapi-train"));
+    for n in &c.nodes {
+        cmd.args(["--host", &n.host_url]);
+    }
+    cmd.args(["--token", TOKEN, "--store", "s3://", "--bucket", "datasets"])
+        .args(["--prefix", "fashion-mnist", "--model", "efficientnet_lite0"])
+        .args([
+            "--batch",
+            "16",
+            "--seed",
+            "7",
+            "--quiet",
+            "--request-size",
+            "4",
+        ])
+        .args([
+            "--in-flight",
+            "2",
+            "--device",
+            "cpu",
+            "--split",
+            "13",
+            "--prefetch",
+            "1",
+        ])
+        .args(["--no-test", "--epochs", "1", "--out"])
+        .arg(out)
+        .envs(c.s3_env())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("hapi-train starts")
+}
+
+/// Waits for `child`, which must succeed; returns its results and its stderr.
+fn finish(child: Child, out: &Path, what: &str) -> (Value, String) {
+    let o = child.wait_with_output().expect("trainer finishes");
+    let stderr = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert!(o.status.success(), "{what}: hapi-train failed:\n{stderr}");
+    let results = serde_json::from_slice(&std::fs::read(out).expect("results")).expect("JSON");
+    (results, stderr)
+}
+
+/// Waits until the cluster's hosts have answered `n` more invocations than `base`.
+fn after_invocations(c: &Cluster, base: u64, n: u64, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while total_invocations(c) < base + n {
+        assert!(Instant::now() < deadline, "{what}: the job never got going");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn total_invocations(c: &Cluster) -> u64 {
+    c.nodes.iter().map(|n| invocations(&n.host_url)).sum()
+}
+
+fn counter(r: &Value, field: &str) -> u64 {
+    r["epochs"]
+        .as_array()
+        .expect("epochs")
+        .iter()
+        .map(|e| e[field].as_u64().expect(field))
+        .sum()
+}
+
+/// Starts a 3-node cluster in namespaces (skipped, saying why, without root or iproute2), runs
+/// a short job across it undisturbed, then the same job three times with a failure a few
+/// iterations in: node 2's host `kill -9`ed (the trainer retries its requests elsewhere and
+/// ejects it), node 3's volume server `kill -9`ed (SeaweedFS reads the replica on another
+/// node), node 1 cut off the network for 4 s and restored (its requests hang: the trainer
+/// hedges them). Every run's losses equal the undisturbed run's; each run's stall (its longest
+/// interval between iterations against the median) is printed.
+#[test]
+fn a_job_across_a_three_node_cluster_survives_a_host_a_volume_server_and_a_node_lost_mid_epoch() {
+    if let Some(why) = cluster::unavailable() {
+        println!("skipped: {why}");
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = config(dir.path());
+    let mut c = Cluster::start(&config).expect("the cluster starts");
+    load(&c);
+    let run = |c: &Cluster, name: &str| -> (Child, std::path::PathBuf) {
+        let out = dir.path().join(format!("{name}.json"));
+        (trainer(c, &out), out)
+    };
+    let (child, out) = run(&c, "calm");
+    let (calm, _) = finish(child, &out, "calm");
+    let base = losses(&calm);
+    let (worst, median) = stall(&calm);
+    println!("undisturbed: longest interval {worst:.3} s, median {median:.3} s");
+
+    // A host killed.
+    let (child, out) = run(&c, "host-killed");
+    after_invocations(&c, total_invocations(&c), 12, "host killed");
+    c.kill_host(1);
+    let (r, stderr) = finish(child, &out, "host killed");
+    let d = max_diff(&base, &losses(&r));
+    assert!(d <= 1e-6, "host killed: losses differ by {d}");
+    let moved = counter(&r, "retries") + counter(&r, "hedges");
+    assert!(
+        moved > 0,
+        "host killed: nothing was retried or hedged:\n{stderr}"
+    );
+    assert!(
+        stderr.contains(&format!("host {}", c.nodes[1].host_url)) && stderr.contains("ejected"),
+        "host killed: no per-host report:\n{stderr}"
+    );
+    let (worst, median) = stall(&r);
+    println!(
+        "host killed: longest interval {worst:.3} s, median {median:.3} s, {moved} requests retried or hedged"
+    );
+    c.start_host(&config, 1).expect("host 2 restarts");
+
+    // A volume server killed: its objects have a replica on another node.
+    let (child, out) = run(&c, "volume-killed");
+    after_invocations(&c, total_invocations(&c), 12, "volume server killed");
+    c.kill_volume(2);
+    let (r, stderr) = finish(child, &out, "volume server killed");
+    let d = max_diff(&base, &losses(&r));
+    assert!(
+        d <= 1e-6,
+        "volume server killed: losses differ by {d}:\n{stderr}"
+    );
+    let (worst, median) = stall(&r);
+    let moved = counter(&r, "retries") + counter(&r, "hedges");
+    println!(
+        "volume server killed: longest interval {worst:.3} s, median {median:.3} s, {moved} requests retried or hedged"
+    );
+    c.start_volume(&config, 2)
+        .expect("volume server 3 restarts");
+
+    // A node cut off and restored.
+    let (child, out) = run(&c, "node-cut");
+    after_invocations(&c, total_invocations(&c), 12, "node cut off");
+    c.cut(0).expect("cut node 1 off");
+    std::thread::sleep(Duration::from_secs(4));
+    c.restore(0).expect("restore node 1");
+    let (r, stderr) = finish(child, &out, "node cut off");
+    let d = max_diff(&base, &losses(&r));
+    assert!(d <= 1e-6, "node cut off: losses differ by {d}:\n{stderr}");
+    let moved = counter(&r, "retries") + counter(&r, "hedges");
+    assert!(
+        moved > 0,
+        "node cut off: nothing was retried or hedged:\n{stderr}"
+    );
+    let (worst, median) = stall(&r);
+    println!(
+        "node cut off for 4 s: longest interval {worst:.3} s, median {median:.3} s, {moved} requests retried or hedged"
+    );
+    drop(c);
+    let left = Command::new("ip")
+        .args(["netns", "list"])
+        .output()
+        .expect("ip");
+    assert!(
+        !String::from_utf8_lossy(&left.stdout).contains(&TEST.namespace("")),
+        "the cluster's namespaces outlived it"
+    );
+}

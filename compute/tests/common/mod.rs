@@ -1,0 +1,103 @@
+//! Helpers shared by this package's integration tests (each test binary uses a part).
+#![allow(dead_code)]
+
+use hapi_tests::workspace;
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+/// The operator's token: the tests read /metrics with it.
+pub const OPERATOR: &str = "operator-token";
+
+fn cargo() -> String {
+    std::env::var("CARGO").unwrap_or_else(|_| "cargo".into())
+}
+
+/// The `hapi-host` binary, built by cargo (another package's binary is not in
+/// `CARGO_BIN_EXE_*`); its path comes from cargo's own build report.
+pub fn host_binary() -> &'static Path {
+    static P: OnceLock<PathBuf> = OnceLock::new();
+    P.get_or_init(|| {
+        let out = Command::new(cargo())
+            .args([
+                "build",
+                "--package",
+                "hapi-host",
+                "--bin",
+                "hapi-host",
+                "--message-format=json",
+            ])
+            .current_dir(workspace())
+            .stderr(Stdio::inherit())
+            .output()
+            .expect("cargo build -p hapi-host");
+        assert!(out.status.success(), "building hapi-host failed");
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter(|v| v["target"]["name"] == "hapi-host")
+            .find_map(|v| v["executable"].as_str().map(PathBuf::from))
+            .expect("cargo reported the hapi-host executable")
+    })
+}
+
+pub fn losses(results: &Value) -> Vec<f64> {
+    results["epochs"]
+        .as_array()
+        .expect("epochs")
+        .iter()
+        .flat_map(|e| e["step_losses"].as_array().expect("losses").clone())
+        .map(|v| v.as_f64().expect("f64"))
+        .collect()
+}
+
+pub fn max_diff(a: &[f64], b: &[f64]) -> f64 {
+    assert_eq!(a.len(), b.len(), "different step counts");
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f64::max)
+}
+
+/// The longest and the median interval between iteration ends of a run's first epoch, in
+/// seconds: how long a failure held training up against its usual pace.
+pub fn stall(results: &Value) -> (f64, f64) {
+    let ends: Vec<f64> = results["epochs"][0]["trace"]
+        .as_array()
+        .expect("trace")
+        .iter()
+        .map(|i| i["end_unix"].as_f64().expect("end"))
+        .collect();
+    let mut gaps: Vec<f64> = ends.windows(2).map(|w| w[1] - w[0]).collect();
+    gaps.sort_by(f64::total_cmp);
+    (
+        gaps.last().copied().unwrap_or(0.0),
+        gaps.get(gaps.len() / 2).copied().unwrap_or(0.0),
+    )
+}
+
+pub fn invocations(url: &str) -> u64 {
+    let Ok(text) = http_get(url, "/metrics") else {
+        return 0;
+    };
+    text.lines()
+        .filter(|l| l.starts_with("hapi_invocations_total"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
+pub fn http_get(url: &str, path: &str) -> std::io::Result<String> {
+    use std::io::{Read, Write};
+    let addr = url.trim_start_matches("http://");
+    let mut s = std::net::TcpStream::connect(addr)?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {OPERATOR}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut body = String::new();
+    s.read_to_string(&mut body)?;
+    Ok(body)
+}

@@ -1,0 +1,591 @@
+//! A storage tier of several nodes on one machine: each node a network namespace with a
+//! SeaweedFS volume server and a `hapi-host`, a metadata node (SeaweedFS master, filer and its
+//! S3 gateway), and a compute node, all on one bridge, each node's link tc-shaped. Used by
+//! `cargo xtask cluster up|down` and by the cluster test. Needs root (`ip netns`, `tc`).
+//!
+//! Layout, for network `cl` (`cargo xtask cluster`: subnet 10.233.0.0/24; the test's `ct`
+//! has 10.234.0.0/24 and names of its own, so it never touches a cluster left running), on
+//! bridge `hapi-cl-br` in the root namespace, which can reach every node (the printed URLs
+//! work from a shell):
+//!
+//! | node | namespace | address | runs |
+//! |---|---|---|---|
+//! | metadata | `hapi-cl-meta` | .2 | weed master :9333, filer :8888, S3 :8333 |
+//! | compute | `hapi-cl-compute` | .3 | the trainer (run it with `ip netns exec`) |
+//! | storage i (1..) | `hapi-cl-n<i>` | .(10+i) | weed volume :8080, hapi-host :8180 |
+//!
+//! Objects are replicated on two storage nodes (SeaweedFS replication `001`) when there are
+//! two or more. The metadata node's link is not shaped: it stands for the store's front end.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A cluster's names and addresses.
+#[derive(Debug, Clone, Copy)]
+pub struct Network {
+    /// Namespaces are `hapi-<name>-*`, the bridge `hapi-<name>-br`.
+    pub name: &'static str,
+    /// The first three octets of its addresses.
+    pub subnet: &'static str,
+}
+
+/// `cargo xtask cluster`'s.
+pub const XTASK: Network = Network {
+    name: "cl",
+    subnet: "10.233.0",
+};
+/// The cluster test's.
+pub const TEST: Network = Network {
+    name: "ct",
+    subnet: "10.234.0",
+};
+
+impl Network {
+    /// Namespace `hapi-<name>-<node>`.
+    pub fn namespace(&self, node: &str) -> String {
+        format!("hapi-{}-{node}", self.name)
+    }
+
+    /// The compute node's namespace.
+    pub fn compute(&self) -> String {
+        self.namespace("compute")
+    }
+
+    fn bridge(&self) -> String {
+        self.namespace("br")
+    }
+
+    /// The root-side veth of a node (at most 15 bytes: `h<name>-<node>`).
+    fn veth(&self, node: &str) -> String {
+        format!("h{}-{node}", self.name)
+    }
+}
+/// The S3 gateway's credentials.
+pub const S3_KEY: &str = "hapi-cluster";
+pub const S3_SECRET: &str = "hapi-cluster-secret";
+pub const HOST_PORT: u16 = 8180;
+/// At most this many storage nodes (addresses .11 to .(10 + MAX_NODES)).
+pub const MAX_NODES: usize = 32;
+
+/// What to start.
+#[derive(Debug)]
+pub struct Config {
+    pub network: Network,
+    pub nodes: usize,
+    /// Each storage node's and the compute node's link, shaped both ways; `None`: unshaped.
+    pub link_mbit: Option<u32>,
+    /// Logs, SeaweedFS data, host state and policies go here (emptied first).
+    pub dir: PathBuf,
+    pub weed: PathBuf,
+    pub host_binary: PathBuf,
+    /// Environment for every `hapi-host` (libtorch's location, thread counts).
+    pub host_env: Vec<(String, String)>,
+    /// Lines for each host policy's `[host]` table beyond listen, store and state (models,
+    /// device, tokens).
+    pub host_extra: String,
+    /// The policies' tenant tables.
+    pub tenants: String,
+}
+
+/// A storage node.
+#[derive(Debug)]
+pub struct Node {
+    pub namespace: String,
+    pub addr: String,
+    /// `http://addr:HOST_PORT`.
+    pub host_url: String,
+    pub host: Option<Child>,
+    pub volume: Option<Child>,
+}
+
+/// A started cluster. Dropping it stops every process and removes the namespaces, unless
+/// [`Cluster::detach`] was called (then `cargo xtask cluster down`, [`down`], removes it).
+#[derive(Debug)]
+pub struct Cluster {
+    pub nodes: Vec<Node>,
+    pub meta_addr: String,
+    pub compute_addr: String,
+    pub dir: PathBuf,
+    pub network: Network,
+    others: Vec<Child>,
+    link_mbit: Option<u32>,
+    detached: bool,
+}
+
+fn describe(cmd: &Command) -> String {
+    let mut s = cmd.get_program().to_string_lossy().into_owned();
+    for a in cmd.get_args() {
+        s.push(' ');
+        s.push_str(&a.to_string_lossy());
+    }
+    s
+}
+
+fn run(cmd: &mut Command) -> Result<(), String> {
+    let out = cmd
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("could not start `{}`: {e}", describe(cmd)))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "`{}` failed ({}): {}",
+            describe(cmd),
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+fn ip(args: &[&str]) -> Result<(), String> {
+    run(Command::new("ip").args(args))
+}
+
+/// `program` run inside namespace `ns`.
+pub fn in_namespace(ns: &str, program: impl AsRef<std::ffi::OsStr>) -> Command {
+    let mut c = Command::new("ip");
+    c.args(["netns", "exec", ns]).arg(program);
+    c
+}
+
+/// Why a cluster cannot be started here, if it cannot: not root, or no `ip`/`tc`.
+pub fn unavailable() -> Option<String> {
+    let uid = Command::new("id").arg("-u").output();
+    let root = uid.is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0");
+    if !root {
+        return Some("network namespaces need root".into());
+    }
+    for tool in ["ip", "tc"] {
+        let ok = Command::new(tool)
+            .arg("-V")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if !ok {
+            return Some(format!("`{tool}` (iproute2) is not installed"));
+        }
+    }
+    // Root without the capability (a container), or a kernel without bridges or veth pairs:
+    // what a cluster makes, made once and removed.
+    let id = std::process::id() % 100_000;
+    let (ns, bridge, veth) = (
+        format!("hapi-probe-{id}"),
+        format!("hpb{id}"),
+        format!("hpv{id}"),
+    );
+    let made = ip(&["netns", "add", &ns])
+        .and_then(|()| ip(&["link", "add", &bridge, "type", "bridge"]))
+        .and_then(|()| {
+            ip(&[
+                "link", "add", &veth, "type", "veth", "peer", "name", "eth0", "netns", &ns,
+            ])
+        });
+    for args in [
+        ["link", "del", &veth],
+        ["link", "del", &bridge],
+        ["netns", "del", &ns],
+    ] {
+        let _ = Command::new("ip").args(args).stderr(Stdio::null()).status();
+    }
+    made.err()
+        .map(|e| format!("network namespaces, bridges and veth pairs cannot be made here: {e}"))
+}
+
+/// The namespaces of network `net`, left by an earlier run or not.
+fn namespaces(net: Network) -> Vec<String> {
+    let prefix = net.namespace("");
+    let out = Command::new("ip").args(["netns", "list"]).output();
+    let text = out.map_or_else(
+        |_| String::new(),
+        |o| String::from_utf8_lossy(&o.stdout).into_owned(),
+    );
+    text.lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|n| n.starts_with(&prefix))
+        .map(str::to_string)
+        .collect()
+}
+
+/// Stops every process inside the cluster's namespaces and removes them and the bridge.
+/// Returns how many namespaces there were.
+pub fn down(net: Network) -> usize {
+    let spaces = namespaces(net);
+    for ns in &spaces {
+        let pids = Command::new("ip")
+            .args(["netns", "pids", ns])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default();
+        for pid in pids.split_whitespace() {
+            let _ = Command::new("kill").args(["-KILL", pid]).status();
+        }
+    }
+    // Wait for them to go before the namespaces do (a process keeps its namespace alive).
+    std::thread::sleep(Duration::from_millis(200));
+    for ns in &spaces {
+        let _ = ip(&["netns", "del", ns]);
+    }
+    let _ = Command::new("ip")
+        .args(["link", "del", &net.bridge()])
+        .stderr(Stdio::null())
+        .status();
+    spaces.len()
+}
+
+/// Node `short`'s namespace, with address `<subnet>.last` on the bridge; returns its name.
+fn attach(net: Network, short: &str, last: usize) -> Result<String, String> {
+    let ns = net.namespace(short);
+    let ns = ns.as_str();
+    ip(&["netns", "add", ns])?;
+    let outside = net.veth(short);
+    ip(&[
+        "link", "add", &outside, "type", "veth", "peer", "name", "eth0", "netns", ns,
+    ])?;
+    ip(&["link", "set", &outside, "master", &net.bridge()])?;
+    ip(&["link", "set", &outside, "up"])?;
+    let addr = format!("{}.{last}/24", net.subnet);
+    for args in [
+        vec!["addr", "add", addr.as_str(), "dev", "eth0"],
+        vec!["link", "set", "eth0", "up"],
+        vec!["link", "set", "lo", "up"],
+    ] {
+        run(in_namespace(ns, "ip").args(args))?;
+    }
+    Ok(ns.to_string())
+}
+
+/// Token-bucket shaping at `mbit` on both ends of a node's link; `None` removes it.
+fn shape(net: Network, short: &str, mbit: Option<u32>) -> Result<(), String> {
+    let (ns, outside) = (net.namespace(short), net.veth(short));
+    let ns = ns.as_str();
+    for (mut tc, dev) in [
+        (Command::new("tc"), outside.as_str()),
+        (in_namespace(ns, "tc"), "eth0"),
+    ] {
+        match mbit {
+            Some(mbit) => {
+                // Burst: at least 10 ms of traffic at the rate and several MTUs.
+                let burst = (u64::from(mbit) * 1_000_000 / 8 / 100).max(32 * 1514);
+                tc.args(["qdisc", "replace", "dev", dev, "root", "tbf", "rate"])
+                    .arg(format!("{mbit}mbit"))
+                    .args(["burst", &burst.to_string(), "latency", "100ms"]);
+                run(&mut tc)?;
+            }
+            None => {
+                tc.args(["qdisc", "del", "dev", dev, "root"])
+                    .stderr(Stdio::null());
+                let _ = tc.status();
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Waits until something listens at `addr:port`.
+fn wait_port(addr: &str, port: u16, what: &str, log: &Path) -> Result<(), String> {
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let target = format!("{addr}:{port}");
+    let sock: std::net::SocketAddr = target.parse().map_err(|e| format!("{target}: {e}"))?;
+    while std::net::TcpStream::connect_timeout(&sock, Duration::from_millis(500)).is_err() {
+        if Instant::now() > deadline {
+            return Err(format!(
+                "{what} did not come up at {target} within 90 s (log: {})",
+                log.display()
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    Ok(())
+}
+
+fn spawn(mut cmd: Command, log: &Path) -> Result<Child, String> {
+    use std::os::unix::process::CommandExt;
+    let file = std::fs::File::create(log).map_err(|e| format!("{}: {e}", log.display()))?;
+    let err = file.try_clone().map_err(|e| e.to_string())?;
+    cmd.stdin(Stdio::null())
+        .stdout(file)
+        .stderr(err)
+        // Its own process group: a Ctrl-C after `cluster up` returns does not reach it.
+        .process_group(0)
+        .spawn()
+        .map_err(|e| format!("could not start `{}`: {e}", describe(&cmd)))
+}
+
+impl Cluster {
+    /// Starts the cluster `config` describes (an earlier one is taken down first).
+    pub fn start(config: &Config) -> Result<Self, String> {
+        if let Some(why) = unavailable() {
+            return Err(format!("a cluster cannot start here: {why}"));
+        }
+        if config.nodes == 0 || config.nodes > MAX_NODES {
+            return Err(format!("--nodes {}: from 1 to {MAX_NODES}", config.nodes));
+        }
+        if !config.weed.exists() {
+            return Err(format!(
+                "{} is missing (run `cargo xtask setup`)",
+                config.weed.display()
+            ));
+        }
+        let net = config.network;
+        down(net);
+        let dir = &config.dir;
+        let _ = std::fs::remove_dir_all(dir);
+        std::fs::create_dir_all(dir.join("logs")).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let mut cluster = Self {
+            nodes: Vec::new(),
+            meta_addr: format!("{}.2", net.subnet),
+            compute_addr: format!("{}.3", net.subnet),
+            dir: dir.clone(),
+            network: net,
+            others: Vec::new(),
+            link_mbit: config.link_mbit,
+            detached: false,
+        };
+        // From here a failure drops `cluster`, which removes what was made.
+        let bridge = net.bridge();
+        ip(&["link", "add", &bridge, "type", "bridge"])?;
+        ip(&[
+            "addr",
+            "add",
+            &format!("{}.1/24", net.subnet),
+            "dev",
+            &bridge,
+        ])?;
+        ip(&["link", "set", &bridge, "up"])?;
+        attach(net, "meta", 2)?;
+        attach(net, "compute", 3)?;
+        shape(net, "compute", config.link_mbit)?;
+        for i in 1..=config.nodes {
+            let ns = attach(net, &format!("n{i}"), 10 + i)?;
+            shape(net, &format!("n{i}"), config.link_mbit)?;
+            let addr = format!("{}.{}", net.subnet, 10 + i);
+            cluster.nodes.push(Node {
+                namespace: ns,
+                host_url: format!("http://{addr}:{HOST_PORT}"),
+                addr,
+                host: None,
+                volume: None,
+            });
+        }
+        cluster.start_weed(config)?;
+        for i in 0..cluster.nodes.len() {
+            cluster.start_host(config, i)?;
+        }
+        Ok(cluster)
+    }
+
+    fn start_weed(&mut self, config: &Config) -> Result<(), String> {
+        let meta = self.meta_addr.clone();
+        let logs = self.dir.join("logs");
+        let mdir = self.dir.join("meta");
+        std::fs::create_dir_all(mdir.join("master")).map_err(|e| e.to_string())?;
+        let replication = if config.nodes >= 2 { "001" } else { "000" };
+        let meta_ns = self.network.namespace("meta");
+        let mut master = in_namespace(&meta_ns, &config.weed);
+        master
+            .arg("master")
+            .args([
+                &format!("-ip={meta}"),
+                &format!("-ip.bind={meta}"),
+                "-port=9333",
+            ])
+            .arg(format!("-mdir={}", mdir.join("master").display()))
+            .arg(format!("-defaultReplication={replication}"))
+            .args(["-volumeSizeLimitMB=64", "-telemetry=false"]);
+        let log = logs.join("master.log");
+        self.others.push(spawn(master, &log)?);
+        wait_port(&meta, 9333, "the SeaweedFS master", &log)?;
+        for i in 0..self.nodes.len() {
+            self.start_volume(config, i)?;
+        }
+        let config_path = mdir.join("s3.json");
+        std::fs::write(
+            &config_path,
+            format!(r#"{{"identities":[{{"name":"hapi","credentials":[{{"accessKey":"{S3_KEY}","secretKey":"{S3_SECRET}"}}],"actions":["Admin","Read","List","Write"]}}]}}"#),
+        )
+        .map_err(|e| e.to_string())?;
+        let mut filer = in_namespace(&meta_ns, &config.weed);
+        filer
+            .arg("filer")
+            .args([
+                &format!("-ip={meta}"),
+                &format!("-ip.bind={meta}"),
+                "-port=8888",
+            ])
+            .args([&format!("-master={meta}:9333"), "-s3", "-s3.port=8333"])
+            .arg(format!("-s3.config={}", config_path.display()))
+            .current_dir(&mdir);
+        let log = logs.join("filer.log");
+        self.others.push(spawn(filer, &log)?);
+        wait_port(&meta, 8888, "the SeaweedFS filer", &log)?;
+        wait_port(&meta, 8333, "the SeaweedFS S3 gateway", &log)?;
+        Ok(())
+    }
+
+    /// Starts storage node `i`'s volume server (again, after [`Cluster::kill_volume`]).
+    pub fn start_volume(&mut self, config: &Config, i: usize) -> Result<(), String> {
+        let node = &mut self.nodes[i];
+        let data = self.dir.join(format!("n{}/volume", i + 1));
+        std::fs::create_dir_all(&data).map_err(|e| format!("{}: {e}", data.display()))?;
+        let mut volume = in_namespace(&node.namespace, &config.weed);
+        volume
+            .arg("volume")
+            .args([
+                &format!("-ip={}", node.addr),
+                &format!("-ip.bind={}", node.addr),
+            ])
+            .args([
+                "-port=8080",
+                &format!("-mserver={}:9333", self.meta_addr),
+                "-max=32",
+            ])
+            .arg(format!("-dir={}", data.display()));
+        let log = self.dir.join(format!("logs/volume-n{}.log", i + 1));
+        node.volume = Some(spawn(volume, &log)?);
+        wait_port(&node.addr, 8080, "a SeaweedFS volume server", &log)
+    }
+
+    /// Writes storage node `i`'s policy and starts its host (again, after [`Cluster::kill_host`]).
+    pub fn start_host(&mut self, config: &Config, i: usize) -> Result<(), String> {
+        let node = &mut self.nodes[i];
+        let nodedir = self.dir.join(format!("n{}", i + 1));
+        std::fs::create_dir_all(&nodedir).map_err(|e| e.to_string())?;
+        let policy = format!(
+            "# Generated for storage node {n} of a `cargo xtask cluster`.\n[host]\nlisten = \"{addr}:{HOST_PORT}\"\nstore = \"s3://\"\nstate = \"{state}\"\n{extra}\n[host.s3]\nendpoint = \"http://{meta}:8333\"\naccess_key_id = \"{S3_KEY}\"\nsecret_access_key = \"{S3_SECRET}\"\n\n{tenants}",
+            n = i + 1,
+            addr = node.addr,
+            state = nodedir.join("state").display(),
+            extra = config.host_extra.trim_end(),
+            meta = self.meta_addr,
+            tenants = config.tenants,
+        );
+        let path = nodedir.join("policy.toml");
+        std::fs::write(&path, policy).map_err(|e| format!("{}: {e}", path.display()))?;
+        let mut host = in_namespace(&node.namespace, &config.host_binary);
+        host.args(["serve", "--policy"]).arg(&path);
+        for (k, v) in &config.host_env {
+            host.env(k, v);
+        }
+        let log = self.dir.join(format!("logs/host-n{}.log", i + 1));
+        node.host = Some(spawn(host, &log)?);
+        wait_port(&node.addr, HOST_PORT, "hapi-host", &log)
+    }
+
+    /// `kill -9` of storage node `i`'s host.
+    pub fn kill_host(&mut self, i: usize) {
+        if let Some(mut child) = self.nodes[i].host.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// `kill -9` of storage node `i`'s volume server.
+    pub fn kill_volume(&mut self, i: usize) {
+        if let Some(mut child) = self.nodes[i].volume.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Cuts storage node `i` off the network: its end of the bridge goes down, so every packet
+    /// to or from it is dropped without an answer (as a failed switch port or cable); its
+    /// processes run on and its own interface stays up. (tc's netem, `loss 100%`, is not in
+    /// every kernel; this is.) [`Cluster::restore`] undoes it.
+    pub fn cut(&self, i: usize) -> Result<(), String> {
+        ip(&[
+            "link",
+            "set",
+            &self.network.veth(&format!("n{}", i + 1)),
+            "down",
+        ])
+    }
+
+    /// Undoes [`Cluster::cut`]: the node's end of the bridge up again, shaped as configured.
+    pub fn restore(&self, i: usize) -> Result<(), String> {
+        let short = format!("n{}", i + 1);
+        ip(&["link", "set", &self.network.veth(&short), "up"])?;
+        shape(self.network, &short, self.link_mbit)
+    }
+
+    /// Creates bucket `name` through the filer (a bucket is a directory under /buckets),
+    /// retried while the volume servers register.
+    pub fn create_bucket(&self, name: &str) -> Result<(), String> {
+        self.put(name, ".bucket", b"")
+    }
+
+    /// Writes an object through the filer (unauthenticated, on the metadata node), retried
+    /// while the volume servers register.
+    pub fn put(&self, bucket: &str, key: &str, bytes: &[u8]) -> Result<(), String> {
+        use std::io::{Read, Write};
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let meta = &self.meta_addr;
+        loop {
+            let attempt = (|| -> std::io::Result<String> {
+                let mut s = std::net::TcpStream::connect((meta.as_str(), 8888))?;
+                s.set_read_timeout(Some(Duration::from_secs(10)))?;
+                write!(
+                    s,
+                    "PUT /buckets/{bucket}/{key} HTTP/1.1\r\nHost: {meta}:8888\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                    bytes.len()
+                )?;
+                s.write_all(bytes)?;
+                let mut resp = String::new();
+                s.read_to_string(&mut resp)?;
+                Ok(resp)
+            })();
+            match attempt {
+                Ok(r) if r.starts_with("HTTP/1.1 2") => return Ok(()),
+                other if Instant::now() > deadline => {
+                    return Err(format!("PUT {bucket}/{key} through the filer: {other:?}"));
+                }
+                _ => std::thread::sleep(Duration::from_millis(500)),
+            }
+        }
+    }
+
+    /// The S3 endpoint, for `AWS_ENDPOINT`.
+    pub fn s3_endpoint(&self) -> String {
+        format!("http://{}:8333", self.meta_addr)
+    }
+
+    /// The environment a client of the cluster's S3 gateway needs (object_store's AWS_*).
+    pub fn s3_env(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("AWS_ENDPOINT", self.s3_endpoint()),
+            ("AWS_ACCESS_KEY_ID", S3_KEY.into()),
+            ("AWS_SECRET_ACCESS_KEY", S3_SECRET.into()),
+            ("AWS_ALLOW_HTTP", "true".into()),
+            ("AWS_REGION", "us-east-1".into()),
+        ]
+    }
+
+    /// Leaves everything running when this value is dropped.
+    pub fn detach(mut self) {
+        self.detached = true;
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if self.detached {
+            return;
+        }
+        for node in &mut self.nodes {
+            for child in [node.host.as_mut(), node.volume.as_mut()]
+                .into_iter()
+                .flatten()
+            {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+        for child in &mut self.others {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        down(self.network);
+    }
+}

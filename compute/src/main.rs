@@ -76,7 +76,8 @@ struct Cli {
     /// layer), min (push to the smallest output), or a layer index s (layers [0, s) on storage).
     #[arg(long, default_value = "auto")]
     split: SplitArg,
-    /// Batches fetched ahead of the one being trained.
+    /// Batches fetched ahead of the one being trained. With several hosts, these and the next
+    /// are fetched at once, so that no host's link idles while another finishes a batch.
     #[arg(long, default_value_t = 2)]
     prefetch: usize,
     /// Object keys per storage request.

@@ -73,15 +73,33 @@ pub fn now_unix() -> f64 {
         .map_or(0.0, |d| d.as_secs_f64())
 }
 
+/// How far the producer runs ahead of the consumer.
+#[derive(Clone, Copy, Debug)]
+pub struct Ahead {
+    /// Batches fetched and waiting for the consumer, at most.
+    pub prefetch: usize,
+    /// Batches being fetched at once.
+    pub fetch_ahead: usize,
+}
+
 /// Fetches `batches` in order, each at the split `choice` gives when its fetch starts, through
-/// that split's source, with up to `prefetch` batches buffered ahead of the consumer; calls
-/// `consume(batch, split)` on each in order on this thread, then `after` with its times.
+/// that split's source, `fetch_ahead` batches at a time (each a task of its own, so one that is
+/// done waits for the one before it without holding the others up), with up to `prefetch`
+/// batches buffered ahead of the consumer; calls `consume(batch, split)` on each in order on
+/// this thread, then `after` with its times.
+///
+/// A batch's storage time is the time from its fetch's start, or the previous batch's arrival
+/// if later, to its own arrival: with one fetch at a time, the fetch's duration; with several,
+/// the interval at which batches arrive, what the storage stage costs an iteration.
 pub fn run<F, A>(
     rt: &Runtime,
     sources: HashMap<Split, Source>,
     choice: &Choice,
     batches: Vec<Vec<Sample>>,
-    prefetch: usize,
+    Ahead {
+        prefetch,
+        fetch_ahead,
+    }: Ahead,
     mut consume: F,
     mut after: A,
 ) -> anyhow::Result<StageTimes>
@@ -94,16 +112,38 @@ where
     let sources = Arc::new(sources);
     let producer_choice = choice.clone();
     let producer = rt.spawn(async move {
-        for batch in batches {
-            let split = producer_choice.next_split();
-            let started = Instant::now();
-            let r = match sources.get(&split) {
-                Some(source) => source.fetch(&batch).await,
-                None => Err(FetchError::Other(format!(
-                    "split {split}: no source for it (a pushdown split needs --host)"
-                ))),
+        use futures::StreamExt;
+        let mut fetches = futures::stream::iter(batches)
+            .map(|batch| {
+                let split = producer_choice.next_split();
+                let sources = Arc::clone(&sources);
+                AbortOnDrop(tokio::spawn(async move {
+                    let started = Instant::now();
+                    let r = match sources.get(&split) {
+                        Some(source) => source.fetch(&batch).await,
+                        None => Err(FetchError::Other(format!(
+                            "split {split}: no source for it (a pushdown split needs --host)"
+                        ))),
+                    };
+                    (r, split, started, Instant::now())
+                }))
+            })
+            .buffered(fetch_ahead.max(1));
+        let mut previous: Option<Instant> = None;
+        while let Some(joined) = fetches.next().await {
+            let (r, split, started, done) = match joined {
+                Ok(fetched) => fetched,
+                Err(e) => {
+                    let now = Instant::now();
+                    let r = Err(FetchError::Other(format!(
+                        "a batch's fetch task failed: {e}"
+                    )));
+                    (r, producer_choice.current(), now, now)
+                }
             };
-            let busy = started.elapsed().as_secs_f64();
+            let from = previous.map_or(started, |p| p.max(started));
+            let busy = done.saturating_duration_since(from).as_secs_f64();
+            previous = Some(previous.map_or(done, |p| p.max(done)));
             let failed = r.is_err();
             if tx.send((r, split, busy)).await.is_err() || failed {
                 return;
@@ -134,4 +174,25 @@ where
     })();
     producer.abort();
     result.map(|()| times)
+}
+
+/// A spawned fetch, aborted when dropped: when the job stops (an error, or the consumer gone),
+/// the fetches still in flight stop with it.
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Future for AbortOnDrop<T> {
+    type Output = Result<T, tokio::task::JoinError>;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        std::pin::Pin::new(&mut self.0).poll(cx)
+    }
+}
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }

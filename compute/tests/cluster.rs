@@ -26,6 +26,7 @@ fn config(dir: &Path) -> Config {
         network: TEST,
         nodes: 3,
         link_mbit: Some(200),
+        compute_link_mbit: Some(200),
         dir: dir.to_path_buf(),
         weed,
         host_binary: host_binary().to_path_buf(),

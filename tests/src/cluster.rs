@@ -40,6 +40,11 @@ pub const TEST: Network = Network {
     name: "ct",
     subnet: "10.234.0",
 };
+/// `cargo xtask eval-scale`'s.
+pub const EVAL: Network = Network {
+    name: "es",
+    subnet: "10.235.0",
+};
 
 impl Network {
     /// Namespace `hapi-<name>-<node>`.
@@ -73,8 +78,10 @@ pub const MAX_NODES: usize = 32;
 pub struct Config {
     pub network: Network,
     pub nodes: usize,
-    /// Each storage node's and the compute node's link, shaped both ways; `None`: unshaped.
+    /// Each storage node's link, shaped both ways; `None`: unshaped.
     pub link_mbit: Option<u32>,
+    /// The compute node's link, likewise.
+    pub compute_link_mbit: Option<u32>,
     /// Logs, SeaweedFS data, host state and policies go here (emptied first).
     pub dir: PathBuf,
     pub weed: PathBuf,
@@ -357,7 +364,7 @@ impl Cluster {
         ip(&["link", "set", &bridge, "up"])?;
         attach(net, "meta", 2)?;
         attach(net, "compute", 3)?;
-        shape(net, "compute", config.link_mbit)?;
+        shape(net, "compute", config.compute_link_mbit)?;
         for i in 1..=config.nodes {
             let ns = attach(net, &format!("n{i}"), 10 + i)?;
             shape(net, &format!("n{i}"), config.link_mbit)?;
@@ -488,6 +495,27 @@ impl Cluster {
             let _ = child.kill();
             let _ = child.wait();
         }
+    }
+
+    /// Shapes every storage node's link to `mbit` (`None`: unshaped).
+    pub fn shape_storage(&mut self, mbit: Option<u32>) -> Result<(), String> {
+        for i in 1..=self.nodes.len() {
+            shape(self.network, &format!("n{i}"), mbit)?;
+        }
+        self.link_mbit = mbit;
+        Ok(())
+    }
+
+    /// Bytes through storage node `i`'s link so far: (into the node, out of it).
+    pub fn link_bytes(&self, i: usize) -> Result<(u64, u64), String> {
+        let dev = self.network.veth(&format!("n{}", i + 1));
+        let read = |what: &str| -> Result<u64, String> {
+            let path = format!("/sys/class/net/{dev}/statistics/{what}");
+            let text = std::fs::read_to_string(&path).map_err(|e| format!("{path}: {e}"))?;
+            text.trim().parse().map_err(|e| format!("{path}: {e}"))
+        };
+        // The root-side end: what it sends goes into the node.
+        Ok((read("tx_bytes")?, read("rx_bytes")?))
     }
 
     /// Cuts storage node `i` off the network: its end of the bridge goes down, so every packet

@@ -52,6 +52,7 @@ fn up(args: &[String]) -> Result<(), String> {
         network: XTASK,
         nodes,
         link_mbit: link,
+        compute_link_mbit: link,
         dir: dir.clone(),
         weed: env.weed.clone(),
         host_binary: bins.join("hapi-host"),

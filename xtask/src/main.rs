@@ -9,6 +9,7 @@ mod features;
 mod jobs;
 mod layout;
 mod newfn;
+mod scale;
 mod setup;
 mod sh;
 mod sweep;
@@ -44,6 +45,12 @@ commands:
                      master, filer and S3 on a metadata node, a volume server and a hapi-host
                      on each storage node (replication 001), a compute node; each link
                      tc-shaped to MBIT; left running (needs root); prints the URLs
+  eval-scale [--nodes N] [--link MBIT] [--samples N] [--model M] [--split S] [--compute-link-gbit G]
+                     the trainer pulling features through 1..N storage nodes (default 4),
+                     each behind its own MBIT link (default 8): samples/s, scaling
+                     efficiency, bytes on the links, and a bottleneck model for 10, 100 and
+                     1,000 nodes (needs root; table, target/eval-scale/summary.json and
+                     scaling.svg)
   eval-sweep [--model M] [--train-limit N] [--test-limit N] [--epochs N] [--lrs A,B,..]
                      a sweep of heads (learning rates) through the feature store: job 1
                      extracts, the others train from the store, each checked against the
@@ -82,6 +89,7 @@ fn main() -> ExitCode {
         Some("demo") => jobs::demo(&args[1..]),
         Some("eval-split") => jobs::eval_split(&args[1..]),
         Some("cluster") => cluster::run(&args[1..]),
+        Some("eval-scale") => scale::run(&args[1..]),
         Some("eval-sweep") => sweep::run(&args[1..]),
         Some("eval-dtype") => sweep::dtype(&args[1..]),
         Some("new-function") => setup::workspace().and_then(|w| newfn::run(&w, &args[1..])),

@@ -357,7 +357,17 @@ impl Job {
             sources,
             choice,
             batches,
-            self.cfg.prefetch,
+            pipeline::Ahead {
+                prefetch: self.cfg.prefetch,
+                // With several hosts, the batches ahead are fetched at once, so that every
+                // host has requests and none idles while another finishes a batch; with one,
+                // one at a time (its storage stage is the host, its times each batch's own).
+                fetch_ahead: if self.cfg.hosts.len() > 1 {
+                    self.cfg.prefetch + 1
+                } else {
+                    1
+                },
+            },
             |mut f, split| {
                 traffic.bytes += f.bytes;
                 traffic.requests += f.requests;

@@ -86,6 +86,11 @@ struct Cli {
     /// Storage requests in flight per batch.
     #[arg(long, default_value_t = 4)]
     in_flight: usize,
+    /// Send each key to a host beside a replica of it: the hosts whose policy names their
+    /// SeaweedFS volume server (`host.s3.local_volume_server`) say which volumes they hold, and
+    /// one of them tells each batch's keys' volumes. Without it, requests go by load alone.
+    #[arg(long)]
+    locality: bool,
     /// Use at most this many training samples (a seeded subset).
     #[arg(long)]
     train_limit: Option<usize>,
@@ -274,6 +279,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         prefetch: cli.prefetch,
         request_size: cli.request_size,
         in_flight: cli.in_flight,
+        locality: cli.locality,
         train_limit: cli.train_limit,
         test_limit: cli.test_limit,
         max_iters: cli.max_iters,

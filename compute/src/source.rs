@@ -7,6 +7,7 @@ use futures::{StreamExt, TryStreamExt};
 use hapi_client::{InvokeError, ServerTiming, StorageClient};
 use hapi_preprocess::Transform;
 use object_store::{ObjectStore, ObjectStoreExt};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -55,6 +56,9 @@ pub enum Source {
         /// Invocations in flight at once for this batch.
         in_flight: usize,
         skip_bad: bool,
+        /// With `--locality`: which hosts hold which volumes; each key's request goes to a
+        /// host beside a replica of it.
+        placement: Option<Arc<Placement>>,
     },
     Local {
         store: Arc<dyn ObjectStore>,
@@ -76,26 +80,37 @@ impl Source {
                 request_size,
                 in_flight,
                 skip_bad,
+                placement,
             } => {
-                let chunks: Vec<Vec<Sample>> = samples
-                    .chunks((*request_size).max(1))
-                    .map(<[Sample]>::to_vec)
-                    .collect();
+                let size = (*request_size).max(1);
+                let chunks: Vec<(Vec<Sample>, Vec<usize>)> = match placement {
+                    Some(p) => p.requests(client, bucket, samples, size).await,
+                    None => samples
+                        .chunks(size)
+                        .map(|c| (c.to_vec(), Vec::new()))
+                        .collect(),
+                };
                 let parts: Vec<Fetched> = futures::stream::iter(chunks)
-                    .map(|chunk| {
+                    .map(|(chunk, prefer)| {
                         pushdown_chunk(
                             Arc::clone(client),
                             bucket.clone(),
                             model.clone(),
                             *split,
                             chunk,
+                            prefer,
                             *skip_bad,
                         )
                     })
                     .buffered((*in_flight).max(1))
                     .try_collect()
                     .await?;
-                Ok(concat(parts))
+                let fetched = concat(parts);
+                Ok(if placement.is_some() {
+                    in_order(fetched, samples)
+                } else {
+                    fetched
+                })
             }
             Self::Local {
                 store,
@@ -115,12 +130,148 @@ impl Source {
     }
 }
 
+/// Which storage hosts hold which volumes (each host's `GET /v1/placement`), asked again
+/// every [`Placement::FRESH_FOR`] (a volume server restarted, a volume moved); a host that does
+/// not answer keeps what it said last.
+#[derive(Debug)]
+pub struct Placement {
+    hosts: std::sync::Mutex<(Instant, Vec<Option<Vec<u32>>>)>,
+}
+
+impl Placement {
+    const FRESH_FOR: Duration = Duration::from_secs(10);
+
+    /// From each host's volumes (by host index; `None`: the host reads through S3 only).
+    /// `None` when no host holds any.
+    pub fn new(host_volumes: Vec<Option<Vec<u32>>>) -> Option<Self> {
+        host_volumes.iter().any(Option::is_some).then(|| Self {
+            hosts: std::sync::Mutex::new((Instant::now(), host_volumes)),
+        })
+    }
+
+    /// Hosts by volume, asked again first if stale.
+    async fn by_volume(&self, client: &StorageClient) -> HashMap<u32, Vec<usize>> {
+        let stale = {
+            let h = self
+                .hosts
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            h.0.elapsed() > Self::FRESH_FOR
+        };
+        if stale {
+            let fresh = client.host_volumes().await;
+            let mut h = self
+                .hosts
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            for (old, new) in h.1.iter_mut().zip(fresh) {
+                if new.is_some() {
+                    *old = new;
+                }
+            }
+            h.0 = Instant::now();
+        }
+        let h = self
+            .hosts
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut by_volume: HashMap<u32, Vec<usize>> = HashMap::new();
+        for (host, volumes) in h.1.iter().enumerate() {
+            for &v in volumes.iter().flatten() {
+                by_volume.entry(v).or_default().push(host);
+            }
+        }
+        by_volume
+    }
+
+    /// The batch's requests: its keys grouped by a host beside a replica of each (the one
+    /// given fewest keys of this batch so far, so the batch spreads over the replicas), in
+    /// requests of at most `size` keys, each with its preferred host; keys whose placement is
+    /// unknown go to any host. If the placement cannot be asked, plain requests.
+    async fn requests(
+        &self,
+        client: &StorageClient,
+        bucket: &str,
+        samples: &[Sample],
+        size: usize,
+    ) -> Vec<(Vec<Sample>, Vec<usize>)> {
+        let keys: Vec<String> = samples.iter().map(|s| s.key.clone()).collect();
+        let mut volumes = Vec::with_capacity(keys.len());
+        for part in keys.chunks(1024) {
+            match client.placement(bucket, part).await {
+                Ok(v) => volumes.extend(v),
+                Err(_) => {
+                    return samples
+                        .chunks(size)
+                        .map(|c| (c.to_vec(), Vec::new()))
+                        .collect();
+                }
+            }
+        }
+        let by_volume = self.by_volume(client).await;
+        let n = client.hosts().len();
+        let mut groups: Vec<Vec<Sample>> = vec![Vec::new(); n + 1];
+        for (sample, vols) in samples.iter().zip(&volumes) {
+            let mut near: Vec<usize> = vols
+                .iter()
+                .filter_map(|v| by_volume.get(v))
+                .flatten()
+                .copied()
+                .collect();
+            near.sort_unstable();
+            near.dedup();
+            let group = near
+                .into_iter()
+                .filter(|&h| h < n)
+                .min_by_key(|&h| (groups[h].len(), h))
+                .unwrap_or(n);
+            groups[group].push(sample.clone());
+        }
+        let mut out = Vec::new();
+        for (host, group) in groups.into_iter().enumerate() {
+            let prefer = if host < n { vec![host] } else { Vec::new() };
+            for c in group.chunks(size) {
+                out.push((c.to_vec(), prefer.clone()));
+            }
+        }
+        out
+    }
+}
+
+/// `fetched`'s samples back in the order of `samples` (requests grouped by host return them
+/// grouped): the same batch, row for row, as without locality.
+fn in_order(mut fetched: Fetched, samples: &[Sample]) -> Fetched {
+    let position: HashMap<&str, usize> = samples
+        .iter()
+        .enumerate()
+        .rev()
+        .map(|(i, s)| (s.key.as_str(), i))
+        .collect();
+    let mut rows: Vec<usize> = (0..fetched.keys.len()).collect();
+    rows.sort_by_key(|&r| {
+        position
+            .get(fetched.keys[r].as_str())
+            .copied()
+            .unwrap_or(usize::MAX)
+    });
+    let width = fetched.sample_shape.iter().product::<i64>().max(0) as usize;
+    let mut data = Vec::with_capacity(fetched.data.len());
+    for &r in &rows {
+        data.extend_from_slice(&fetched.data[r * width..(r + 1) * width]);
+    }
+    fetched.data = data;
+    fetched.labels = rows.iter().map(|&r| fetched.labels[r]).collect();
+    fetched.keys = rows.iter().map(|&r| fetched.keys[r].clone()).collect();
+    fetched
+}
+
 async fn pushdown_chunk(
     client: Arc<StorageClient>,
     bucket: String,
     model: String,
     split: usize,
     mut samples: Vec<Sample>,
+    prefer: Vec<usize>,
     skip_bad: bool,
 ) -> Result<Fetched, FetchError> {
     let mut skipped = Vec::new();
@@ -132,7 +283,10 @@ async fn pushdown_chunk(
             });
         }
         let keys: Vec<String> = samples.iter().map(|s| s.key.clone()).collect();
-        match client.invoke(&bucket, &keys, &model, split).await {
+        match client
+            .invoke_preferring(&bucket, &keys, &model, split, &prefer)
+            .await
+        {
             Ok(f) => {
                 let n = f.shape.first().copied().unwrap_or(0) as usize;
                 if n != samples.len() {

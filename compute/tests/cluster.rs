@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{OPERATOR, host_binary, invocations, losses, max_diff, stall};
+use common::{OPERATOR, host_binary, http_get_as, invocations, losses, max_diff, stall};
 use hapi_tests::cluster::{self, Cluster, Config, TEST};
 use hapi_tests::{guest, workspace};
 use serde_json::Value;
@@ -51,6 +51,7 @@ feature-extract = "{}"
             hapi_host::policy::hash_token(TOKEN),
             guest("feature-extract").display(),
         ),
+        locality: true,
     }
 }
 
@@ -99,7 +100,7 @@ fn trainer(c: &Cluster, out: &Path) -> Child {
             "--prefetch",
             "1",
         ])
-        .args(["--no-test", "--epochs", "1", "--out"])
+        .args(["--no-test", "--epochs", "1", "--locality", "--out"])
         .arg(out)
         .envs(c.s3_env())
         .stdout(Stdio::null())
@@ -126,6 +127,19 @@ fn after_invocations(c: &Cluster, base: u64, n: u64, what: &str) {
     }
 }
 
+/// Reads the hosts served from their local volume servers, and through the S3 gateway.
+fn reads(c: &Cluster) -> (u64, u64) {
+    let (mut local, mut gateway) = (0, 0);
+    for n in &c.nodes {
+        let text = http_get_as(&n.host_url, "/v1/placement", TOKEN).expect("placement");
+        let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+        let v: Value = serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {text}"));
+        local += v["local_reads"].as_u64().expect("local_reads");
+        gateway += v["gateway_reads"].as_u64().expect("gateway_reads");
+    }
+    (local, gateway)
+}
+
 fn total_invocations(c: &Cluster) -> u64 {
     c.nodes.iter().map(|n| invocations(&n.host_url)).sum()
 }
@@ -139,13 +153,16 @@ fn counter(r: &Value, field: &str) -> u64 {
         .sum()
 }
 
-/// Starts a 3-node cluster in namespaces (skipped, saying why, without root or iproute2), runs
-/// a short job across it undisturbed, then the same job three times with a failure a few
-/// iterations in: node 2's host `kill -9`ed (the trainer retries its requests elsewhere and
-/// ejects it), node 3's volume server `kill -9`ed (SeaweedFS reads the replica on another
-/// node), node 1 cut off the network for 4 s and restored (its requests hang: the trainer
-/// hedges them). Every run's losses equal the undisturbed run's; each run's stall (its longest
-/// interval between iterations against the median) is printed.
+/// Starts a 3-node cluster in namespaces (skipped, saying why, without root or iproute2), each
+/// host reading replicas from its own volume server and the trainer sending each key to a host
+/// beside a replica (`--locality`); runs a short job across it undisturbed (every object read
+/// locally), then the same job three times with a failure a few iterations in: node 2's host
+/// `kill -9`ed (the trainer retries its requests elsewhere and ejects it), node 3's volume
+/// server `kill -9`ed (its host reads through the S3 gateway, which reads the replica on
+/// another node), the node whose host served most cut off the network for 4 s and restored
+/// (its requests hang: the trainer hedges them). Every run's losses equal the undisturbed
+/// run's; each run's stall (its longest interval between iterations against the median) is
+/// printed.
 #[test]
 fn a_job_across_a_three_node_cluster_survives_a_host_a_volume_server_and_a_node_lost_mid_epoch() {
     if let Some(why) = cluster::unavailable() {
@@ -161,8 +178,21 @@ fn a_job_across_a_three_node_cluster_survives_a_host_a_volume_server_and_a_node_
         (trainer(c, &out), out)
     };
     let (child, out) = run(&c, "calm");
-    let (calm, _) = finish(child, &out, "calm");
+    let (calm, stderr) = finish(child, &out, "calm");
     let base = losses(&calm);
+    // Each key went to a host beside a replica, which read it from its own volume server.
+    assert!(
+        stderr.contains("locality: 3 of 3 hosts"),
+        "no locality:\n{stderr}"
+    );
+    let (local, gateway) = reads(&c);
+    assert!(
+        local >= (TRAIN as u64) * 9 / 10,
+        "{local} reads from local volume servers, {gateway} through the gateway"
+    );
+    println!(
+        "undisturbed: {local} reads from local volume servers, {gateway} through the S3 gateway"
+    );
     let (worst, median) = stall(&calm);
     println!("undisturbed: longest interval {worst:.3} s, median {median:.3} s");
 
@@ -207,12 +237,24 @@ fn a_job_across_a_three_node_cluster_survives_a_host_a_volume_server_and_a_node_
         .expect("volume server 3 restarts");
 
     // A node cut off and restored.
+    // The node cut is the one whose host this run has used most so far: requests keep
+    // going to it (its keys' replicas are there) until the trainer routes around it.
+    let before: Vec<u64> = c.nodes.iter().map(|n| invocations(&n.host_url)).collect();
     let (child, out) = run(&c, "node-cut");
-    after_invocations(&c, total_invocations(&c), 12, "node cut off");
-    c.cut(0).expect("cut node 1 off");
+    after_invocations(&c, before.iter().sum(), 12, "node cut off");
+    let cut = (0..c.nodes.len())
+        .max_by_key(|&i| invocations(&c.nodes[i].host_url) - before[i])
+        .expect("nodes");
+    let cut_at = Instant::now();
+    c.cut(cut).expect("cut the node off");
     std::thread::sleep(Duration::from_secs(4));
-    c.restore(0).expect("restore node 1");
+    c.restore(cut).expect("restore the node");
     let (r, stderr) = finish(child, &out, "node cut off");
+    println!(
+        "node {} cut off {:.1} s before the job ended",
+        cut + 1,
+        cut_at.elapsed().as_secs_f64()
+    );
     let d = max_diff(&base, &losses(&r));
     assert!(d <= 1e-6, "node cut off: losses differ by {d}:\n{stderr}");
     let moved = counter(&r, "retries") + counter(&r, "hedges");

@@ -5,7 +5,7 @@ mod common;
 
 use common::seaweed::Seaweed;
 use common::{ALICE, SAMPLES, TestHost, features, layout, sample_key};
-use hapi_host::policy::{Grant, Limits, S3Settings, StoreLocation, Tenant};
+use hapi_host::policy::{Grant, Limits, Locality, S3Settings, StoreLocation, Tenant};
 use hapi_host::store::scoped::Scoped;
 use hapi_host::store::{ObjectError, ObjectMeta, Store};
 use serde_json::json;
@@ -49,8 +49,7 @@ async fn get_range(
 }
 
 /// The suite: every backend must behave the same.
-async fn conformance(store: Store) {
-    let store = Arc::new(store);
+async fn conformance(store: Arc<Store>) {
     let fresh = || Scoped::new(tenant(), Arc::clone(&store));
     let mut o = fresh();
     let small = "fashion-mnist/small.bin";
@@ -195,8 +194,10 @@ async fn conformance(store: Store) {
 async fn local_store_conforms() {
     let tmp = tempfile::tempdir().expect("tmp");
     common::write_store(tmp.path());
-    conformance(Store::open(&StoreLocation::Local(tmp.path().to_path_buf())).expect("local store"))
-        .await;
+    conformance(Arc::new(
+        Store::open(&StoreLocation::Local(tmp.path().to_path_buf())).expect("local store"),
+    ))
+    .await;
 }
 
 /// Dropping an S3 store on an async thread (a failed start, the end of a test) must neither
@@ -208,6 +209,7 @@ async fn an_s3_store_can_be_dropped_on_an_async_thread() {
         region: "us-east-1".into(),
         access_key_id: Some("k".into()),
         secret_access_key: Some("s".into()),
+        locality: None,
     }))
     .expect("S3 store");
     drop(store);
@@ -224,9 +226,28 @@ async fn s3_store_conforms_and_serves_the_whole_pushdown_path() {
         region: "us-east-1".into(),
         access_key_id: Some(common::seaweed::ACCESS_KEY.into()),
         secret_access_key: Some(common::seaweed::SECRET_KEY.into()),
+        locality: None,
     };
-    let store = Store::open(&StoreLocation::S3(settings)).expect("S3 store");
-    conformance(store).await;
+    let store = Store::open(&StoreLocation::S3(settings.clone())).expect("S3 store");
+    conformance(Arc::new(store)).await;
+
+    // Beside the volume server: the same answers, read from it instead of through S3.
+    let near = Arc::new(
+        Store::open(&StoreLocation::S3(S3Settings {
+            locality: Some(Locality {
+                filer: weed.filer.clone(),
+                volume_server: weed.volume.clone(),
+            }),
+            ..settings
+        }))
+        .expect("S3 store with locality"),
+    );
+    conformance(Arc::clone(&near)).await;
+    let report = near.locality().expect("locality").report().await;
+    assert!(
+        report.local_reads > 0 && !report.volumes.is_empty(),
+        "nothing was read from the volume server: {report:?}"
+    );
 
     // Wrong credentials are an I/O error, not a crash.
     let bad = Store::open(&StoreLocation::S3(S3Settings {
@@ -234,6 +255,7 @@ async fn s3_store_conforms_and_serves_the_whole_pushdown_path() {
         region: "us-east-1".into(),
         access_key_id: Some("nobody".into()),
         secret_access_key: Some("wrong".into()),
+        locality: None,
     }))
     .expect("store");
     let mut o = Scoped::new(tenant(), Arc::new(bad));

@@ -93,6 +93,9 @@ pub struct Config {
     pub host_extra: String,
     /// The policies' tenant tables.
     pub tenants: String,
+    /// Each host reads the replicas its node's volume server holds from it, not through the S3
+    /// gateway (`host.s3.local_volume_server`), and answers `/v1/placement`.
+    pub locality: bool,
 }
 
 /// A storage node.
@@ -461,13 +464,21 @@ impl Cluster {
         let nodedir = self.dir.join(format!("n{}", i + 1));
         std::fs::create_dir_all(&nodedir).map_err(|e| e.to_string())?;
         let policy = format!(
-            "# Generated for storage node {n} of a `cargo xtask cluster`.\n[host]\nlisten = \"{addr}:{HOST_PORT}\"\nstore = \"s3://\"\nstate = \"{state}\"\n{extra}\n[host.s3]\nendpoint = \"http://{meta}:8333\"\naccess_key_id = \"{S3_KEY}\"\nsecret_access_key = \"{S3_SECRET}\"\n\n{tenants}",
+            "# Generated for storage node {n} of a `cargo xtask cluster`.\n[host]\nlisten = \"{addr}:{HOST_PORT}\"\nstore = \"s3://\"\nstate = \"{state}\"\n{extra}\n[host.s3]\nendpoint = \"http://{meta}:8333\"\naccess_key_id = \"{S3_KEY}\"\nsecret_access_key = \"{S3_SECRET}\"\n{near}\n{tenants}",
             n = i + 1,
             addr = node.addr,
             state = nodedir.join("state").display(),
             extra = config.host_extra.trim_end(),
             meta = self.meta_addr,
             tenants = config.tenants,
+            near = if config.locality {
+                format!(
+                    "seaweedfs_filer = \"http://{}:8888\"\nlocal_volume_server = \"http://{}:8080\"\n",
+                    self.meta_addr, node.addr
+                )
+            } else {
+                String::new()
+            },
         );
         let path = nodedir.join("policy.toml");
         std::fs::write(&path, policy).map_err(|e| format!("{}: {e}", path.display()))?;

@@ -68,6 +68,7 @@ fn up(args: &[String]) -> Result<(), String> {
             "\"efficientnet_lite0\", \"resnet18\", \"alexnet\"",
             "fashion-mnist",
         ),
+        locality: true,
     };
     sh::step(&format!(
         "{nodes} storage nodes, a metadata node and a compute node (links: {})",
@@ -107,7 +108,7 @@ fn up(args: &[String]) -> Result<(), String> {
         );
     }
     println!(
-        "  train on the compute node: ip netns exec {} env {s3_env}{} --hosts-file {} --token {TOKEN} --store s3:// --bucket datasets --prefix fashion-mnist --split auto",
+        "  train on the compute node: ip netns exec {} env {s3_env}{} --hosts-file {} --token {TOKEN} --store s3:// --bucket datasets --prefix fashion-mnist --split auto --locality",
         XTASK.compute(),
         train.display(),
         hosts_file.display()

@@ -60,6 +60,8 @@ fn options(args: &[String]) -> Result<Options, String> {
 /// One node count's run.
 struct Point {
     nodes: usize,
+    /// Hosts read replicas from their own volume servers and the trainer routes by placement.
+    locality: bool,
     samples: usize,
     wall_s: f64,
     compute_stage_s: f64,
@@ -90,23 +92,28 @@ pub fn run(args: &[String]) -> Result<(), String> {
     let mut points = Vec::new();
     let mut metadata_rate = 0.0;
     let started = Instant::now();
-    for n in 1..=o.nodes {
+    for (n, locality) in (1..=o.nodes).flat_map(|n| [(n, false), (n, true)]) {
         sh::step(&format!(
-            "{n} storage node(s), {} Mbit/s each ({:.0} s so far)",
+            "{n} storage node(s), {} Mbit/s each, {} ({:.0} s so far)",
             o.link,
+            if locality {
+                "with locality"
+            } else {
+                "through the S3 gateway"
+            },
             started.elapsed().as_secs_f64()
         ));
-        let mut c = start(&env, &bins, &work, n, &o.model)?;
+        let mut c = start(&env, &bins, &work, n, &o.model, locality)?;
         // Loaded unshaped (the links under test carry the job, not the set-up).
         load(&env, &bins, &c, o.samples)?;
-        if n == o.nodes {
+        if n == o.nodes && !locality {
             metadata_rate = probe_metadata(&c)?;
             println!(
                 "  metadata path: {metadata_rate:.0} lookups/s (HEAD through the filer, 8 clients)"
             );
         }
         c.shape_storage(Some(o.link))?;
-        let p = measure(&env, &bins, &c, &o, &out)?;
+        let p = measure(&env, &bins, &c, &o, &out, locality)?;
         println!(
             "  {:.2} samples/s, epoch {:.1} s, {:.0} KB of features per sample, {:.0} KB out of the storage nodes per sample",
             p.rate(),
@@ -122,7 +129,14 @@ pub fn run(args: &[String]) -> Result<(), String> {
     Ok(())
 }
 
-fn start(env: &Env, bins: &Path, work: &Path, n: usize, model: &str) -> Result<Cluster, String> {
+fn start(
+    env: &Env,
+    bins: &Path,
+    work: &Path,
+    n: usize,
+    model: &str,
+    locality: bool,
+) -> Result<Cluster, String> {
     let config = Config {
         network: EVAL,
         nodes: n,
@@ -145,6 +159,7 @@ fn start(env: &Env, bins: &Path, work: &Path, n: usize, model: &str) -> Result<C
             &format!("\"{model}\""),
             "photos",
         ),
+        locality,
     };
     let c = Cluster::start(&config)?;
     c.create_bucket("datasets")?;
@@ -169,9 +184,19 @@ fn load(env: &Env, bins: &Path, c: &Cluster, samples: usize) -> Result<(), Strin
     .map(|_| ())
 }
 
-fn measure(env: &Env, bins: &Path, c: &Cluster, o: &Options, out: &Path) -> Result<Point, String> {
+fn measure(
+    env: &Env,
+    bins: &Path,
+    c: &Cluster,
+    o: &Options,
+    out: &Path,
+    locality: bool,
+) -> Result<Point, String> {
     let n = c.nodes.len();
-    let file = out.join(format!("nodes-{n}.json"));
+    let file = out.join(format!(
+        "nodes-{n}{}.json",
+        if locality { "-locality" } else { "" }
+    ));
     let before: Vec<(u64, u64)> = (0..n).map(|i| c.link_bytes(i)).collect::<Result<_, _>>()?;
     let mut cmd = cluster::in_namespace(&c.network.compute(), bins.join("hapi-train"));
     for node in &c.nodes {
@@ -193,6 +218,9 @@ fn measure(env: &Env, bins: &Path, c: &Cluster, o: &Options, out: &Path) -> Resu
     .arg(&file)
     .envs(env.vars())
     .envs(c.s3_env());
+    if locality {
+        cmd.arg("--locality");
+    }
     sh::output(&mut cmd)?;
     let after: Vec<(u64, u64)> = (0..n).map(|i| c.link_bytes(i)).collect::<Result<_, _>>()?;
     let r: Value = serde_json::from_slice(
@@ -204,6 +232,7 @@ fn measure(env: &Env, bins: &Path, c: &Cluster, o: &Options, out: &Path) -> Resu
     let per_node_out: Vec<u64> = before.iter().zip(&after).map(|(b, a)| a.1 - b.1).collect();
     Ok(Point {
         nodes: n,
+        locality,
         samples: num("samples")? as usize,
         wall_s: num("wall_s")?,
         compute_stage_s: num("compute_stage_s")?,
@@ -310,19 +339,21 @@ impl Model {
     }
 }
 
-fn report(o: &Options, points: &[Point], metadata: f64, out: &Path) -> Result<(), String> {
-    let one = points.first().ok_or("no runs")?.rate();
-    let samples: usize = points.iter().map(|p| p.samples).sum();
-    let feature_bytes =
-        points.iter().map(|p| p.features_bytes).sum::<u64>() as f64 / samples as f64;
+fn report(o: &Options, all: &[Point], metadata: f64, out: &Path) -> Result<(), String> {
+    let modes: Vec<(bool, Vec<&Point>)> = [false, true]
+        .into_iter()
+        .map(|l| (l, all.iter().filter(|p| p.locality == l).collect()))
+        .collect();
+    let samples: usize = all.iter().map(|p| p.samples).sum();
+    let feature_bytes = all.iter().map(|p| p.features_bytes).sum::<u64>() as f64 / samples as f64;
     // The compute stage's capacity: a batch per mean compute-stage time, the best run's (the
     // others shared the cores with more hosts).
-    let compute = points
+    let compute = all
         .iter()
         .map(|p| p.samples as f64 / p.iterations as f64 / p.compute_stage_s)
         .fold(0.0, f64::max);
-    let model = Model {
-        per_node: one,
+    let model = |points: &[&Point]| Model {
+        per_node: points.first().map_or(0.0, |p| p.rate()),
         compute_link: o.compute_link_gbit * 1e9 / 8.0 / feature_bytes,
         compute,
         metadata,
@@ -330,61 +361,76 @@ fn report(o: &Options, points: &[Point], metadata: f64, out: &Path) -> Result<()
     println!();
     println!(
         "eval-scale: {}, split {}, {} samples, each storage node's link {} Mbit/s",
-        o.model, o.split, points[0].samples, o.link
+        o.model,
+        o.split,
+        all.first().map_or(0, |p| p.samples),
+        o.link
     );
     println!(
-        "| storage nodes | samples/s | epoch s | efficiency | model samples/s | KB out of storage nodes per sample | KB into them per sample | spread (max/min node out) |"
+        "| storage nodes | locality | samples/s | epoch s | efficiency | model samples/s | KB out of storage nodes per sample | KB into them per sample | spread (max/min node out) |"
     );
-    println!("|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|");
     let mut rows = Vec::new();
-    for p in points {
-        let eff = p.rate() / (p.nodes as f64 * one);
-        let (pred, _) = model.predict(p.nodes);
-        let max = p.per_node_out.iter().copied().max().unwrap_or(0) as f64;
-        let min = p.per_node_out.iter().copied().min().unwrap_or(0).max(1) as f64;
-        println!(
-            "| {} | {:.2} | {:.1} | {:.2} | {:.2} | {:.0} | {:.0} | {:.2} |",
-            p.nodes,
-            p.rate(),
-            p.wall_s,
-            eff,
-            pred,
-            p.link_out as f64 / p.samples as f64 / 1e3,
-            p.link_in as f64 / p.samples as f64 / 1e3,
-            max / min
-        );
-        rows.push(json!({
-            "nodes": p.nodes, "samples": p.samples, "wall_s": p.wall_s,
-            "samples_per_s": p.rate(), "efficiency": eff, "model_samples_per_s": pred,
-            "features_bytes": p.features_bytes, "link_out_bytes": p.link_out,
-            "link_in_bytes": p.link_in, "per_node_out_bytes": p.per_node_out,
-            "compute_stage_s": p.compute_stage_s, "iterations": p.iterations,
-        }));
+    for (locality, points) in &modes {
+        let m = model(points);
+        for p in points {
+            let eff = p.rate() / (p.nodes as f64 * m.per_node);
+            let (pred, _) = m.predict(p.nodes);
+            let max = p.per_node_out.iter().copied().max().unwrap_or(0) as f64;
+            let min = p.per_node_out.iter().copied().min().unwrap_or(0).max(1) as f64;
+            println!(
+                "| {} | {} | {:.2} | {:.1} | {:.2} | {:.2} | {:.0} | {:.0} | {:.2} |",
+                p.nodes,
+                if *locality { "yes" } else { "no" },
+                p.rate(),
+                p.wall_s,
+                eff,
+                pred,
+                p.link_out as f64 / p.samples as f64 / 1e3,
+                p.link_in as f64 / p.samples as f64 / 1e3,
+                max / min
+            );
+            rows.push(json!({
+                "nodes": p.nodes, "locality": locality, "samples": p.samples, "wall_s": p.wall_s,
+                "samples_per_s": p.rate(), "efficiency": eff, "model_samples_per_s": pred,
+                "features_bytes": p.features_bytes, "link_out_bytes": p.link_out,
+                "link_in_bytes": p.link_in, "per_node_out_bytes": p.per_node_out,
+                "compute_stage_s": p.compute_stage_s, "iterations": p.iterations,
+            }));
+        }
     }
+    let plain = model(&modes[0].1);
+    let near = model(&modes[1].1);
     println!();
     println!(
-        "model: min(N x {:.2} samples/s per node link, {:.0} samples/s through a {} Gbit/s compute link at {:.0} KB per sample, {:.1} samples/s compute stage (measured here, CPU), {:.0} samples/s metadata lookups (measured))",
-        model.per_node,
-        model.compute_link,
+        "model: min(N x one node's samples/s ({:.2} through the gateway, {:.2} with locality), {:.0} samples/s through a {} Gbit/s compute link at {:.0} KB per sample, {:.1} samples/s compute stage (measured here, CPU), {:.0} samples/s metadata lookups (measured))",
+        plain.per_node,
+        near.per_node,
+        plain.compute_link,
         o.compute_link_gbit,
         feature_bytes / 1e3,
-        model.compute,
-        model.metadata
+        compute,
+        metadata
     );
-    println!("| storage nodes | model samples/s | bottleneck |");
-    println!("|---|---|---|");
+    println!(
+        "| storage nodes | model samples/s, through the gateway | with locality | bottleneck (with locality) |"
+    );
+    println!("|---|---|---|---|");
     let mut projected = Vec::new();
     for n in [10, 100, 1000] {
-        let (pred, what) = model.predict(n);
-        println!("| {n} | {pred:.1} | {what} |");
-        projected.push(json!({"nodes": n, "samples_per_s": pred, "bottleneck": what}));
+        let (a, _) = plain.predict(n);
+        let (b, what) = near.predict(n);
+        println!("| {n} | {a:.1} | {b:.1} | {what} |");
+        projected
+            .push(json!({"nodes": n, "samples_per_s": a, "with_locality": b, "bottleneck": what}));
     }
     let summary = json!({
         "model": o.model, "split": o.split, "link_mbit": o.link,
         "compute_link_gbit": o.compute_link_gbit, "measured": rows, "projected": projected,
         "bounds": {
-            "per_node_samples_per_s": model.per_node, "compute_link_samples_per_s": model.compute_link,
-            "compute_stage_samples_per_s": model.compute, "metadata_lookups_per_s": model.metadata,
+            "per_node_samples_per_s": plain.per_node, "per_node_with_locality": near.per_node,
+            "compute_link_samples_per_s": plain.compute_link,
+            "compute_stage_samples_per_s": compute, "metadata_lookups_per_s": metadata,
             "feature_bytes_per_sample": feature_bytes,
         },
     });
@@ -395,18 +441,26 @@ fn report(o: &Options, points: &[Point], metadata: f64, out: &Path) -> Result<()
     )
     .map_err(|e| format!("{}: {e}", path.display()))?;
     let svg = out.join("scaling.svg");
-    std::fs::write(&svg, plot(points, one)).map_err(|e| format!("{}: {e}", svg.display()))?;
+    std::fs::write(&svg, plot(&modes[0].1, &modes[1].1))
+        .map_err(|e| format!("{}: {e}", svg.display()))?;
     println!("\nJSON: {}\nplot: {}", path.display(), svg.display());
     Ok(())
 }
 
-/// Samples/s against storage nodes: measured, and linear scaling from one node.
-fn plot(points: &[Point], one: f64) -> String {
+/// Samples/s against storage nodes, through the gateway and with locality, and linear
+/// scaling from one node through the gateway.
+fn plot(plain: &[&Point], near: &[&Point]) -> String {
     let (w, h, m) = (480.0, 320.0, 48.0);
-    let nmax = points.len() as f64;
-    let ymax = points.iter().map(Point::rate).fold(one * nmax, f64::max) * 1.1;
+    let one = plain.first().map_or(0.0, |p| p.rate());
+    let nmax = plain.len().max(near.len()) as f64;
+    let ymax = plain
+        .iter()
+        .chain(near)
+        .map(|p| p.rate())
+        .fold(one * nmax, f64::max)
+        * 1.1;
     let x = |n: f64| m + (n - 1.0) / (nmax - 1.0).max(1.0) * (w - 2.0 * m);
-    let y = |v: f64| h - m - v / ymax * (h - 2.0 * m);
+    let y = |v: f64| h - m - v / ymax.max(1e-9) * (h - 2.0 * m);
     let mut s = format!(
         r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="12">
 <line x1="{m}" y1="{b}" x2="{r}" y2="{b}" stroke="black"/><line x1="{m}" y1="{m}" x2="{m}" y2="{b}" stroke="black"/>
@@ -429,32 +483,38 @@ fn plot(points: &[Point], one: f64) -> String {
         )
     };
     s += &line(
-        (1..=points.len())
+        (1..=plain.len())
             .map(|n| (n as f64, one * n as f64))
             .collect(),
         r#"stroke="gray" stroke-dasharray="4 3""#,
     );
-    s += &line(
-        points.iter().map(|p| (p.nodes as f64, p.rate())).collect(),
-        r#"stroke="steelblue" stroke-width="2""#,
-    );
-    for p in points {
+    for (points, colour) in [(plain, "steelblue"), (near, "darkorange")] {
+        s += &line(
+            points.iter().map(|p| (p.nodes as f64, p.rate())).collect(),
+            &format!(r#"stroke="{colour}" stroke-width="2""#),
+        );
+        for p in points {
+            s += &format!(
+                "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"3\" fill=\"{colour}\"/><text x=\"{:.1}\" y=\"{:.1}\" fill=\"{colour}\">{:.2}</text>\n",
+                x(p.nodes as f64),
+                y(p.rate()),
+                x(p.nodes as f64) + 6.0,
+                y(p.rate()) - 6.0,
+                p.rate()
+            );
+        }
+    }
+    for n in 1..=nmax as usize {
         s += &format!(
-            "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"3\" fill=\"steelblue\"/><text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{}</text><text x=\"{:.1}\" y=\"{:.1}\">{:.2}</text>\n",
-            x(p.nodes as f64),
-            y(p.rate()),
-            x(p.nodes as f64),
-            h - m + 16.0,
-            p.nodes,
-            x(p.nodes as f64) + 6.0,
-            y(p.rate()) - 6.0,
-            p.rate()
+            "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{n}</text>\n",
+            x(n as f64),
+            h - m + 16.0
         );
     }
     s += &format!(
-        "<text x=\"{}\" y=\"{}\" fill=\"gray\">dashed: {:.2} x N</text>\n</svg>\n",
+        "<text x=\"{}\" y=\"{}\"><tspan fill=\"steelblue\">through the S3 gateway</tspan>, <tspan fill=\"darkorange\">with locality</tspan>, <tspan fill=\"gray\">{:.2} x N</tspan></text>\n</svg>\n",
         m + 8.0,
-        m + 12.0,
+        m - 12.0,
         one
     );
     s

@@ -222,6 +222,73 @@ impl StorageClient {
         Ok(down)
     }
 
+    /// Each host's local volumes (`GET /v1/placement`), by index into
+    /// [`StorageClient::hosts`]: `None` for a host that reads through S3 only or did not
+    /// answer.
+    pub async fn host_volumes(&self) -> Vec<Option<Vec<u32>>> {
+        let asks: Vec<_> = self
+            .router
+            .hosts()
+            .iter()
+            .map(|host| {
+                let ask = self
+                    .http
+                    .get(format!("{host}/v1/placement"))
+                    .bearer_auth(&self.token)
+                    .timeout(Duration::from_secs(2))
+                    .send();
+                tokio::spawn(async move {
+                    match ask.await {
+                        Ok(r) if r.status().is_success() => {
+                            r.json::<serde_json::Value>().await.ok().and_then(|v| {
+                                serde_json::from_value::<Vec<u32>>(v["volumes"].clone()).ok()
+                            })
+                        }
+                        _ => None,
+                    }
+                })
+            })
+            .collect();
+        let mut out = Vec::with_capacity(asks.len());
+        for ask in asks {
+            out.push(ask.await.ok().flatten());
+        }
+        out
+    }
+
+    /// Each key's volumes (`POST /v1/placement`, the hosts tried in turn until one answers):
+    /// empty where the store does not tell.
+    pub async fn placement(&self, bucket: &str, keys: &[String]) -> anyhow::Result<Vec<Vec<u32>>> {
+        let body = serde_json::json!({"bucket": bucket, "keys": keys});
+        let mut last = String::from("no host");
+        for host in self.router.hosts() {
+            let r = self
+                .http
+                .post(format!("{host}/v1/placement"))
+                .bearer_auth(&self.token)
+                .json(&body)
+                .timeout(Duration::from_secs(30))
+                .send()
+                .await;
+            match r {
+                Ok(r) if r.status().is_success() => {
+                    let v: serde_json::Value = r.json().await?;
+                    let volumes: Vec<Vec<u32>> = serde_json::from_value(v["volumes"].clone())?;
+                    anyhow::ensure!(
+                        volumes.len() == keys.len(),
+                        "{host}: placement of {} keys answered {}",
+                        keys.len(),
+                        volumes.len()
+                    );
+                    return Ok(volumes);
+                }
+                Ok(r) => last = format!("{host}: {}", r.status()),
+                Err(e) => last = format!("{host}: {}", error_chain(&e)),
+            }
+        }
+        anyhow::bail!("no host told the keys' placement (last: {last})")
+    }
+
     /// The host's per-layer profile of `model` (the first host that is in).
     pub async fn profile(&self, model: &str) -> anyhow::Result<HostProfile> {
         let host = self.router.host(self.router.first_in());
@@ -254,6 +321,20 @@ impl StorageClient {
         model: &str,
         split: usize,
     ) -> Result<Features, InvokeError> {
+        self.invoke_preferring(bucket, keys, model, split, &[])
+            .await
+    }
+
+    /// [`StorageClient::invoke`] on one of the hosts `prefer` while one is in (see
+    /// [`StorageClient::call_preferring`]).
+    pub async fn invoke_preferring(
+        &self,
+        bucket: &str,
+        keys: &[String],
+        model: &str,
+        split: usize,
+        prefer: &[usize],
+    ) -> Result<Features, InvokeError> {
         let body = InvokeRequest {
             bucket: bucket.to_string(),
             keys: keys.to_vec(),
@@ -265,13 +346,24 @@ impl StorageClient {
                 Default::default()
             },
         };
-        self.call(&body).await
+        self.call_preferring(&body, prefer).await
     }
 
     /// Sends any invocation (`model` and `split` optional, the function's own options) to the
     /// client's function, retrying transient failures. The function must answer with an f32,
     /// f16 or bf16 tensor (`feature-extract` does); the latter two are widened to f32.
     pub async fn call(&self, body: &InvokeRequest) -> Result<Features, InvokeError> {
+        self.call_preferring(body, &[]).await
+    }
+
+    /// [`StorageClient::call`], sent to one of the hosts `prefer` (indices into
+    /// [`StorageClient::hosts`]: those beside the keys' data) while one of them is in, else to
+    /// any host; a hedge may go to any.
+    pub async fn call_preferring(
+        &self,
+        body: &InvokeRequest,
+        prefer: &[usize],
+    ) -> Result<Features, InvokeError> {
         let keys = &body.keys;
         let started = Instant::now();
         let mut backoff = self.retry.initial;
@@ -289,7 +381,7 @@ impl StorageClient {
                     last: last.1,
                 });
             }
-            let lease = match self.router.pick(&self.http, None) {
+            let lease = match self.router.pick(&self.http, None, prefer) {
                 Pick::Host(lease) => lease,
                 Pick::Wait(until) => {
                     // Every host is out: wait for a backoff to end (or a probe to answer).
@@ -340,7 +432,7 @@ impl StorageClient {
             a = &mut primary => return a,
             () = tokio::time::sleep(after) => {}
         }
-        let second = match self.router.pick(&self.http, Some(i)) {
+        let second = match self.router.pick(&self.http, Some(i), &[]) {
             Pick::Host(l) => l,
             Pick::Wait(_) => return primary.await,
         };

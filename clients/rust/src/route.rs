@@ -117,8 +117,14 @@ impl Router {
         &self.hosts[index]
     }
 
-    /// The host for the next attempt, other than `avoid`; starts the probes that are due.
-    pub(crate) fn pick(&self, http: &reqwest::Client, avoid: Option<usize>) -> Pick {
+    /// The host for the next attempt, other than `avoid`; among `prefer` (the hosts beside the
+    /// request's data) when one of them is in, else among all; starts the probes that are due.
+    pub(crate) fn pick(
+        &self,
+        http: &reqwest::Client,
+        avoid: Option<usize>,
+        prefer: &[usize],
+    ) -> Pick {
         let now = Instant::now();
         let mut s = lock(&self.state);
         for (i, h) in s.iter_mut().enumerate() {
@@ -134,14 +140,15 @@ impl Router {
             .unwrap_or(0.0);
         let n = s.len();
         let first = self.turn.fetch_add(1, Ordering::Relaxed);
-        let best = (0..n)
-            .map(|k| (first + k) % n)
-            .filter(|&i| Some(i) != avoid && s[i].ejected_until.is_none())
-            .min_by(|&a, &b| {
-                let cost =
-                    |i: usize| (s[i].outstanding + 1) as f64 * s[i].per_key_s.unwrap_or(fastest);
-                cost(a).total_cmp(&cost(b))
-            });
+        let cost = |i: usize| (s[i].outstanding + 1) as f64 * s[i].per_key_s.unwrap_or(fastest);
+        let least = |preferred_only: bool| {
+            (0..n)
+                .map(|k| (first + k) % n)
+                .filter(|&i| Some(i) != avoid && s[i].ejected_until.is_none())
+                .filter(|i| !preferred_only || prefer.contains(i))
+                .min_by(|&a, &b| cost(a).total_cmp(&cost(b)))
+        };
+        let best = least(!prefer.is_empty()).or_else(|| least(false));
         match best {
             Some(i) => {
                 s[i].outstanding += 1;
@@ -324,7 +331,7 @@ mod tests {
         let mut on = [0usize; 2];
         let mut leases = Vec::new();
         for _ in 0..30 {
-            let Pick::Host(l) = r.pick(&http, None) else {
+            let Pick::Host(l) = r.pick(&http, None, &[]) else {
                 panic!("a host is in")
             };
             on[l.index] += 1;
@@ -341,7 +348,7 @@ mod tests {
         let http = reqwest::Client::new();
         r.failed(1, "connection refused");
         for _ in 0..12 {
-            let i = index(r.pick(&http, None));
+            let i = index(r.pick(&http, None, &[]));
             assert!(i == 0 || i == 2, "picked {i}");
         }
         let st = r.stats();
@@ -349,10 +356,32 @@ mod tests {
         // All out: wait, no sooner than now and no later than the probe's answer.
         r.failed(0, "reset");
         r.failed(2, "reset");
-        match r.pick(&http, None) {
+        match r.pick(&http, None, &[]) {
             Pick::Wait(t) => assert!(t <= Instant::now() + PROBE_TIMEOUT),
             Pick::Host(l) => panic!("picked {}", l.index),
         }
+    }
+
+    #[tokio::test]
+    async fn a_request_goes_to_a_preferred_host_while_one_is_in_else_anywhere() {
+        let r = hosts(3);
+        let http = reqwest::Client::new();
+        let mut leases = Vec::new();
+        for _ in 0..6 {
+            // However loaded the preferred hosts get, the others are not chosen.
+            let Pick::Host(l) = r.pick(&http, None, &[1, 2]) else {
+                panic!("a host is in")
+            };
+            assert!(l.index == 1 || l.index == 2, "picked {}", l.index);
+            leases.push(l);
+        }
+        r.failed(1, "reset");
+        r.failed(2, "reset");
+        assert_eq!(
+            index(r.pick(&http, None, &[1, 2])),
+            0,
+            "both preferred are out"
+        );
     }
 
     #[tokio::test]

@@ -72,6 +72,9 @@ pub struct JobConfig {
     pub candidates: Option<Vec<SplitArg>>,
     pub prefetch: usize,
     pub request_size: usize,
+    /// Send each key to a host beside a replica of it (hosts with
+    /// `host.s3.local_volume_server`).
+    pub locality: bool,
     pub in_flight: usize,
     pub train_limit: Option<usize>,
     pub test_limit: Option<usize>,

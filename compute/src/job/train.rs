@@ -34,6 +34,8 @@ pub struct Job {
     pub(super) data: Dataset,
     pub(super) store: Arc<dyn ObjectStore>,
     pub(super) client: Option<Arc<StorageClient>>,
+    /// With `--locality`, where the hosts' volumes are.
+    pub(super) placement: Option<Arc<crate::source::Placement>>,
     pub(super) head: Head,
     /// Frozen features (the head's input) by key, with --cache-features or --feature-store.
     pub(super) cache: HashMap<String, Vec<f32>>,
@@ -182,6 +184,24 @@ impl Job {
             }
             Some(Arc::new(c))
         };
+        let placement = match &client {
+            Some(c) if cfg.locality => {
+                let volumes = rt.block_on(c.host_volumes());
+                let near = volumes.iter().filter(|v| v.is_some()).count();
+                let total = volumes.len();
+                let p = crate::source::Placement::new(volumes);
+                match &p {
+                    Some(_) => eprintln!(
+                        "locality: {near} of {total} hosts read from a local volume server; each key goes to one beside a replica"
+                    ),
+                    None => eprintln!(
+                        "warning: --locality: no host reads from a local volume server (host.s3.local_volume_server); requests go by load alone"
+                    ),
+                }
+                p.map(Arc::new)
+            }
+            _ => None,
+        };
         let head = Head::new(
             &pkg,
             freeze,
@@ -200,6 +220,7 @@ impl Job {
             data,
             store,
             client,
+            placement,
             head,
             cache,
             features,
@@ -264,6 +285,7 @@ impl Job {
                 request_size: self.cfg.request_size,
                 in_flight: self.cfg.in_flight,
                 skip_bad: self.cfg.skip_bad,
+                placement: self.placement.clone(),
             },
         })
     }

@@ -89,13 +89,18 @@ pub fn invocations(url: &str) -> u64 {
 }
 
 pub fn http_get(url: &str, path: &str) -> std::io::Result<String> {
+    http_get_as(url, path, OPERATOR)
+}
+
+/// `GET path` on `url` with bearer `token`: the whole response, headers and body.
+pub fn http_get_as(url: &str, path: &str, token: &str) -> std::io::Result<String> {
     use std::io::{Read, Write};
     let addr = url.trim_start_matches("http://");
     let mut s = std::net::TcpStream::connect(addr)?;
     s.set_read_timeout(Some(Duration::from_secs(5)))?;
     write!(
         s,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {OPERATOR}\r\nConnection: close\r\n\r\n"
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\nConnection: close\r\n\r\n"
     )?;
     let mut body = String::new();
     s.read_to_string(&mut body)?;

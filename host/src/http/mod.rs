@@ -7,7 +7,7 @@
 //! - [`errors`]: one table from the host's errors to status and code;
 //! - [`extract`]: bearer tokens (tenant or operator), names in paths, bodies read with a limit
 //!   and a timeout;
-//! - [`invoke`], [`functions`], [`models`]: the handlers.
+//! - [`invoke`], [`functions`], [`models`], [`placement`]: the handlers.
 //!
 //! The HTTP layer knows the wire contract (`hapi-wire`), not the guest ABI.
 
@@ -16,6 +16,7 @@ pub mod extract;
 pub mod functions;
 pub mod invoke;
 pub mod models;
+pub mod placement;
 pub mod router;
 pub mod server;
 

@@ -8,7 +8,7 @@ use crate::account::text::bounded;
 use crate::http::errors::{ApiError, Fault};
 use crate::http::extract::Operator;
 use crate::http::server::Connections;
-use crate::http::{functions, invoke, models};
+use crate::http::{functions, invoke, models, placement};
 use axum::Extension;
 use axum::Router;
 use axum::body::Body;
@@ -128,6 +128,10 @@ pub fn router(host: Arc<Host>, conns: Arc<Connections>) -> Router {
         )
         .route("/v1/models", get(models::list))
         .route("/v1/models/{name}/profile", get(models::profile))
+        .route(
+            "/v1/placement",
+            get(placement::report).post(placement::lookup),
+        )
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/metrics", get(operator_metrics))
         .fallback(|| async { ApiError::new(ErrorCode::NoRoute, "no such endpoint") })

@@ -126,6 +126,18 @@ pub struct S3Settings {
     pub region: String,
     pub access_key_id: Option<String>,
     pub secret_access_key: Option<String>,
+    /// Reading replicas from this node's own SeaweedFS volume server, when set.
+    pub locality: Option<Locality>,
+}
+
+/// Where a host beside a SeaweedFS volume server finds an object's chunks (the filer) and
+/// reads those held locally (the volume server), instead of through the S3 gateway.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Locality {
+    /// e.g. `http://10.0.0.2:8888`.
+    pub filer: String,
+    /// e.g. `http://10.0.0.11:8080`.
+    pub volume_server: String,
 }
 
 /// How the HTTP server treats connections.

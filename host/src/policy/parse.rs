@@ -55,10 +55,46 @@ struct RawS3 {
     region: String,
     access_key_id: Option<String>,
     secret_access_key: Option<String>,
+    seaweedfs_filer: Option<Spanned<String>>,
+    local_volume_server: Option<Spanned<String>>,
 }
 
 fn default_region() -> String {
     "us-east-1".into()
+}
+
+/// `host.s3.seaweedfs_filer` and `host.s3.local_volume_server`: both or neither, each an
+/// `http://` or `https://` URL.
+fn locality(ctx: &Ctx<'_>, s: &RawS3) -> Result<Option<Locality>, PolicyError> {
+    let url = |key: &str, v: &Spanned<String>| -> Result<String, PolicyError> {
+        let text = v.get_ref().trim_end_matches('/');
+        let ok = ["http://", "https://"].iter().any(|p| {
+            text.strip_prefix(p)
+                .is_some_and(|rest| !rest.is_empty() && !rest.contains(['/', '?', '#', ' ']))
+        });
+        if ok {
+            Ok(text.to_string())
+        } else {
+            ctx.err(
+                v.span(),
+                format!(
+                    "host.s3.{key} = {:?}: expected http://host:port",
+                    v.get_ref()
+                ),
+            )
+        }
+    };
+    match (&s.seaweedfs_filer, &s.local_volume_server) {
+        (None, None) => Ok(None),
+        (Some(f), Some(v)) => Ok(Some(Locality {
+            filer: url("seaweedfs_filer", f)?,
+            volume_server: url("local_volume_server", v)?,
+        })),
+        (Some(one), None) | (None, Some(one)) => ctx.err(
+            one.span(),
+            "host.s3.seaweedfs_filer and host.s3.local_volume_server go together".into(),
+        ),
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -334,20 +370,22 @@ fn host_settings(ctx: &Ctx<'_>, h: &RawHost) -> Result<HostSettings, PolicyError
     };
     let store = match h.store.get_ref().as_str() {
         "s3://" => {
-            let s3 = h.s3.as_ref().map_or_else(
-                || S3Settings {
+            let s3 = match h.s3.as_ref() {
+                None => S3Settings {
                     endpoint: String::new(),
                     region: default_region(),
                     access_key_id: None,
                     secret_access_key: None,
+                    locality: None,
                 },
-                |s| S3Settings {
+                Some(s) => S3Settings {
                     endpoint: s.endpoint.clone(),
                     region: s.region.clone(),
                     access_key_id: s.access_key_id.clone(),
                     secret_access_key: s.secret_access_key.clone(),
+                    locality: locality(ctx, s)?,
                 },
-            );
+            };
             StoreLocation::S3(s3)
         }
         other if other.contains("://") && !other.starts_with("file://") => {

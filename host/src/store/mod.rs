@@ -4,7 +4,8 @@
 //!
 //! - [`local`] (the default): a directory whose subdirectories are buckets, opened once with
 //!   cap-std; every access goes through that handle, so no key can reach outside it;
-//! - [`s3`]: any S3 service through `object_store`.
+//! - [`s3`]: any S3 service through `object_store`; beside a SeaweedFS volume server,
+//!   [`locality`] reads the replicas it holds from it instead of through the gateway.
 //!
 //! A tenant never reaches a backend directly: [`scoped::Scoped`] checks keys, grants and byte
 //! caps once, for every backend, before any I/O (as object_store's `PrefixStore` and
@@ -13,6 +14,7 @@
 pub mod error;
 pub mod keys;
 pub mod local;
+pub mod locality;
 pub mod s3;
 pub mod scoped;
 
@@ -38,6 +40,14 @@ impl Store {
             StoreLocation::Local(path) => Store::Local(local::Local::open(path)?),
             StoreLocation::S3(settings) => Store::S3(Box::new(s3::S3::new(settings.clone()))),
         })
+    }
+
+    /// Reading replicas from the local volume server, when the policy sets it up.
+    pub fn locality(&self) -> Option<&locality::Locality> {
+        match self {
+            Store::Local(_) => None,
+            Store::S3(s) => s.locality(),
+        }
     }
 
     /// The object's size, without its bytes (to check caps before reading).

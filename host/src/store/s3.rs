@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 pub struct S3 {
     settings: S3Settings,
     clients: Mutex<HashMap<String, Arc<dyn ObjectStore>>>,
+    locality: Option<super::locality::Locality>,
 }
 
 impl std::fmt::Debug for S3 {
@@ -41,9 +42,18 @@ fn meta(m: object_store::ObjectMeta) -> ObjectMeta {
 impl S3 {
     pub fn new(settings: S3Settings) -> Self {
         Self {
+            locality: settings
+                .locality
+                .clone()
+                .map(super::locality::Locality::new),
             settings,
             clients: Mutex::default(),
         }
+    }
+
+    /// Reading replicas from the local volume server, when the policy sets it up.
+    pub fn locality(&self) -> Option<&super::locality::Locality> {
+        self.locality.as_ref()
     }
 
     fn client(&self, bucket: &str) -> Result<Arc<dyn ObjectStore>, ObjectError> {
@@ -96,6 +106,11 @@ impl S3 {
             return Ok(Vec::new());
         };
         let (client, path) = (self.client(bucket)?, Self::path(key)?);
+        if let Some(near) = &self.locality
+            && let Some(bytes) = near.read(bucket, key, offset, length).await
+        {
+            return Ok(bytes);
+        }
         match client.get_range(&path, offset..end).await {
             Ok(bytes) => {
                 // A store that sends more than was asked for is cut to what was charged.

@@ -266,6 +266,10 @@ impl Runtime {
         &self.models
     }
 
+    pub fn objects(&self) -> &Arc<ObjectStore> {
+        &self.objects
+    }
+
     /// Pre-instantiates a compiled component for a tenant granted `caps`: fails if it does not
     /// implement the world with what those capabilities link.
     pub fn prepare(

@@ -15,6 +15,8 @@ pub struct Seaweed {
     pub s3: String,
     /// Filer HTTP endpoint (unauthenticated; tests write objects through it).
     pub filer: String,
+    /// The volume server's HTTP endpoint.
+    pub volume: String,
     _dir: tempfile::TempDir,
 }
 
@@ -90,6 +92,7 @@ impl Seaweed {
             child,
             s3: format!("http://127.0.0.1:{}", p[6]),
             filer: format!("http://127.0.0.1:{}", p[4]),
+            volume: format!("http://127.0.0.1:{}", p[2]),
             _dir: dir,
         };
         s.wait_until_up();

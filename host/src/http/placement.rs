@@ -1,0 +1,91 @@
+//! `GET /v1/placement` and `POST /v1/placement`: where this host's local volume server keeps
+//! objects, so that a trainer can send each key to the host beside a replica
+//! ([`crate::store::locality`]). Both need a tenant's token; the keys asked about must be
+//! within the tenant's grants, as if it read them.
+
+use crate::Host;
+use crate::account::text::quote;
+use crate::http::errors::ApiError;
+use crate::http::extract::{self, Authed};
+use crate::store::keys::check_key;
+use crate::store::locality::MAX_PLACEMENT_KEYS;
+use crate::store::scoped::granted;
+use axum::Json;
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::HeaderMap;
+use hapi_wire::ErrorCode;
+use serde::{Deserialize, Serialize};
+use std::sync::Arc;
+
+/// Largest placement request body: the keys' bound at their longest, and some.
+const MAX_BODY: usize = 2 << 20;
+
+fn not_set_up() -> ApiError {
+    ApiError::new(
+        ErrorCode::NoRoute,
+        "this host reads through S3 only (no host.s3.local_volume_server in its policy)",
+    )
+}
+
+/// This host's volume server and the volumes it holds.
+pub async fn report(
+    State(host): State<Arc<Host>>,
+    Authed(_tenant): Authed,
+) -> Result<Json<crate::store::locality::Report>, ApiError> {
+    let near = host.runtime().objects().locality().ok_or_else(not_set_up)?;
+    Ok(Json(near.report().await))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Ask {
+    bucket: String,
+    keys: Vec<String>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Answer {
+    /// Per key, in order: the volumes its chunks are on (empty: unknown here).
+    volumes: Vec<Vec<u32>>,
+}
+
+/// Each key's volumes, as the filer tells them.
+pub async fn lookup(
+    State(host): State<Arc<Host>>,
+    Authed(tenant): Authed,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Json<Answer>, ApiError> {
+    let near = host.runtime().objects().locality().ok_or_else(not_set_up)?;
+    extract::declared_within(&headers, MAX_BODY)?;
+    let timeout = host.policy().host.http.body_timeout;
+    let bytes = extract::body(body, MAX_BODY, timeout).await?;
+    let ask: Ask = serde_json::from_slice(&bytes)
+        .map_err(|e| ApiError::new(ErrorCode::BadJson, format!("placement request: {e}")))?;
+    if ask.keys.len() > MAX_PLACEMENT_KEYS {
+        return Err(ApiError::new(
+            ErrorCode::BadRequest,
+            format!(
+                "{} keys: at most {MAX_PLACEMENT_KEYS} per placement request",
+                ask.keys.len()
+            ),
+        ));
+    }
+    for key in &ask.keys {
+        check_key(key).map_err(|e| ApiError::new(ErrorCode::BadRequest, e))?;
+        if !granted(&tenant, &ask.bucket, key, false) {
+            return Err(ApiError::new(
+                ErrorCode::ObjectDenied,
+                format!(
+                    "`{}/{}` is outside your grants",
+                    quote(&ask.bucket),
+                    quote(key)
+                ),
+            ));
+        }
+    }
+    Ok(Json(Answer {
+        volumes: near.placement(&ask.bucket, &ask.keys).await,
+    }))
+}

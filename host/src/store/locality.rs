@@ -1,0 +1,310 @@
+//! Near the data: a host beside a SeaweedFS volume server reads the replicas that server holds
+//! from it directly, instead of through the S3 gateway (which would fetch them from a volume
+//! server, maybe this one, and send them on: the object crossing the node's link twice).
+//!
+//! The filer tells an object's chunks (`GET /buckets/<bucket>/<key>?metadata=true`: each chunk's
+//! file id `volume,needle` and its place in the object); the volume server tells which volumes
+//! it holds (`/status`, cached for a few seconds). A read whose chunks are all local is served
+//! from the volume server with HTTP ranges; anything else (a chunk elsewhere, compressed or
+//! encrypted chunks, content kept in the filer, any error or timeout) returns `None`, and the
+//! caller reads through S3 as before. The tenant's grants and byte charges were checked before
+//! any of this (the `scoped` layer), and no more than the bytes asked for are read into memory.
+
+use crate::policy::Locality as Settings;
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+/// How long the volume server's list of volumes is trusted.
+const VOLUMES_FOR: Duration = Duration::from_secs(5);
+/// Most keys one placement request may ask about.
+pub const MAX_PLACEMENT_KEYS: usize = 1024;
+/// Filer lookups in flight at once, host-wide, and the most of an entry's JSON read: what
+/// lookups may hold in memory on no tenant's account is bounded by their product (8 MiB).
+const LOOKUPS: usize = 32;
+const MAX_ENTRY: usize = 256 << 10;
+
+/// One chunk of an object: `[offset, offset + size)` of it is needle `file_id`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Chunk {
+    file_id: String,
+    volume: u32,
+    offset: u64,
+    size: u64,
+}
+
+#[derive(Debug)]
+pub struct Locality {
+    settings: Settings,
+    http: reqwest::Client,
+    volumes: Mutex<Option<(Instant, Arc<HashSet<u32>>)>>,
+    lookups: tokio::sync::Semaphore,
+    local_reads: AtomicU64,
+    gateway_reads: AtomicU64,
+}
+
+/// What a host reports of its placement (`GET /v1/placement`).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Report {
+    pub volume_server: String,
+    pub volumes: Vec<u32>,
+    /// Reads served from the local volume server, and through the gateway, since start.
+    pub local_reads: u64,
+    pub gateway_reads: u64,
+}
+
+/// `s` with every byte but unreserved ones and `/` percent-encoded (a key as a URL path).
+fn encode_path(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~/".contains(&b) {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// The chunks of a filer entry (its JSON), in object order; `None` when they cannot be read
+/// straight from a volume server (compressed, encrypted, content inline, a manifest chunk).
+fn chunks(entry: &serde_json::Value) -> Option<Vec<Chunk>> {
+    let list = entry.get("chunks")?.as_array()?;
+    let mut out = Vec::with_capacity(list.len());
+    for c in list {
+        let plain = ["is_compressed", "cipher_key", "is_chunk_manifest"]
+            .iter()
+            .all(|k| {
+                c.get(k)
+                    .is_none_or(|v| v.is_null() || v == false || v == "")
+            });
+        if !plain {
+            return None;
+        }
+        let file_id = c.get("file_id")?.as_str()?.to_string();
+        let volume = file_id.split_once(',')?.0.parse().ok()?;
+        out.push(Chunk {
+            volume,
+            offset: c
+                .get("offset")
+                .and_then(serde_json::Value::as_u64)
+                .unwrap_or(0),
+            size: c.get("size")?.as_u64()?,
+            file_id,
+        });
+    }
+    out.sort_by_key(|c| c.offset);
+    Some(out)
+}
+
+impl Locality {
+    pub fn new(settings: Settings) -> Self {
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(1))
+            .timeout(Duration::from_secs(10))
+            .build()
+            .unwrap_or_default();
+        Self {
+            settings,
+            http,
+            volumes: Mutex::default(),
+            lookups: tokio::sync::Semaphore::new(LOOKUPS),
+            local_reads: AtomicU64::new(0),
+            gateway_reads: AtomicU64::new(0),
+        }
+    }
+
+    /// The volumes the local volume server holds (cached; empty when it does not answer).
+    async fn volumes(&self) -> Arc<HashSet<u32>> {
+        {
+            let cached = self.volumes.lock().unwrap_or_else(PoisonError::into_inner);
+            if let Some((at, set)) = cached.as_ref()
+                && at.elapsed() < VOLUMES_FOR
+            {
+                return Arc::clone(set);
+            }
+        }
+        let url = format!("{}/status", self.settings.volume_server);
+        let set: HashSet<u32> = match self.get_json(&url, 1 << 20).await {
+            Some(v) => v["Volumes"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|v| v["Id"].as_u64().and_then(|id| u32::try_from(id).ok()))
+                .collect(),
+            None => HashSet::new(),
+        };
+        let set = Arc::new(set);
+        *self.volumes.lock().unwrap_or_else(PoisonError::into_inner) =
+            Some((Instant::now(), Arc::clone(&set)));
+        set
+    }
+
+    /// GETs `url` and parses at most `limit` bytes of JSON; `None` on any failure.
+    async fn get_json(&self, url: &str, limit: usize) -> Option<serde_json::Value> {
+        let resp = self.http.get(url).send().await.ok()?;
+        if !resp.status().is_success() {
+            return None;
+        }
+        let body = read_capped(resp, limit).await?;
+        serde_json::from_slice(&body).ok()
+    }
+
+    /// The object's chunks, from the filer.
+    async fn object_chunks(&self, bucket: &str, key: &str) -> Option<Vec<Chunk>> {
+        let url = format!(
+            "{}/buckets/{}/{}?metadata=true",
+            self.settings.filer,
+            encode_path(bucket),
+            encode_path(key)
+        );
+        let _slot = self.lookups.acquire().await.ok()?;
+        chunks(&self.get_json(&url, MAX_ENTRY).await?)
+    }
+
+    /// Bytes `[offset, offset + length)` of the object from the local volume server, when
+    /// every chunk they span is there; `None` means: read it through the gateway.
+    pub async fn read(&self, bucket: &str, key: &str, offset: u64, length: u64) -> Option<Vec<u8>> {
+        let served = self.read_local(bucket, key, offset, length).await;
+        let counter = if served.is_some() {
+            &self.local_reads
+        } else {
+            &self.gateway_reads
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        served
+    }
+
+    async fn read_local(
+        &self,
+        bucket: &str,
+        key: &str,
+        offset: u64,
+        length: u64,
+    ) -> Option<Vec<u8>> {
+        let end = offset.checked_add(length)?;
+        let chunks = self.object_chunks(bucket, key).await?;
+        let local = self.volumes().await;
+        let wanted: Vec<&Chunk> = chunks
+            .iter()
+            .filter(|c| c.offset < end && c.offset + c.size > offset)
+            .collect();
+        if wanted.is_empty() || wanted.iter().any(|c| !local.contains(&c.volume)) {
+            return None;
+        }
+        // The chunks must cover the range without gaps (a sparse object reads as zeros
+        // through the gateway; leave that to it).
+        let mut out = Vec::with_capacity(usize::try_from(length).ok()?);
+        let mut at = offset;
+        for c in wanted {
+            if c.offset > at {
+                return None;
+            }
+            let from = at - c.offset;
+            let to = (end - c.offset).min(c.size);
+            let url = format!("{}/{}", self.settings.volume_server, c.file_id);
+            let resp = self
+                .http
+                .get(&url)
+                .header("Range", format!("bytes={from}-{}", to - 1))
+                .send()
+                .await
+                .ok()?;
+            let n = usize::try_from(to - from).ok()?;
+            let ranged = resp.status() == reqwest::StatusCode::PARTIAL_CONTENT;
+            let whole = resp.status() == reqwest::StatusCode::OK && from == 0 && to == c.size;
+            if !(ranged || whole) {
+                return None;
+            }
+            let bytes = read_capped(resp, n).await?;
+            if bytes.len() != n {
+                return None;
+            }
+            out.extend_from_slice(&bytes);
+            at = c.offset + to;
+        }
+        (at >= end || out.len() as u64 == length).then_some(out)
+    }
+
+    /// Each key's volumes (empty where the filer does not know it or its chunks cannot be
+    /// read from a volume server), up to 8 lookups at a time.
+    pub async fn placement(&self, bucket: &str, keys: &[String]) -> Vec<Vec<u32>> {
+        use futures::StreamExt;
+        futures::stream::iter(keys.iter().cloned())
+            .map(|key: String| async move {
+                let mut v: Vec<u32> = self
+                    .object_chunks(bucket, &key)
+                    .await
+                    .unwrap_or_default()
+                    .iter()
+                    .map(|c| c.volume)
+                    .collect();
+                v.sort_unstable();
+                v.dedup();
+                v
+            })
+            .buffered(8)
+            .collect()
+            .await
+    }
+
+    pub async fn report(&self) -> Report {
+        let mut volumes: Vec<u32> = self.volumes().await.iter().copied().collect();
+        volumes.sort_unstable();
+        Report {
+            volume_server: self.settings.volume_server.clone(),
+            volumes,
+            local_reads: self.local_reads.load(Ordering::Relaxed),
+            gateway_reads: self.gateway_reads.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// The response's body, or `None` if it is longer than `limit` or fails.
+async fn read_capped(mut resp: reqwest::Response, limit: usize) -> Option<Vec<u8>> {
+    let mut out = Vec::new();
+    while let Some(chunk) = resp.chunk().await.ok()? {
+        if out.len() + chunk.len() > limit {
+            return None;
+        }
+        out.extend_from_slice(&chunk);
+    }
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_filer_entry_gives_its_chunks_in_order_and_refuses_what_a_volume_server_cannot_serve() {
+        let entry = serde_json::json!({"chunks": [
+            {"file_id": "7,02aa", "offset": 100, "size": 50},
+            {"file_id": "6,0113aae9a7", "size": 100},
+        ]});
+        let c = chunks(&entry).expect("plain chunks");
+        assert_eq!(
+            c.iter()
+                .map(|c| (c.volume, c.offset, c.size))
+                .collect::<Vec<_>>(),
+            vec![(6, 0, 100), (7, 100, 50)]
+        );
+        for refused in [
+            serde_json::json!({"chunks": [{"file_id": "6,01", "size": 5, "is_compressed": true}]}),
+            serde_json::json!({"chunks": [{"file_id": "6,01", "size": 5, "cipher_key": "a2V5"}]}),
+            serde_json::json!({"chunks": [{"file_id": "no-comma", "size": 5}]}),
+            serde_json::json!({"Content": "aGk="}),
+        ] {
+            assert_eq!(chunks(&refused), None, "{refused}");
+        }
+    }
+
+    #[test]
+    fn keys_are_percent_encoded_as_url_paths() {
+        assert_eq!(
+            encode_path("a b/c?d#e%/ü.png"),
+            "a%20b/c%3Fd%23e%25/%C3%BC.png"
+        );
+    }
+}

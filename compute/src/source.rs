@@ -136,6 +136,8 @@ impl Source {
 #[derive(Debug)]
 pub struct Placement {
     hosts: std::sync::Mutex<(Instant, Vec<Option<Vec<u32>>>)>,
+    /// Keys' volumes as told, kept for the job (later epochs ask nothing).
+    keys: std::sync::Mutex<HashMap<String, Vec<u32>>>,
 }
 
 impl Placement {
@@ -146,6 +148,7 @@ impl Placement {
     pub fn new(host_volumes: Vec<Option<Vec<u32>>>) -> Option<Self> {
         host_volumes.iter().any(Option::is_some).then(|| Self {
             hosts: std::sync::Mutex::new((Instant::now(), host_volumes)),
+            keys: std::sync::Mutex::default(),
         })
     }
 
@@ -184,10 +187,9 @@ impl Placement {
         by_volume
     }
 
-    /// The batch's requests: its keys grouped by a host beside a replica of each (the one
-    /// given fewest keys of this batch so far, so the batch spreads over the replicas), in
-    /// requests of at most `size` keys, each with its preferred host; keys whose placement is
-    /// unknown go to any host. If the placement cannot be asked, plain requests.
+    /// The batch's requests: its keys grouped by host ([`assign`]), in requests of at most
+    /// `size` keys, each with its preferred host. If the placement cannot be asked, plain
+    /// requests.
     async fn requests(
         &self,
         client: &StorageClient,
@@ -195,11 +197,26 @@ impl Placement {
         samples: &[Sample],
         size: usize,
     ) -> Vec<(Vec<Sample>, Vec<usize>)> {
-        let keys: Vec<String> = samples.iter().map(|s| s.key.clone()).collect();
-        let mut volumes = Vec::with_capacity(keys.len());
-        for part in keys.chunks(1024) {
+        let unknown: Vec<String> = {
+            let known = self
+                .keys
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            samples
+                .iter()
+                .filter(|s| !known.contains_key(&s.key))
+                .map(|s| s.key.clone())
+                .collect()
+        };
+        for part in unknown.chunks(1024) {
             match client.placement(bucket, part).await {
-                Ok(v) => volumes.extend(v),
+                Ok(v) => {
+                    let mut known = self
+                        .keys
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner);
+                    known.extend(part.iter().cloned().zip(v));
+                }
                 Err(_) => {
                     return samples
                         .chunks(size)
@@ -208,24 +225,21 @@ impl Placement {
                 }
             }
         }
+        let volumes: Vec<Vec<u32>> = {
+            let known = self
+                .keys
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            samples
+                .iter()
+                .map(|s| known.get(&s.key).cloned().unwrap_or_default())
+                .collect()
+        };
         let by_volume = self.by_volume(client).await;
         let n = client.hosts().len();
         let mut groups: Vec<Vec<Sample>> = vec![Vec::new(); n + 1];
-        for (sample, vols) in samples.iter().zip(&volumes) {
-            let mut near: Vec<usize> = vols
-                .iter()
-                .filter_map(|v| by_volume.get(v))
-                .flatten()
-                .copied()
-                .collect();
-            near.sort_unstable();
-            near.dedup();
-            let group = near
-                .into_iter()
-                .filter(|&h| h < n)
-                .min_by_key(|&h| (groups[h].len(), h))
-                .unwrap_or(n);
-            groups[group].push(sample.clone());
+        for (sample, host) in samples.iter().zip(assign(&volumes, &by_volume, n)) {
+            groups[host].push(sample.clone());
         }
         let mut out = Vec::new();
         for (host, group) in groups.into_iter().enumerate() {
@@ -236,6 +250,41 @@ impl Placement {
         }
         out
     }
+}
+
+/// The host (index < `n`) each key goes to, or `n` for any host: from its `volumes`, a host
+/// beside a replica (`by_volume`), the one given fewest keys so far, so a batch spreads over
+/// the replicas; once those have their share of the batch and a quarter more (the data may sit
+/// on few nodes), the host given fewest, which reads it through the gateway, so that no host's
+/// link idles.
+fn assign(volumes: &[Vec<u32>], by_volume: &HashMap<u32, Vec<usize>>, n: usize) -> Vec<usize> {
+    let share = (volumes.len().div_ceil(n.max(1)) * 5).div_ceil(4);
+    let mut given = vec![0usize; n];
+    let mut out = Vec::with_capacity(volumes.len());
+    for vols in volumes {
+        let mut near: Vec<usize> = vols
+            .iter()
+            .filter_map(|v| by_volume.get(v))
+            .flatten()
+            .copied()
+            .filter(|&h| h < n)
+            .collect();
+        near.sort_unstable();
+        near.dedup();
+        let least = |hosts: &mut dyn Iterator<Item = usize>| hosts.min_by_key(|&h| (given[h], h));
+        let host = match least(&mut near.into_iter()) {
+            Some(h) if given[h] < share => h,
+            Some(h) => least(&mut (0..n))
+                .filter(|&l| given[l] < given[h])
+                .unwrap_or(h),
+            None => n,
+        };
+        if host < n {
+            given[host] += 1;
+        }
+        out.push(host);
+    }
+    out
 }
 
 /// `fetched`'s samples back in the order of `samples` (requests grouped by host return them
@@ -406,4 +455,48 @@ fn concat(parts: Vec<Fetched>) -> Fetched {
         out.deserialize += p.deserialize;
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(key: &str) -> Sample {
+        Sample {
+            key: key.into(),
+            label: 0,
+            version: Default::default(),
+        }
+    }
+
+    #[test]
+    fn keys_go_beside_a_replica_until_those_hosts_have_their_share_then_anywhere() {
+        // Volume 1 on hosts 0 and 1, volume 2 on host 1; hosts 2 and 3 hold nothing.
+        let by_volume: HashMap<u32, Vec<usize>> = [(1, vec![0, 1]), (2, vec![1])].into();
+        let spread = assign(&vec![vec![1]; 4], &by_volume, 4);
+        assert_eq!(spread, [0, 1, 0, 1], "over the replicas");
+        // 16 keys on volume 1: the share is 5 each, the rest goes to the idle hosts.
+        let many = assign(&vec![vec![1]; 16], &by_volume, 4);
+        let count = |h: usize| many.iter().filter(|&&x| x == h).count();
+        assert_eq!((count(0), count(1)), (5, 5), "{many:?}");
+        assert_eq!(count(2) + count(3), 6, "{many:?}");
+        // Unknown placement, or volumes no host holds: any host.
+        assert_eq!(assign(&[vec![], vec![9]], &by_volume, 4), [4, 4]);
+    }
+
+    #[test]
+    fn a_batch_fetched_in_groups_comes_back_in_its_own_order() {
+        let samples: Vec<Sample> = ["a", "b", "c"].into_iter().map(sample).collect();
+        let grouped = Fetched {
+            data: vec![3.0, 3.5, 1.0, 1.5, 2.0, 2.5],
+            sample_shape: vec![2],
+            labels: vec![30, 10, 20],
+            keys: vec!["c".into(), "a".into(), "b".into()],
+            ..Fetched::default()
+        };
+        let f = in_order(grouped, &samples);
+        assert_eq!(f.keys, ["a", "b", "c"]);
+        assert_eq!(f.labels, [10, 20, 30]);
+        assert_eq!(f.data, [1.0, 1.5, 2.0, 2.5, 3.0, 3.5]);
+    }
 }

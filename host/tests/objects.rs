@@ -4,7 +4,7 @@
 mod common;
 
 use common::seaweed::Seaweed;
-use common::{ALICE, SAMPLES, TestHost, features, layout, sample_key};
+use common::{ALICE, SAMPLES, TestHost, error_code, features, layout, sample_key};
 use hapi_host::policy::{Grant, Limits, Locality, S3Settings, StoreLocation, Tenant};
 use hapi_host::store::scoped::Scoped;
 use hapi_host::store::{ObjectError, ObjectMeta, Store};
@@ -274,10 +274,88 @@ async fn s3_store_conforms_and_serves_the_whole_pushdown_path() {
     let keys: Vec<String> = SAMPLES.iter().map(|&i| sample_key(i)).collect();
     let body = json!({"bucket": "datasets", "keys": keys, "model": "resnet18", "split": 6});
     let (s3_shape, s3) = features(s3_host.warm(ALICE, "feature-extract", body.clone()).await).await;
-    let (local_shape, local) =
-        features(local_host.warm(ALICE, "feature-extract", body).await).await;
+    let (local_shape, local) = features(
+        local_host
+            .warm(ALICE, "feature-extract", body.clone())
+            .await,
+    )
+    .await;
     assert_eq!(s3_shape, local_shape);
     assert_eq!(s3, local);
+
+    // A host beside the volume server: the same features, its objects read from that server;
+    // `/v1/placement` tells its volumes and the keys', within the tenant's grants.
+    let tmp = tempfile::tempdir().expect("tmp");
+    let near_section = format!(
+        "{}seaweedfs_filer = \"{}\"\nlocal_volume_server = \"{}\"\n",
+        weed.policy_section(),
+        weed.filer,
+        weed.volume
+    );
+    let text = common::policy_text_for(
+        "store = \"s3://\"",
+        &near_section,
+        &tmp.path().join("state"),
+    );
+    let near_host = TestHost::start_with(tmp, std::path::PathBuf::new(), text).await;
+    let (near_shape, near) = features(near_host.warm(ALICE, "feature-extract", body).await).await;
+    assert_eq!((near_shape, near), (local_shape, local));
+    let url = format!("{}/v1/placement", near_host.url);
+    let report: serde_json::Value = near_host
+        .client
+        .get(&url)
+        .bearer_auth(ALICE)
+        .send()
+        .await
+        .expect("placement")
+        .json()
+        .await
+        .expect("JSON");
+    let held: Vec<u64> = report["volumes"]
+        .as_array()
+        .expect("volumes")
+        .iter()
+        .filter_map(serde_json::Value::as_u64)
+        .collect();
+    assert!(!held.is_empty(), "{report}");
+    assert!(
+        report["local_reads"].as_u64() >= Some(keys.len() as u64),
+        "{report}"
+    );
+    let ask = |keys: Vec<String>| {
+        near_host
+            .client
+            .post(&url)
+            .bearer_auth(ALICE)
+            .json(&json!({"bucket": "datasets", "keys": keys}))
+            .send()
+    };
+    let answer: serde_json::Value = ask(keys.clone())
+        .await
+        .expect("placement")
+        .json()
+        .await
+        .expect("JSON");
+    let volumes = answer["volumes"].as_array().expect("volumes");
+    assert_eq!(volumes.len(), keys.len());
+    for v in volumes {
+        let v = v[0].as_u64().expect("a volume per key");
+        assert!(held.contains(&v), "volume {v} of {held:?}");
+    }
+    let outside = ask(vec!["../secret/bob/x".into()]).await.expect("request");
+    assert_eq!(error_code(outside, 400).await.0, "bad_request");
+    let ungranted = ask(vec!["other/x.png".into()]).await.expect("request");
+    assert_eq!(error_code(ungranted, 403).await.0, "object_denied");
+    let too_many = ask(vec![sample_key(0); 1025]).await.expect("request");
+    assert_eq!(error_code(too_many, 400).await.0, "bad_request");
+    let plain = s3_host
+        .client
+        .get(format!("{}/v1/placement", s3_host.url))
+        .bearer_auth(ALICE)
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(error_code(plain, 404).await.0, "no_route");
 }
 
 /// The listing bounds, obeyed and violated, on the local store: at most `MAX_LIST` entries come

@@ -47,7 +47,7 @@ commands:
                      tc-shaped to MBIT; left running (needs root); prints the URLs
   eval-scale [--nodes N] [--link MBIT] [--samples N] [--model M] [--split S] [--compute-link-gbit G]
                      the trainer pulling features through 1..N storage nodes (default 4),
-                     each behind its own MBIT link (default 8): samples/s, scaling
+                     each behind its own MBIT link (default 16): samples/s, scaling
                      efficiency, bytes on the links, and a bottleneck model for 10, 100 and
                      1,000 nodes (needs root; table, target/eval-scale/summary.json and
                      scaling.svg)

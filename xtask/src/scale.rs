@@ -26,8 +26,8 @@ struct Options {
 fn options(args: &[String]) -> Result<Options, String> {
     let mut o = Options {
         nodes: 4,
-        link: 8,
-        samples: 128,
+        link: 16,
+        samples: 256,
         model: "efficientnet_lite0".into(),
         split: "0".into(),
         compute_link_gbit: 25.0,

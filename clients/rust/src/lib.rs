@@ -256,12 +256,14 @@ impl StorageClient {
         out
     }
 
-    /// Each key's volumes (`POST /v1/placement`, the hosts tried in turn until one answers):
-    /// empty where the store does not tell.
+    /// Each key's volumes (`POST /v1/placement`): empty where the store does not tell. Asked
+    /// of the host with the least outstanding, then the others in turn until one answers.
     pub async fn placement(&self, bucket: &str, keys: &[String]) -> anyhow::Result<Vec<Vec<u32>>> {
         let body = serde_json::json!({"bucket": bucket, "keys": keys});
         let mut last = String::from("no host");
-        for host in self.router.hosts() {
+        let hosts = self.router.hosts();
+        let first = self.router.least_outstanding();
+        for host in (0..hosts.len()).map(|k| &hosts[(first + k) % hosts.len()]) {
             let r = self
                 .http
                 .post(format!("{host}/v1/placement"))

@@ -113,6 +113,14 @@ impl Router {
         &self.hosts
     }
 
+    /// The host in with the fewest requests outstanding (a side request's target).
+    pub(crate) fn least_outstanding(&self) -> usize {
+        let s = lock(&self.state);
+        (0..s.len())
+            .min_by_key(|&i| (s[i].ejected_until.is_some(), s[i].outstanding, i))
+            .unwrap_or(0)
+    }
+
     pub(crate) fn host(&self, index: usize) -> &str {
         &self.hosts[index]
     }

@@ -152,14 +152,21 @@ impl Locality {
     }
 
     /// The object's chunks, from the filer.
-    async fn object_chunks(&self, bucket: &str, key: &str) -> Option<Vec<Chunk>> {
+    /// A read does not wait for a lookup slot (`wait` false): with every slot taken (by
+    /// placement requests, say), it goes through the gateway at once, so no tenant's lookups
+    /// hold up another's reads.
+    async fn object_chunks(&self, bucket: &str, key: &str, wait: bool) -> Option<Vec<Chunk>> {
         let url = format!(
             "{}/buckets/{}/{}?metadata=true",
             self.settings.filer,
             encode_path(bucket),
             encode_path(key)
         );
-        let _slot = self.lookups.acquire().await.ok()?;
+        let _slot = if wait {
+            self.lookups.acquire().await.ok()?
+        } else {
+            self.lookups.try_acquire().ok()?
+        };
         chunks(&self.get_json(&url, MAX_ENTRY).await?)
     }
 
@@ -184,7 +191,7 @@ impl Locality {
         length: u64,
     ) -> Option<Vec<u8>> {
         let end = offset.checked_add(length)?;
-        let chunks = self.object_chunks(bucket, key).await?;
+        let chunks = self.object_chunks(bucket, key, false).await?;
         let local = self.volumes().await;
         let wanted: Vec<&Chunk> = chunks
             .iter()
@@ -234,7 +241,7 @@ impl Locality {
         futures::stream::iter(keys.iter().cloned())
             .map(|key: String| async move {
                 let mut v: Vec<u32> = self
-                    .object_chunks(bucket, &key)
+                    .object_chunks(bucket, &key, true)
                     .await
                     .unwrap_or_default()
                     .iter()

@@ -5,7 +5,9 @@
 
 mod common;
 
-use common::{OPERATOR, host_binary, http_get_as, invocations, losses, max_diff, stall};
+use common::{
+    OPERATOR, fashion_objects, host_binary, http_get_as, invocations, losses, max_diff, stall,
+};
 use hapi_tests::cluster::{self, Cluster, Config, TEST};
 use hapi_tests::{guest, workspace};
 use serde_json::Value;
@@ -57,18 +59,8 @@ feature-extract = "{}"
 
 /// Fashion-MNIST objects into the cluster's `datasets` bucket, through its filer.
 fn load(c: &Cluster) {
-    let src = std::env::var_os("HAPI_FASHION_MNIST").map_or_else(
-        || hapi_data::fashion_mnist::DEFAULT_SOURCE.into(),
-        std::path::PathBuf::from,
-    );
-    let data = hapi_data::fashion_mnist::read_split(&src, "t10k")
-        .expect("Fashion-MNIST (run `cargo xtask setup`)");
     c.create_bucket("datasets").expect("bucket");
-    let prefix = object_store::path::Path::from("fashion-mnist");
-    for i in 0..TRAIN + TEST_SAMPLES {
-        let split = if i < TRAIN { "train" } else { "test" };
-        let key = hapi_data::fashion_mnist::key(&prefix, split, data.labels[i], i).to_string();
-        let png = hapi_data::fashion_mnist::encode_png(data.image(i), 28, 28).expect("png");
+    for (key, png) in fashion_objects(TRAIN, TEST_SAMPLES) {
         c.put("datasets", &key, &png).expect("put");
     }
 }

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{OPERATOR, host_binary, invocations, losses, max_diff, stall};
+use common::{OPERATOR, fashion_objects, host_binary, invocations, losses, max_diff, stall};
 use hapi_tests::{HostProcess, guest, workspace};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -22,17 +22,7 @@ struct Fixture {
 impl Fixture {
     fn new() -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
-        let src = std::env::var_os("HAPI_FASHION_MNIST").map_or_else(
-            || PathBuf::from(hapi_data::fashion_mnist::DEFAULT_SOURCE),
-            PathBuf::from,
-        );
-        let data = hapi_data::fashion_mnist::read_split(&src, "t10k")
-            .expect("Fashion-MNIST (run `cargo xtask setup`)");
-        let prefix = object_store::path::Path::from("fashion-mnist");
-        for i in 0..TRAIN + TEST {
-            let split = if i < TRAIN { "train" } else { "test" };
-            let key = hapi_data::fashion_mnist::key(&prefix, split, data.labels[i], i).to_string();
-            let png = hapi_data::fashion_mnist::encode_png(data.image(i), 28, 28).expect("png");
+        for (key, png) in fashion_objects(TRAIN, TEST) {
             let path = dir.path().join("store/datasets").join(key);
             std::fs::create_dir_all(path.parent().expect("parent")).expect("mkdir");
             std::fs::write(path, png).expect("write");

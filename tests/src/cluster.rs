@@ -294,6 +294,37 @@ fn shape(net: Network, short: &str, mbit: Option<u32>) -> Result<(), String> {
     Ok(())
 }
 
+/// Writes `bucket/key` through the SeaweedFS filer at `filer` (`addr:port`; a bucket is a
+/// directory under /buckets), retried for up to 60 s while the volume servers register.
+pub fn filer_put(filer: &str, bucket: &str, key: &str, bytes: &[u8]) -> Result<(), String> {
+    use std::io::{Read, Write};
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let attempt = (|| -> std::io::Result<String> {
+            let mut s = std::net::TcpStream::connect(filer)?;
+            s.set_read_timeout(Some(Duration::from_secs(10)))?;
+            write!(
+                s,
+                "PUT /buckets/{bucket}/{key} HTTP/1.1\r\nHost: {filer}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                bytes.len()
+            )?;
+            s.write_all(bytes)?;
+            let mut resp = String::new();
+            s.read_to_string(&mut resp)?;
+            Ok(resp)
+        })();
+        match attempt {
+            Ok(r) if r.starts_with("HTTP/1.1 2") => return Ok(()),
+            other if Instant::now() > deadline => {
+                return Err(format!(
+                    "PUT {bucket}/{key} through the filer at {filer}: {other:?}"
+                ));
+            }
+            _ => std::thread::sleep(Duration::from_millis(500)),
+        }
+    }
+}
+
 /// Waits until something listens at `addr:port`.
 fn wait_port(addr: &str, port: u16, what: &str, log: &Path) -> Result<(), String> {
     let deadline = Instant::now() + Duration::from_secs(90);
@@ -558,31 +589,7 @@ impl Cluster {
     /// Writes an object through the filer (unauthenticated, on the metadata node), retried
     /// while the volume servers register.
     pub fn put(&self, bucket: &str, key: &str, bytes: &[u8]) -> Result<(), String> {
-        use std::io::{Read, Write};
-        let deadline = Instant::now() + Duration::from_secs(60);
-        let meta = &self.meta_addr;
-        loop {
-            let attempt = (|| -> std::io::Result<String> {
-                let mut s = std::net::TcpStream::connect((meta.as_str(), 8888))?;
-                s.set_read_timeout(Some(Duration::from_secs(10)))?;
-                write!(
-                    s,
-                    "PUT /buckets/{bucket}/{key} HTTP/1.1\r\nHost: {meta}:8888\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-                    bytes.len()
-                )?;
-                s.write_all(bytes)?;
-                let mut resp = String::new();
-                s.read_to_string(&mut resp)?;
-                Ok(resp)
-            })();
-            match attempt {
-                Ok(r) if r.starts_with("HTTP/1.1 2") => return Ok(()),
-                other if Instant::now() > deadline => {
-                    return Err(format!("PUT {bucket}/{key} through the filer: {other:?}"));
-                }
-                _ => std::thread::sleep(Duration::from_millis(500)),
-            }
-        }
+        filer_put(&format!("{}:8888", self.meta_addr), bucket, key, bytes)
     }
 
     /// The S3 endpoint, for `AWS_ENDPOINT`.

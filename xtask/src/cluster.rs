@@ -2,10 +2,41 @@
 //! namespaces; hapi_tests::cluster has the layout), left running for a job or an experiment.
 
 use crate::jobs::{self, TOKEN};
-use crate::setup;
+use crate::setup::{self, Env};
 use crate::sh;
-use hapi_tests::cluster::{self, Cluster, Config, XTASK};
+use hapi_tests::cluster::{self, Cluster, Config, Network, XTASK};
+use std::path::{Path, PathBuf};
 use std::process::Command;
+
+/// A cluster of `nodes` serving the demo tenant (`models`, data under `prefix`), hosts reading
+/// the replicas their volume servers hold, links unshaped.
+pub(crate) fn demo_config(
+    env: &Env,
+    bins: &Path,
+    network: Network,
+    nodes: usize,
+    dir: PathBuf,
+    models: &str,
+    prefix: &str,
+) -> Result<Config, String> {
+    Ok(Config {
+        network,
+        nodes,
+        link_mbit: None,
+        compute_link_mbit: None,
+        dir,
+        weed: env.weed.clone(),
+        host_binary: bins.join("hapi-host"),
+        host_env: env
+            .vars()
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect(),
+        host_extra: format!("models = \"{}\"\ndevice = \"auto\"\n", env.models.display()),
+        tenants: jobs::tenant(env, &jobs::token_hash(bins)?, models, prefix),
+        locality: true,
+    })
+}
 
 const USAGE: &str =
     "usage: cargo xtask cluster up [--nodes N] [--link MBIT] [--fashion-mnist] | down";
@@ -49,26 +80,17 @@ fn up(args: &[String]) -> Result<(), String> {
     let bins = jobs::build(&env)?;
     let dir = env.workspace.join(".hapi/cluster");
     let config = Config {
-        network: XTASK,
-        nodes,
         link_mbit: link,
         compute_link_mbit: link,
-        dir: dir.clone(),
-        weed: env.weed.clone(),
-        host_binary: bins.join("hapi-host"),
-        host_env: env
-            .vars()
-            .into_iter()
-            .map(|(k, v)| (k.to_string(), v))
-            .collect(),
-        host_extra: format!("models = \"{}\"\ndevice = \"auto\"\n", env.models.display()),
-        tenants: jobs::tenant(
+        ..demo_config(
             &env,
-            &jobs::token_hash(&bins)?,
+            &bins,
+            XTASK,
+            nodes,
+            dir.clone(),
             "\"efficientnet_lite0\", \"resnet18\", \"alexnet\"",
             "fashion-mnist",
-        ),
-        locality: true,
+        )?
     };
     sh::step(&format!(
         "{nodes} storage nodes, a metadata node and a compute node (links: {})",

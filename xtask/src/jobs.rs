@@ -299,28 +299,7 @@ fn remove_link() {
 /// Creates bucket `name` through the filer (a bucket is a directory under /buckets): a PUT of
 /// an empty marker object, retried while the volume server registers.
 fn create_bucket(name: &str) -> Result<(), String> {
-    use std::io::{Read, Write};
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let attempt = (|| -> std::io::Result<String> {
-            let mut s = std::net::TcpStream::connect((ADDR_S, 8888))?;
-            s.set_read_timeout(Some(Duration::from_secs(10)))?;
-            write!(
-                s,
-                "PUT /buckets/{name}/.bucket HTTP/1.1\r\nHost: {ADDR_S}:8888\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-            )?;
-            let mut resp = String::new();
-            s.read_to_string(&mut resp)?;
-            Ok(resp)
-        })();
-        match attempt {
-            Ok(r) if r.starts_with("HTTP/1.1 2") => return Ok(()),
-            other if Instant::now() > deadline => {
-                return Err(format!("creating bucket `{name}` in SeaweedFS: {other:?}"));
-            }
-            _ => std::thread::sleep(Duration::from_millis(500)),
-        }
-    }
+    hapi_tests::cluster::filer_put(&format!("{ADDR_S}:8888"), name, ".bucket", b"")
 }
 
 /// SeaweedFS inside the storage namespace; stopped on drop.

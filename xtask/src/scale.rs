@@ -5,7 +5,7 @@
 use crate::jobs::{self, TOKEN};
 use crate::setup::{self, Env};
 use crate::sh;
-use hapi_tests::cluster::{self, Cluster, Config, EVAL};
+use hapi_tests::cluster::{self, Cluster, EVAL};
 use serde_json::{Value, json};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::Path;
@@ -137,30 +137,18 @@ fn start(
     model: &str,
     locality: bool,
 ) -> Result<Cluster, String> {
-    let config = Config {
-        network: EVAL,
-        nodes: n,
-        link_mbit: None,
-        // The compute node's link is not under test: unshaped (the model takes a real one).
-        compute_link_mbit: None,
-        dir: work.to_path_buf(),
-        weed: env.weed.clone(),
-        host_binary: bins.join("hapi-host"),
-        host_env: env
-            .vars()
-            .into_iter()
-            .map(|(k, v)| (k.to_string(), v))
-            .chain([("OMP_NUM_THREADS".to_string(), "1".to_string())])
-            .collect(),
-        host_extra: format!("models = \"{}\"\ndevice = \"auto\"\n", env.models.display()),
-        tenants: jobs::tenant(
-            env,
-            &jobs::token_hash(bins)?,
-            &format!("\"{model}\""),
-            "photos",
-        ),
-        locality,
-    };
+    // The compute node's link is not under test: unshaped (the model takes a real one).
+    let mut config = crate::cluster::demo_config(
+        env,
+        bins,
+        EVAL,
+        n,
+        work.to_path_buf(),
+        &format!("\"{model}\""),
+        "photos",
+    )?;
+    config.locality = locality;
+    config.host_env.push(("OMP_NUM_THREADS".into(), "1".into()));
     let c = Cluster::start(&config)?;
     c.create_bucket("datasets")?;
     Ok(c)

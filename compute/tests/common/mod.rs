@@ -106,3 +106,23 @@ pub fn http_get_as(url: &str, path: &str, token: &str) -> std::io::Result<String
     s.read_to_string(&mut body)?;
     Ok(body)
 }
+
+/// The first `train` + `test` Fashion-MNIST test-split images as PNG objects in ImageFolder
+/// layout under `fashion-mnist/{train,test}/<class>/`: (key, bytes).
+pub fn fashion_objects(train: usize, test: usize) -> Vec<(String, Vec<u8>)> {
+    let src = std::env::var_os("HAPI_FASHION_MNIST").map_or_else(
+        || PathBuf::from(hapi_data::fashion_mnist::DEFAULT_SOURCE),
+        PathBuf::from,
+    );
+    let data = hapi_data::fashion_mnist::read_split(&src, "t10k")
+        .expect("Fashion-MNIST (run `cargo xtask setup`)");
+    let prefix = object_store::path::Path::from("fashion-mnist");
+    (0..train + test)
+        .map(|i| {
+            let split = if i < train { "train" } else { "test" };
+            let key = hapi_data::fashion_mnist::key(&prefix, split, data.labels[i], i).to_string();
+            let png = hapi_data::fashion_mnist::encode_png(data.image(i), 28, 28).expect("png");
+            (key, png)
+        })
+        .collect()
+}

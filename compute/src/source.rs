@@ -478,7 +478,11 @@ mod tests {
         let by_volume: HashMap<u32, Vec<usize>> = [(1, vec![0, 1]), (2, vec![1])].into();
         let spread = assign(&vec![vec![1]; 2], &by_volume, 2);
         assert_eq!(spread, [0, 1], "over the replicas");
-        assert_eq!(assign(&vec![vec![2]; 2], &by_volume, 2), [1, 0], "past the share");
+        assert_eq!(
+            assign(&vec![vec![2]; 2], &by_volume, 2),
+            [1, 0],
+            "past the share"
+        );
         // 16 keys on volume 1: 4 each for hosts 0 and 1, the rest to the idle hosts.
         let many = assign(&vec![vec![1]; 16], &by_volume, 4);
         let count = |h: usize| many.iter().filter(|&&x| x == h).count();

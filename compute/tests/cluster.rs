@@ -147,8 +147,8 @@ fn counter(r: &Value, field: &str) -> u64 {
 
 /// Starts a 3-node cluster in namespaces (skipped, saying why, without root or iproute2), each
 /// host reading replicas from its own volume server and the trainer sending each key to a host
-/// beside a replica (`--locality`); runs a short job across it undisturbed (every object read
-/// locally), then the same job three times with a failure a few iterations in: node 2's host
+/// beside a replica (`--locality`); runs a short job across it undisturbed (at least half the
+/// objects read locally), then the same job three times with a failure a few iterations in: node 2's host
 /// `kill -9`ed (the trainer retries its requests elsewhere and ejects it), node 3's volume
 /// server `kill -9`ed (its host reads through the S3 gateway, which reads the replica on
 /// another node), the node whose host served most cut off the network for 4 s and restored
@@ -172,14 +172,16 @@ fn a_job_across_a_three_node_cluster_survives_a_host_a_volume_server_and_a_node_
     let (child, out) = run(&c, "calm");
     let (calm, stderr) = finish(child, &out, "calm");
     let base = losses(&calm);
-    // Each key went to a host beside a replica, which read it from its own volume server.
+    // Keys went to hosts beside a replica, which read them from their own volume servers; a
+    // host's even share of a batch caps that (the data may sit on two of the three nodes: then
+    // a third of the keys goes to the third node and through the gateway), so at least half.
     assert!(
         stderr.contains("locality: 3 of 3 hosts"),
         "no locality:\n{stderr}"
     );
     let (local, gateway) = reads(&c);
     assert!(
-        local >= (TRAIN as u64) * 9 / 10,
+        local >= TRAIN as u64 / 2 && local + gateway >= TRAIN as u64,
         "{local} reads from local volume servers, {gateway} through the gateway"
     );
     println!(

@@ -152,18 +152,12 @@ impl Placement {
     /// Hosts by volume, asked again first if stale.
     async fn by_volume(&self, client: &StorageClient) -> HashMap<u32, Vec<usize>> {
         let stale = {
-            let h = self
-                .hosts
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let h = lock(&self.hosts);
             h.0.elapsed() > Self::FRESH_FOR
         };
         if stale {
             let fresh = client.host_volumes().await;
-            let mut h = self
-                .hosts
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let mut h = lock(&self.hosts);
             for (old, new) in h.1.iter_mut().zip(fresh) {
                 if new.is_some() {
                     *old = new;
@@ -171,10 +165,7 @@ impl Placement {
             }
             h.0 = Instant::now();
         }
-        let h = self
-            .hosts
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let h = lock(&self.hosts);
         let mut by_volume: HashMap<u32, Vec<usize>> = HashMap::new();
         for (host, volumes) in h.1.iter().enumerate() {
             for &v in volumes.iter().flatten() {
@@ -195,10 +186,7 @@ impl Placement {
         size: usize,
     ) -> Vec<(Vec<Sample>, Vec<usize>)> {
         let unknown: Vec<String> = {
-            let known = self
-                .keys
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let known = lock(&self.keys);
             samples
                 .iter()
                 .filter(|s| !known.contains_key(&s.key))
@@ -208,10 +196,7 @@ impl Placement {
         for part in unknown.chunks(1024) {
             match client.placement(bucket, part).await {
                 Ok(v) => {
-                    let mut known = self
-                        .keys
-                        .lock()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner);
+                    let mut known = lock(&self.keys);
                     known.extend(part.iter().cloned().zip(v));
                 }
                 Err(_) => {
@@ -220,10 +205,7 @@ impl Placement {
             }
         }
         let volumes: Vec<Vec<u32>> = {
-            let known = self
-                .keys
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let known = lock(&self.keys);
             samples
                 .iter()
                 .map(|s| known.get(&s.key).cloned().unwrap_or_default())
@@ -244,6 +226,12 @@ impl Placement {
         }
         out
     }
+}
+
+/// `m`'s guard; a panic elsewhere while it was held leaves data that is still whole here (a
+/// map or a list replaced in one step), so a poisoned lock is taken as it is.
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Requests of at most `size` keys, to any host.

@@ -7,9 +7,10 @@ mod common;
 
 use common::{
     OPERATOR, fashion_objects, host_binary, http_get_as, invocations, losses, max_diff, stall,
+    trainer_tenant,
 };
 use hapi_tests::cluster::{self, Cluster, Config, TEST};
-use hapi_tests::{guest, workspace};
+use hapi_tests::workspace;
 use serde_json::Value;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -39,20 +40,7 @@ fn config(dir: &Path) -> Config {
             hapi_model::models_dir().display(),
             hapi_host::policy::hash_token(OPERATOR),
         ),
-        tenants: format!(
-            r#"[tenants.trainer]
-token_sha256 = "{}"
-grants = [{{ bucket = "datasets", prefix = "fashion-mnist/" }}]
-models = ["efficientnet_lite0"]
-memory = "1GiB"
-timeout = "60s"
-concurrency = 8
-[tenants.trainer.functions]
-feature-extract = "{}"
-"#,
-            hapi_host::policy::hash_token(TOKEN),
-            guest("feature-extract").display(),
-        ),
+        tenants: trainer_tenant(TOKEN),
         locality: true,
     }
 }

@@ -3,8 +3,10 @@
 
 mod common;
 
-use common::{OPERATOR, fashion_objects, host_binary, invocations, losses, max_diff, stall};
-use hapi_tests::{HostProcess, guest, workspace};
+use common::{
+    OPERATOR, fashion_objects, host_binary, invocations, losses, max_diff, stall, trainer_tenant,
+};
+use hapi_tests::{HostProcess, workspace};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -41,22 +43,12 @@ operator_token_sha256 = "{operator}"
 # two jobs compared loss for loss must see the same batches, not those timing made.
 pool = false
 
-[tenants.trainer]
-token_sha256 = "{hash}"
-grants = [{{ bucket = "datasets", prefix = "fashion-mnist/" }}]
-models = ["efficientnet_lite0"]
-memory = "1GiB"
-timeout = "60s"
-concurrency = 8
-[tenants.trainer.functions]
-feature-extract = "{fe}"
-"#,
+{tenant}"#,
             store = dir.path().join("store").display(),
             models = hapi_model::models_dir().display(),
             state = dir.path().join("state").display(),
-            hash = hapi_host::policy::hash_token(TOKEN),
             operator = hapi_host::policy::hash_token(OPERATOR),
-            fe = guest("feature-extract").display(),
+            tenant = trainer_tenant(TOKEN),
         );
         std::fs::write(dir.path().join("policy.toml"), policy).expect("policy");
         Self { dir }

@@ -126,3 +126,22 @@ pub fn fashion_objects(train: usize, test: usize) -> Vec<(String, Vec<u8>)> {
         })
         .collect()
 }
+
+/// The `trainer` tenant's tables: token `token`, EfficientNet-Lite0 on `datasets/fashion-mnist/`,
+/// the `feature-extract` guest built from source.
+pub fn trainer_tenant(token: &str) -> String {
+    format!(
+        r#"[tenants.trainer]
+token_sha256 = "{}"
+grants = [{{ bucket = "datasets", prefix = "fashion-mnist/" }}]
+models = ["efficientnet_lite0"]
+memory = "1GiB"
+timeout = "60s"
+concurrency = 8
+[tenants.trainer.functions]
+feature-extract = "{}"
+"#,
+        hapi_host::policy::hash_token(token),
+        hapi_tests::guest("feature-extract").display(),
+    )
+}

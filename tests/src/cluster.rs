@@ -325,6 +325,20 @@ pub fn filer_put(filer: &str, bucket: &str, key: &str, bytes: &[u8]) -> Result<(
     }
 }
 
+/// `GET path` from `addr` (`host:port`): the whole response, head and body.
+fn http_get(addr: &str, path: &str) -> std::io::Result<String> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr)?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut resp = String::new();
+    s.read_to_string(&mut resp)?;
+    Ok(resp)
+}
+
 /// Waits until something listens at `addr:port`.
 fn wait_port(addr: &str, port: u16, what: &str, log: &Path) -> Result<(), String> {
     let deadline = Instant::now() + Duration::from_secs(90);
@@ -442,6 +456,10 @@ impl Cluster {
         for i in 0..self.nodes.len() {
             self.start_volume(config, i)?;
         }
+        // The first write grows the volumes on the servers the master knows then: one that
+        // has not sent its first heartbeat would hold none of the data (at 3 nodes, photos
+        // landed on nodes 1 and 2 only, and node 3 read all its keys through the gateway).
+        self.wait_registered()?;
         let config_path = mdir.join("s3.json");
         std::fs::write(
             &config_path,
@@ -464,6 +482,32 @@ impl Cluster {
         wait_port(&meta, 8888, "the SeaweedFS filer", &log)?;
         wait_port(&meta, 8333, "the SeaweedFS S3 gateway", &log)?;
         Ok(())
+    }
+
+    /// Waits until the SeaweedFS master lists every storage node's volume server.
+    fn wait_registered(&self) -> Result<(), String> {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let status =
+                http_get(&format!("{}:9333", self.meta_addr), "/dir/status").unwrap_or_default();
+            let missing: Vec<&str> = self
+                .nodes
+                .iter()
+                .filter(|n| !status.contains(&format!("\"{}:8080\"", n.addr)))
+                .map(|n| n.addr.as_str())
+                .collect();
+            if missing.is_empty() {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "the SeaweedFS master did not list the volume servers of {} within 60 s (logs: {})",
+                    missing.join(", "),
+                    self.dir.join("logs").display()
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
     }
 
     /// Starts storage node `i`'s volume server (again, after [`Cluster::kill_volume`]).
@@ -520,7 +564,22 @@ impl Cluster {
         }
         let log = self.dir.join(format!("logs/host-n{}.log", i + 1));
         node.host = Some(spawn(host, &log)?);
-        wait_port(&node.addr, HOST_PORT, "hapi-host", &log)
+        wait_port(&node.addr, HOST_PORT, "hapi-host", &log)?;
+        // The port is bound before the host has measured its models' memory (tens of seconds
+        // on a loaded CPU, several hosts at once): a job started then would share the CPU
+        // with it, and find the hosts silent.
+        let deadline = Instant::now() + Duration::from_secs(600);
+        let addr = format!("{}:{HOST_PORT}", node.addr);
+        while !http_get(&addr, "/healthz").is_ok_and(|r| r.starts_with("HTTP/1.1 200")) {
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "hapi-host at {addr} did not answer /healthz within 600 s (log: {})",
+                    log.display()
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        Ok(())
     }
 
     /// `kill -9` of storage node `i`'s host.

@@ -135,6 +135,8 @@ pub struct Placement {
     hosts: std::sync::Mutex<(Instant, Vec<Option<Vec<u32>>>)>,
     /// Keys' volumes as told, kept for the job (later epochs ask nothing).
     keys: std::sync::Mutex<HashMap<String, Vec<u32>>>,
+    /// Batches assigned so far: whose turn it is to take one key more ([`assign`]).
+    turns: std::sync::atomic::AtomicUsize,
 }
 
 impl Placement {
@@ -146,6 +148,7 @@ impl Placement {
         host_volumes.iter().any(Option::is_some).then(|| Self {
             hosts: std::sync::Mutex::new((Instant::now(), host_volumes)),
             keys: std::sync::Mutex::default(),
+            turns: std::sync::atomic::AtomicUsize::new(0),
         })
     }
 
@@ -213,19 +216,47 @@ impl Placement {
         };
         let by_volume = self.by_volume(client).await;
         let n = client.hosts().len();
+        let turn = self
+            .turns
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let mut groups: Vec<Vec<Sample>> = vec![Vec::new(); n + 1];
-        for (sample, host) in samples.iter().zip(assign(&volumes, &by_volume, n)) {
+        for (sample, host) in samples.iter().zip(assign(&volumes, &by_volume, n, turn)) {
             groups[host].push(sample.clone());
         }
-        let mut out = Vec::new();
-        for (host, group) in groups.into_iter().enumerate() {
-            let prefer = if host < n { vec![host] } else { Vec::new() };
-            for c in group.chunks(size) {
-                out.push((c.to_vec(), prefer.clone()));
-            }
-        }
-        out
+        spread_requests(groups, size)
     }
+}
+
+/// Each host's keys (`groups[host]`; the last group: any host) in requests of at most `size`
+/// keys, as even in size as that allows (6 keys at 4: 3 and 3, not 4 and 2: a request's time is
+/// mostly its wait behind the others on its host), taking the hosts in turn (requests go out a
+/// few at a time in this order, so no host waits for another's requests to go first).
+fn spread_requests(groups: Vec<Vec<Sample>>, size: usize) -> Vec<(Vec<Sample>, Vec<usize>)> {
+    let any = groups.len().saturating_sub(1);
+    let mut per_host: Vec<std::collections::VecDeque<(Vec<Sample>, Vec<usize>)>> = groups
+        .into_iter()
+        .enumerate()
+        .map(|(host, group)| {
+            let prefer = if host < any { vec![host] } else { Vec::new() };
+            let parts = group.len().div_ceil(size.max(1));
+            let mut rest = group.as_slice();
+            (0..parts)
+                .map(|p| {
+                    let take = rest.len().div_ceil(parts - p);
+                    let (now, later) = rest.split_at(take);
+                    rest = later;
+                    (now.to_vec(), prefer.clone())
+                })
+                .collect()
+        })
+        .collect();
+    let mut out = Vec::new();
+    while per_host.iter().any(|q| !q.is_empty()) {
+        for q in &mut per_host {
+            out.extend(q.pop_front());
+        }
+    }
+    out
 }
 
 /// `m`'s guard; a panic elsewhere while it was held leaves data that is still whole here (a
@@ -242,40 +273,111 @@ fn plain(samples: &[Sample], size: usize) -> Vec<(Vec<Sample>, Vec<usize>)> {
         .collect()
 }
 
-/// The host (index < `n`) each key goes to, or `n` for any host: from its `volumes`, a host
-/// beside a replica (`by_volume`), the one given fewest keys so far, so a batch spreads over
-/// the replicas; once those have their even share of the batch (the data may sit on few
-/// nodes), the host given fewest, which reads it through the gateway: a host's link carries
-/// its keys' features, several times an object's bytes at the splits worth pushing down, so
-/// an idle link costs more than a read through the gateway.
-fn assign(volumes: &[Vec<u32>], by_volume: &HashMap<u32, Vec<usize>>, n: usize) -> Vec<usize> {
-    let share = volumes.len().div_ceil(n.max(1));
-    let mut given = vec![0usize; n];
-    let mut out = Vec::with_capacity(volumes.len());
-    for vols in volumes {
-        let mut near: Vec<usize> = vols
-            .iter()
-            .filter_map(|v| by_volume.get(v))
-            .flatten()
-            .copied()
-            .filter(|&h| h < n)
-            .collect();
-        near.sort_unstable();
-        near.dedup();
-        let least = |hosts: &mut dyn Iterator<Item = usize>| hosts.min_by_key(|&h| (given[h], h));
-        let host = match least(&mut near.into_iter()) {
-            Some(h) if given[h] < share => h,
-            Some(h) => least(&mut (0..n))
-                .filter(|&l| given[l] < given[h])
-                .unwrap_or(h),
-            None => n,
-        };
-        if host < n {
-            given[host] += 1;
-        }
-        out.push(host);
+/// The host (index < `n`) each key goes to, or `n` for any host. Each host takes at most an
+/// even share of the batch (a host's link carries its keys' features, several times an
+/// object's bytes at the splits worth pushing down, so an idle link costs more than a read
+/// through the gateway); where the batch does not divide evenly, the hosts from `turn` on (mod
+/// `n`) take one more, so that batches taking turns give every host the same. Within those
+/// shares, as many keys as can be go to a host beside one of their replicas (`volumes`,
+/// `by_volume`): a maximum matching of keys to replica hosts by augmenting paths (a greedy
+/// pass strands keys whose replica hosts filled up with keys that had other choices). A key
+/// that cannot be placed beside a replica goes to the host with the most of its share left,
+/// which reads it through the gateway; a key whose placement is unknown, or whose volumes no
+/// host holds, to any host.
+fn assign(
+    volumes: &[Vec<u32>],
+    by_volume: &HashMap<u32, Vec<usize>>,
+    n: usize,
+    turn: usize,
+) -> Vec<usize> {
+    let (base, extra) = (volumes.len() / n.max(1), volumes.len() % n.max(1));
+    let share: Vec<usize> = (0..n)
+        .map(|h| base + usize::from((h + n - turn % n.max(1)) % n < extra))
+        .collect();
+    let near: Vec<Vec<usize>> = volumes
+        .iter()
+        .map(|vols| {
+            let mut hosts: Vec<usize> = vols
+                .iter()
+                .filter_map(|v| by_volume.get(v))
+                .flatten()
+                .copied()
+                .filter(|&h| h < n)
+                .collect();
+            hosts.sort_unstable();
+            hosts.dedup();
+            hosts
+        })
+        .collect();
+    let mut m = Matching {
+        near: &near,
+        held: vec![Vec::new(); n],
+        share: &share,
+    };
+    let mut out: Vec<Option<usize>> = vec![None; volumes.len()];
+    for key in 0..volumes.len() {
+        let mut seen = vec![false; n];
+        m.place(key, &mut seen, &mut out);
     }
-    out
+    let mut given: Vec<usize> = m.held.iter().map(Vec::len).collect();
+    out.iter()
+        .enumerate()
+        .map(|(key, host)| match host {
+            Some(h) => *h,
+            None if near[key].is_empty() => n,
+            None => {
+                // The host with the most of its share left.
+                let h = (0..n)
+                    .min_by_key(|&h| (given[h] as isize - share[h] as isize, h))
+                    .unwrap_or(n);
+                if h < n {
+                    given[h] += 1;
+                }
+                h
+            }
+        })
+        .collect()
+}
+
+/// Keys matched to replica hosts, at most `share[host]` each ([`assign`]).
+struct Matching<'a> {
+    near: &'a [Vec<usize>],
+    held: Vec<Vec<usize>>,
+    share: &'a [usize],
+}
+
+impl Matching<'_> {
+    /// Places `key` beside a replica: on such a host with room (the least held first), else on
+    /// one whose keys can move to another of their replica hosts (an augmenting path; `seen`
+    /// keeps each host to one visit per key, so a key costs at most one pass over the edges).
+    fn place(&mut self, key: usize, seen: &mut [bool], out: &mut [Option<usize>]) -> bool {
+        let mut hosts = self.near[key].clone();
+        hosts.sort_by_key(|&h| (self.held[h].len() as isize - self.share[h] as isize, h));
+        if let Some(&h) = hosts
+            .iter()
+            .find(|&&h| !seen[h] && self.held[h].len() < self.share[h])
+        {
+            seen[h] = true;
+            self.held[h].push(key);
+            out[key] = Some(h);
+            return true;
+        }
+        for h in hosts {
+            if seen[h] {
+                continue;
+            }
+            seen[h] = true;
+            for i in 0..self.held[h].len() {
+                let other = self.held[h][i];
+                if self.place(other, seen, out) {
+                    self.held[h][i] = key;
+                    out[key] = Some(h);
+                    return true;
+                }
+            }
+        }
+        false
+    }
 }
 
 /// `fetched`'s samples back in the order of `samples` (requests grouped by host return them
@@ -464,19 +566,104 @@ mod tests {
     fn keys_go_beside_a_replica_until_those_hosts_have_their_share_then_anywhere() {
         // Volume 1 on hosts 0 and 1, volume 2 on host 1; hosts 2 and 3 hold nothing.
         let by_volume: HashMap<u32, Vec<usize>> = [(1, vec![0, 1]), (2, vec![1])].into();
-        let spread = assign(&vec![vec![1]; 2], &by_volume, 2);
+        let spread = assign(&vec![vec![1]; 2], &by_volume, 2, 0);
         assert_eq!(spread, [0, 1], "over the replicas");
         assert_eq!(
-            assign(&vec![vec![2]; 2], &by_volume, 2),
+            assign(&vec![vec![2]; 2], &by_volume, 2, 0),
             [1, 0],
             "past the share"
         );
         // 16 keys on volume 1: 4 each for hosts 0 and 1, the rest to the idle hosts.
-        let many = assign(&vec![vec![1]; 16], &by_volume, 4);
+        let many = assign(&vec![vec![1]; 16], &by_volume, 4, 0);
         let count = |h: usize| many.iter().filter(|&&x| x == h).count();
         assert_eq!([count(0), count(1), count(2), count(3)], [4; 4], "{many:?}");
         // Unknown placement, or volumes no host holds: any host.
-        assert_eq!(assign(&[vec![], vec![9]], &by_volume, 4), [4, 4]);
+        assert_eq!(assign(&[vec![], vec![9]], &by_volume, 4, 0), [4, 4]);
+    }
+
+    #[test]
+    fn as_many_keys_as_the_shares_allow_go_beside_a_replica() {
+        // Volume 1 on hosts 0 and 1, volume 2 on host 0 only; shares of 2. A greedy pass puts
+        // the volume-1 keys on hosts 0, 1, 0, and the volume-2 key finds host 0 full; moving
+        // one of host 0's volume-1 keys to host 1 leaves room for it.
+        let by_volume: HashMap<u32, Vec<usize>> = [(1, vec![0, 1]), (2, vec![0])].into();
+        let keys = [vec![1], vec![1], vec![1], vec![2]];
+        let got = assign(&keys, &by_volume, 2, 0);
+        assert_eq!(
+            got[3], 0,
+            "the volume-2 key beside its only replica: {got:?}"
+        );
+        assert_eq!(got.iter().filter(|&&h| h == 0).count(), 2, "{got:?}");
+        assert_eq!(got.iter().filter(|&&h| h == 1).count(), 2, "{got:?}");
+        // Every key local whenever a matching exists, on a random layout: 3 hosts, 6 volumes
+        // on two hosts each, 16 keys.
+        let layout: HashMap<u32, Vec<usize>> = [
+            (1, vec![0, 1]),
+            (2, vec![0, 2]),
+            (3, vec![0, 2]),
+            (4, vec![1, 2]),
+            (5, vec![0, 1]),
+            (6, vec![0, 2]),
+        ]
+        .into();
+        let keys: Vec<Vec<u32>> = [2, 3, 6, 2, 3, 6, 1, 5, 4, 1, 5, 4, 2, 3, 6, 1]
+            .iter()
+            .map(|&v| vec![v])
+            .collect();
+        let got = assign(&keys, &layout, 3, 0);
+        for (k, h) in keys.iter().zip(&got) {
+            assert!(
+                layout[&k[0]].contains(h),
+                "key on volume {} sent to host {h}: {got:?}",
+                k[0]
+            );
+        }
+        for h in 0..3 {
+            assert!(got.iter().filter(|&&x| x == h).count() <= 6, "{got:?}");
+        }
+    }
+
+    #[test]
+    fn requests_are_even_in_size_and_take_the_hosts_in_turn() {
+        let keys = |n: usize, tag: &str| -> Vec<Sample> {
+            (0..n).map(|i| sample(&format!("{tag}{i}"))).collect()
+        };
+        // Host 0: 6 keys, host 1: 5, host 2: 1, any host: 2; at most 4 keys a request.
+        let groups = vec![keys(6, "a"), keys(5, "b"), keys(1, "c"), keys(2, "d")];
+        let got = spread_requests(groups, 4);
+        let shape: Vec<(usize, Vec<usize>)> =
+            got.iter().map(|(s, p)| (s.len(), p.clone())).collect();
+        assert_eq!(
+            shape,
+            [
+                (3, vec![0]),
+                (3, vec![1]),
+                (1, vec![2]),
+                (2, vec![]),
+                (3, vec![0]),
+                (2, vec![1]),
+            ]
+        );
+        let all: Vec<&str> = got
+            .iter()
+            .flat_map(|(s, _)| s.iter().map(|s| s.key.as_str()))
+            .collect();
+        assert_eq!(all.len(), 14, "every key once: {all:?}");
+    }
+
+    #[test]
+    fn the_hosts_take_turns_at_the_key_a_batch_does_not_divide_evenly() {
+        // 16 keys on every one of 3 hosts: 6, 5, 5, and the 6 moves on each batch.
+        let by_volume: HashMap<u32, Vec<usize>> = [(1, vec![0, 1, 2])].into();
+        for turn in 0..6 {
+            let got = assign(&vec![vec![1]; 16], &by_volume, 3, turn);
+            let counts: Vec<usize> = (0..3)
+                .map(|h| got.iter().filter(|&&x| x == h).count())
+                .collect();
+            let mut want = vec![5; 3];
+            want[turn % 3] = 6;
+            assert_eq!(counts, want, "turn {turn}");
+        }
     }
 
     #[test]

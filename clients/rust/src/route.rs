@@ -30,6 +30,10 @@ struct HostState {
     outstanding: usize,
     /// Seconds per key of its answers (weighted mean); `None` until it answers.
     per_key_s: Option<f64>,
+    /// Seconds per answer, whatever its size (weighted mean): with several requests on one
+    /// host at once, a request waits for those ahead of it (its link, its device), so a small
+    /// one takes about as long as a large one.
+    per_request_s: Option<f64>,
     /// Failures in a row.
     failures: u32,
     ejected_until: Option<Instant>,
@@ -199,6 +203,7 @@ impl Router {
                     h.failures = 0;
                     // It may have restarted, or recovered: measure it again.
                     h.per_key_s = None;
+                    h.per_request_s = None;
                 }
                 Err(why) => {
                     h.failures += 1;
@@ -215,6 +220,8 @@ impl Router {
         let h = &mut s[i];
         let x = wall.as_secs_f64() / keys.max(1) as f64;
         h.per_key_s = Some(h.per_key_s.map_or(x, |m| m + EWMA * (x - m)));
+        let w = wall.as_secs_f64();
+        h.per_request_s = Some(h.per_request_s.map_or(w, |m| m + EWMA * (w - m)));
         h.failures = 0;
         h.answered += 1;
     }
@@ -251,7 +258,8 @@ impl Router {
     }
 
     /// When a request on host `i` of `keys` keys is late enough to be sent to another host as
-    /// well: 4x its time per key (at least 2 s, at most 60 s); `None` before it has answered
+    /// well: 4x its usual time for that many keys, or for any request if that is longer (at
+    /// least 2 s, at most 60 s); `None` before it has answered
     /// (a cold host loads the model) or when it is the only host.
     pub(crate) fn hedge_after(&self, i: usize, keys: usize) -> Option<Duration> {
         if self.hosts.len() < 2 {
@@ -259,7 +267,8 @@ impl Router {
         }
         let s = lock(&self.state);
         let per_key = s[i].per_key_s?;
-        let t = (4.0 * per_key * keys.max(1) as f64).clamp(2.0, 60.0);
+        let usual = (per_key * keys.max(1) as f64).max(s[i].per_request_s.unwrap_or(0.0));
+        let t = (4.0 * usual).clamp(2.0, 60.0);
         Some(Duration::from_secs_f64(t))
     }
 
@@ -403,5 +412,17 @@ mod tests {
         assert_eq!(st[0].per_key_s, Some(2.0));
         assert!(st[0].ejected);
         assert_eq!(hosts(1).hedge_after(0, 4), None, "nowhere to hedge");
+    }
+
+    #[test]
+    fn a_small_request_on_a_busy_host_is_given_as_long_as_its_usual_request() {
+        // Requests of 4 keys answered in 3 s each (queued behind others on a shared link): a
+        // request of 1 key is not hedged after 4 x 0.75 s but after 4 x 3 s.
+        let r = hosts(2);
+        for _ in 0..4 {
+            r.answered(0, 4, Duration::from_secs(3));
+        }
+        assert_eq!(r.hedge_after(0, 1), Some(Duration::from_secs(12)));
+        assert_eq!(r.hedge_after(0, 8), Some(Duration::from_secs(24)));
     }
 }

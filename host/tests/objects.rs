@@ -322,6 +322,23 @@ async fn s3_store_conforms_and_serves_the_whole_pushdown_path() {
         report["local_reads"].as_u64() >= Some(keys.len() as u64),
         "{report}"
     );
+    // The same counts for the operator's monitoring.
+    let metrics = near_host.metrics().await;
+    let counted = |from: &str| {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("hapi_locality_reads_total{{from=\"{from}\"}} ")))
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or_else(|| panic!("no hapi_locality_reads_total from {from}:\n{metrics}"))
+    };
+    assert_eq!(
+        (Some(counted("local")), Some(counted("gateway"))),
+        (
+            report["local_reads"].as_u64(),
+            report["gateway_reads"].as_u64()
+        ),
+        "{report}"
+    );
     let ask = |keys: Vec<String>| {
         near_host
             .client

@@ -86,6 +86,6 @@ pub async fn lookup(
         }
     }
     Ok(Json(Answer {
-        volumes: near.placement(&ask.bucket, &ask.keys).await,
+        volumes: near.placement(&tenant.name, &ask.bucket, &ask.keys).await,
     }))
 }

@@ -172,6 +172,9 @@ async fn metrics(
 ) -> Response {
     let mut text = host.metrics.render();
     host.device().render_metrics(&mut text);
+    if let Some(near) = host.runtime().objects().locality() {
+        near.render_metrics(&mut text);
+    }
     if let Some(Extension(c)) = conns {
         text.push_str(&format!(
             "# HELP hapi_http_connections Open connections.\n# TYPE hapi_http_connections gauge\nhapi_http_connections {}\n",

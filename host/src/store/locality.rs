@@ -24,6 +24,10 @@ pub const MAX_PLACEMENT_KEYS: usize = 1024;
 /// lookups may hold in memory on no tenant's account is bounded by their product (8 MiB).
 const LOOKUPS: usize = 32;
 const MAX_ENTRY: usize = 256 << 10;
+/// Filer lookups one tenant's placement requests may have in flight or queued for a host-wide
+/// slot, however many requests it sends at once: another tenant's lookup waits behind at most
+/// this many of each tenant's (the host-wide queue is first come, first served).
+const TENANT_LOOKUPS: usize = 8;
 
 /// One chunk of an object: `[offset, offset + size)` of it is needle `file_id`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,6 +44,8 @@ pub struct Locality {
     http: reqwest::Client,
     volumes: Mutex<Option<(Instant, Arc<HashSet<u32>>)>>,
     lookups: tokio::sync::Semaphore,
+    /// Each tenant's share of the lookups ([`TENANT_LOOKUPS`]), by tenant name.
+    tenant_lookups: Mutex<std::collections::HashMap<String, Arc<tokio::sync::Semaphore>>>,
     local_reads: AtomicU64,
     gateway_reads: AtomicU64,
 }
@@ -110,6 +116,7 @@ impl Locality {
             http,
             volumes: Mutex::default(),
             lookups: tokio::sync::Semaphore::new(LOOKUPS),
+            tenant_lookups: Mutex::default(),
             local_reads: AtomicU64::new(0),
             gateway_reads: AtomicU64::new(0),
         }
@@ -235,35 +242,74 @@ impl Locality {
     }
 
     /// Each key's volumes (empty where the filer does not know it or its chunks cannot be
-    /// read from a volume server), up to 8 lookups at a time.
-    pub async fn placement(&self, bucket: &str, keys: &[String]) -> Vec<Vec<u32>> {
+    /// read from a volume server), for `tenant`: its lookups take one of its
+    /// [`TENANT_LOOKUPS`] first, then a host-wide slot.
+    pub async fn placement(&self, tenant: &str, bucket: &str, keys: &[String]) -> Vec<Vec<u32>> {
         use futures::StreamExt;
+        let share = self.tenant_share(tenant);
         futures::stream::iter(keys.iter().cloned())
-            .map(|key: String| async move {
-                let mut v: Vec<u32> = self
-                    .object_chunks(bucket, &key, true)
-                    .await
-                    .unwrap_or_default()
-                    .iter()
-                    .map(|c| c.volume)
-                    .collect();
-                v.sort_unstable();
-                v.dedup();
-                v
+            .map(|key: String| {
+                let share = Arc::clone(&share);
+                async move {
+                    let Ok(_mine) = share.acquire().await else {
+                        return Vec::new();
+                    };
+                    let mut v: Vec<u32> = self
+                        .object_chunks(bucket, &key, true)
+                        .await
+                        .unwrap_or_default()
+                        .iter()
+                        .map(|c| c.volume)
+                        .collect();
+                    v.sort_unstable();
+                    v.dedup();
+                    v
+                }
             })
-            .buffered(8)
+            .buffered(TENANT_LOOKUPS)
             .collect()
             .await
+    }
+
+    /// `tenant`'s lookup semaphore (made on first use; those of tenants with nothing in flight
+    /// are dropped then, so the map holds only the tenants placing keys now).
+    fn tenant_share(&self, tenant: &str) -> Arc<tokio::sync::Semaphore> {
+        let mut map = self
+            .tenant_lookups
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        map.retain(|name, s| name == tenant || Arc::strong_count(s) > 1);
+        Arc::clone(
+            map.entry(tenant.to_string())
+                .or_insert_with(|| Arc::new(tokio::sync::Semaphore::new(TENANT_LOOKUPS))),
+        )
+    }
+
+    /// Reads served from the local volume server and through the gateway since start.
+    pub fn reads(&self) -> (u64, u64) {
+        (
+            self.local_reads.load(Ordering::Relaxed),
+            self.gateway_reads.load(Ordering::Relaxed),
+        )
+    }
+
+    /// `hapi_locality_reads_total` in the Prometheus text format.
+    pub fn render_metrics(&self, out: &mut String) {
+        let (local, gateway) = self.reads();
+        out.push_str(&format!(
+            "# HELP hapi_locality_reads_total Object reads by where they were served from: the local volume server, or the S3 gateway (not local, or a lookup failed).\n# TYPE hapi_locality_reads_total counter\nhapi_locality_reads_total{{from=\"local\"}} {local}\nhapi_locality_reads_total{{from=\"gateway\"}} {gateway}\n"
+        ));
     }
 
     pub async fn report(&self) -> Report {
         let mut volumes: Vec<u32> = self.volumes().await.iter().copied().collect();
         volumes.sort_unstable();
+        let (local_reads, gateway_reads) = self.reads();
         Report {
             volume_server: self.settings.volume_server.clone(),
             volumes,
-            local_reads: self.local_reads.load(Ordering::Relaxed),
-            gateway_reads: self.gateway_reads.load(Ordering::Relaxed),
+            local_reads,
+            gateway_reads,
         }
     }
 }
@@ -313,5 +359,83 @@ mod tests {
             encode_path("a b/c?d#e%/ü.png"),
             "a%20b/c%3Fd%23e%25/%C3%BC.png"
         );
+    }
+
+    /// A filer on a socket that answers `GET /buckets/b/fast` with one chunk on volume 3 and
+    /// holds every other request unanswered (for 30 s).
+    fn stalling_filer() -> String {
+        use std::io::{Read, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(mut conn) = conn else { return };
+                std::thread::spawn(move || {
+                    let mut got = Vec::new();
+                    let mut buf = [0u8; 4096];
+                    while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match conn.read(&mut buf) {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => got.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    if got.starts_with(b"GET /buckets/b/fast?") {
+                        let body = r#"{"chunks":[{"file_id":"3,01aa","size":5}]}"#;
+                        let _ = write!(
+                            conn,
+                            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                            body.len()
+                        );
+                    } else {
+                        std::thread::sleep(Duration::from_secs(30));
+                    }
+                });
+            }
+        });
+        format!("http://{addr}")
+    }
+
+    #[tokio::test]
+    async fn a_tenant_flooding_placement_requests_leaves_lookups_for_the_others() {
+        let near = Arc::new(Locality::new(Settings {
+            filer: stalling_filer(),
+            volume_server: "http://127.0.0.1:9".into(),
+        }));
+        // Tenant a: 8 requests of 64 keys at once, against a filer that holds them unanswered.
+        // Without a share per tenant they would take all 32 host-wide slots (for the client's
+        // 10 s timeout) and queue 500 more lookups ahead of anyone else's.
+        let flood: Vec<_> = (0..8)
+            .map(|i| {
+                let near = Arc::clone(&near);
+                let keys: Vec<String> = (0..64).map(|k| format!("slow/{i}/{k}")).collect();
+                tokio::spawn(async move { near.placement("a", "b", &keys).await })
+            })
+            .collect();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while near.lookups.available_permits() > LOOKUPS - TENANT_LOOKUPS
+            && Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(
+            near.lookups.available_permits(),
+            LOOKUPS - TENANT_LOOKUPS,
+            "tenant a holds its share of the host-wide lookups, no more"
+        );
+        let other = tokio::time::timeout(
+            Duration::from_secs(5),
+            near.placement("c", "b", &["fast".to_string()]),
+        )
+        .await
+        .expect("tenant c's lookup waited behind tenant a's");
+        assert_eq!(other, vec![vec![3]]);
+        assert!(
+            flood.iter().all(|t| !t.is_finished()),
+            "tenant a's lookups are still held by the filer"
+        );
+        for t in flood {
+            t.abort();
+        }
     }
 }

@@ -1142,7 +1142,7 @@ async fn a_segment_that_can_never_fit_is_refused_on_a_real_host() {
     common::write_store(&store);
     // Measure lite0's memory model on a first host, then size a budget from it.
     let probe = serve(dir.path(), &store, BUDGET);
-    let client = reqwest::Client::new();
+    let client = common::http_client();
     let profile: Value = client
         .get(format!(
             "{}/v1/models/efficientnet_lite0/profile",

@@ -43,7 +43,7 @@ async fn sighup_reloads_the_policy_and_sigterm_finishes_in_flight_work() {
     std::fs::write(&policy, without_bob(&full)).expect("policy");
     let _ = guest("hostile");
     let mut server = start(&policy);
-    let client = reqwest::Client::new();
+    let client = common::http_client();
     let bob_reads = || {
         client
             .post(format!("{}/v1/invoke/hostile", server.url))

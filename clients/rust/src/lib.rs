@@ -36,6 +36,12 @@ use route::{Pick, Router};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+/// How long an idle kept-alive connection to a host is kept for reuse: below the host's
+/// `header_timeout` (10 s by default), after which the host closes it; a request sent on a
+/// connection the host is closing fails (`connection closed before message completed`) and,
+/// with several hosts, would eject a healthy host.
+pub const POOL_IDLE: Duration = Duration::from_secs(5);
+
 pub mod route;
 
 /// How long and how often to retry transient failures.
@@ -152,6 +158,7 @@ impl StorageClient {
             .collect();
         let http = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(5))
+            .pool_idle_timeout(POOL_IDLE)
             .build()?;
         Ok(Self {
             router: Router::new(hosts),

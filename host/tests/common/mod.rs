@@ -248,7 +248,7 @@ impl TestHost {
             store,
             policy_path,
             _tmp: tmp,
-            client: reqwest::Client::new(),
+            client: http_client(),
         }
     }
 
@@ -304,6 +304,16 @@ pub async fn profile_at(
         .json()
         .await
         .expect("profile")
+}
+
+/// A client for the hosts under test. A kept-alive connection idle for the host's
+/// `header_timeout` (10 s by default) is closed by the host; a request sent on it just then
+/// fails (hyper's `IncompleteMessage`), so the client lets idle connections go sooner.
+pub fn http_client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .pool_idle_timeout(std::time::Duration::from_secs(5))
+        .build()
+        .expect("HTTP client")
 }
 
 /// `POST {url}/v1/invoke/{function}` with `token` and the JSON `body`.

@@ -297,63 +297,79 @@ fn shape(net: Network, short: &str, mbit: Option<u32>) -> Result<(), String> {
 /// Writes `bucket/key` through the SeaweedFS filer at `filer` (`addr:port`; a bucket is a
 /// directory under /buckets), retried for up to 60 s while the volume servers register.
 pub fn filer_put(filer: &str, bucket: &str, key: &str, bytes: &[u8]) -> Result<(), String> {
-    use std::io::{Read, Write};
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let attempt = (|| -> std::io::Result<String> {
-            let mut s = std::net::TcpStream::connect(filer)?;
-            s.set_read_timeout(Some(Duration::from_secs(10)))?;
-            write!(
-                s,
-                "PUT /buckets/{bucket}/{key} HTTP/1.1\r\nHost: {filer}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-                bytes.len()
-            )?;
-            s.write_all(bytes)?;
-            let mut resp = String::new();
-            s.read_to_string(&mut resp)?;
-            Ok(resp)
-        })();
-        match attempt {
-            Ok(r) if r.starts_with("HTTP/1.1 2") => return Ok(()),
-            other if Instant::now() > deadline => {
-                return Err(format!(
-                    "PUT {bucket}/{key} through the filer at {filer}: {other:?}"
-                ));
-            }
-            _ => std::thread::sleep(Duration::from_millis(500)),
-        }
-    }
+    wait_until(
+        Duration::from_secs(60),
+        Duration::from_millis(500),
+        || match http(
+            filer,
+            "PUT",
+            &format!("/buckets/{bucket}/{key}"),
+            None,
+            bytes,
+        ) {
+            Ok(r) if r.starts_with("HTTP/1.1 2") => None,
+            other => Some(format!(
+                "PUT {bucket}/{key} through the filer at {filer}: {other:?}"
+            )),
+        },
+    )
 }
 
-/// `GET path` from `addr` (`host:port`): the whole response, head and body.
-fn http_get(addr: &str, path: &str) -> std::io::Result<String> {
+/// One HTTP/1.1 request to `addr` (`host:port`) on a fresh connection, with bearer `token` if
+/// given: the whole response, head and body (10 s read timeout).
+pub fn http(
+    addr: &str,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: &[u8],
+) -> std::io::Result<String> {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(addr)?;
-    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
     write!(
         s,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\n{auth}Content-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
     )?;
+    s.write_all(body)?;
     let mut resp = String::new();
     s.read_to_string(&mut resp)?;
     Ok(resp)
 }
 
+/// Polls `not_yet` every `every` until it says nothing (ready); past `within`, its last
+/// answer is the error.
+fn wait_until(
+    within: Duration,
+    every: Duration,
+    mut not_yet: impl FnMut() -> Option<String>,
+) -> Result<(), String> {
+    let deadline = Instant::now() + within;
+    loop {
+        match not_yet() {
+            None => return Ok(()),
+            Some(why) if Instant::now() > deadline => return Err(why),
+            Some(_) => std::thread::sleep(every),
+        }
+    }
+}
+
 /// Waits until something listens at `addr:port`.
 fn wait_port(addr: &str, port: u16, what: &str, log: &Path) -> Result<(), String> {
-    let deadline = Instant::now() + Duration::from_secs(90);
     let target = format!("{addr}:{port}");
     let sock: std::net::SocketAddr = target.parse().map_err(|e| format!("{target}: {e}"))?;
-    while std::net::TcpStream::connect_timeout(&sock, Duration::from_millis(500)).is_err() {
-        if Instant::now() > deadline {
-            return Err(format!(
-                "{what} did not come up at {target} within 90 s (log: {})",
-                log.display()
-            ));
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    Ok(())
+    wait_until(Duration::from_secs(90), Duration::from_millis(200), || {
+        std::net::TcpStream::connect_timeout(&sock, Duration::from_millis(500))
+            .is_err()
+            .then(|| {
+                format!(
+                    "{what} did not come up at {target} within 90 s (log: {})",
+                    log.display()
+                )
+            })
+    })
 }
 
 fn spawn(mut cmd: Command, log: &Path) -> Result<Child, String> {
@@ -486,28 +502,23 @@ impl Cluster {
 
     /// Waits until the SeaweedFS master lists every storage node's volume server.
     fn wait_registered(&self) -> Result<(), String> {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            let status =
-                http_get(&format!("{}:9333", self.meta_addr), "/dir/status").unwrap_or_default();
+        let master = format!("{}:9333", self.meta_addr);
+        wait_until(Duration::from_secs(60), Duration::from_millis(200), || {
+            let status = http(&master, "GET", "/dir/status", None, b"").unwrap_or_default();
             let missing: Vec<&str> = self
                 .nodes
                 .iter()
                 .filter(|n| !status.contains(&format!("\"{}:8080\"", n.addr)))
                 .map(|n| n.addr.as_str())
                 .collect();
-            if missing.is_empty() {
-                return Ok(());
-            }
-            if Instant::now() > deadline {
-                return Err(format!(
+            (!missing.is_empty()).then(|| {
+                format!(
                     "the SeaweedFS master did not list the volume servers of {} within 60 s (logs: {})",
                     missing.join(", "),
                     self.dir.join("logs").display()
-                ));
-            }
-            std::thread::sleep(Duration::from_millis(200));
-        }
+                )
+            })
+        })
     }
 
     /// Starts storage node `i`'s volume server (again, after [`Cluster::kill_volume`]).
@@ -568,18 +579,17 @@ impl Cluster {
         // The port is bound before the host has measured its models' memory (tens of seconds
         // on a loaded CPU, several hosts at once): a job started then would share the CPU
         // with it, and find the hosts silent.
-        let deadline = Instant::now() + Duration::from_secs(600);
         let addr = format!("{}:{HOST_PORT}", node.addr);
-        while !http_get(&addr, "/healthz").is_ok_and(|r| r.starts_with("HTTP/1.1 200")) {
-            if Instant::now() > deadline {
-                return Err(format!(
+        wait_until(Duration::from_secs(600), Duration::from_millis(500), || {
+            let ready = http(&addr, "GET", "/healthz", None, b"")
+                .is_ok_and(|r| r.starts_with("HTTP/1.1 200"));
+            (!ready).then(|| {
+                format!(
                     "hapi-host at {addr} did not answer /healthz within 600 s (log: {})",
                     log.display()
-                ));
-            }
-            std::thread::sleep(Duration::from_millis(500));
-        }
-        Ok(())
+                )
+            })
+        })
     }
 
     /// `kill -9` of storage node `i`'s host.

@@ -6,7 +6,6 @@ use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
-use std::time::Duration;
 
 /// The operator's token: the tests read /metrics with it.
 pub const OPERATOR: &str = "operator-token";
@@ -94,17 +93,8 @@ pub fn http_get(url: &str, path: &str) -> std::io::Result<String> {
 
 /// `GET path` on `url` with bearer `token`: the whole response, headers and body.
 pub fn http_get_as(url: &str, path: &str, token: &str) -> std::io::Result<String> {
-    use std::io::{Read, Write};
     let addr = url.trim_start_matches("http://");
-    let mut s = std::net::TcpStream::connect(addr)?;
-    s.set_read_timeout(Some(Duration::from_secs(5)))?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\nConnection: close\r\n\r\n"
-    )?;
-    let mut body = String::new();
-    s.read_to_string(&mut body)?;
-    Ok(body)
+    hapi_tests::cluster::http(addr, "GET", path, Some(token), b"")
 }
 
 /// The first `train` + `test` Fashion-MNIST test-split images as PNG objects in ImageFolder

@@ -7,8 +7,14 @@
 //! 4. Decoding and preprocessing per image, in the guest and natively, for PNG and JPEG at
 //!    Fashion-MNIST size (28x28) and photo size (500x375).
 //!
-//! Steps 2 and 4 run in three rounds; the table gives each round and their median.
+//! Steps 2 and 4 run in rounds; the table gives each round and their median.
 //! Prints a table and writes JSON (path from `--json`, default target/bench/host.json).
+//!
+//! `--decode-against <decode_bench.wasm>` also runs another build of the decode-bench guest
+//! (a copy made before a change to the guests' decoding) in the same rounds, after this build,
+//! and gives this build's time over it, median of the rounds' ratios: changes of a few percent
+//! show there that the spread between whole runs (20-40% on this machine) hides.
+//! `--decode-rounds N` (default 9) sets the rounds of step 4.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -62,6 +68,34 @@ fn median(v: &[f64]) -> f64 {
     v[v.len() / 2]
 }
 
+/// The decode-bench guest's answer: (decode, preprocess) times of each timed repetition.
+fn guest_times(data: &[u8]) -> Vec<[Duration; 2]> {
+    data.chunks_exact(8)
+        .map(|b| {
+            let ms = |b: &[u8]| {
+                let v = f32::from_le_bytes(b.try_into().expect("f32"));
+                Duration::from_secs_f32(v / 1e3)
+            };
+            [ms(&b[..4]), ms(&b[4..])]
+        })
+        .collect()
+}
+
+/// The p50 of every repetition's decode + preprocess time, and of its decode time.
+fn p50s(v: &[[Duration; 2]]) -> [Duration; 2] {
+    [
+        stats(v.iter().map(|p| p[0] + p[1]).collect()).0,
+        stats(v.iter().map(|p| p[0]).collect()).0,
+    ]
+}
+
+/// `lo-hi` of per-round ratios.
+fn range(ratios: &[f64]) -> String {
+    let lo = ratios.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = ratios.iter().copied().fold(0.0, f64::max);
+    format!("{lo:.2}-{hi:.2}")
+}
+
 /// What the guest does to one object, natively: decode, then preprocess into tensor bytes;
 /// the time of each, as the decode-bench guest times them.
 fn native_decode(bytes: &[u8], t: &Transform, out: &mut Vec<u8>) -> [Duration; 2] {
@@ -84,6 +118,15 @@ struct DecodeRow {
     ratio: f64,
     round_ratios: Vec<f64>,
     in_invocation: Duration,
+    /// With `--decode-against`: that build's p50 (decode + preprocess), and this build's time
+    /// over it per round, of decode + preprocess and of decoding alone.
+    against: Option<Against>,
+}
+
+struct Against {
+    p50: Duration,
+    ratios: Vec<f64>,
+    decode_ratios: Vec<f64>,
 }
 
 /// The decode cases, written into the store under alice's grant: (name, key, bytes). A
@@ -137,18 +180,41 @@ async fn main() {
         .unwrap_or_else(|| {
             concat!(env!("CARGO_MANIFEST_DIR"), "/../target/bench/host.json").to_string()
         });
+    let arg = |name: &str| {
+        args.iter()
+            .position(|a| a == name)
+            .map(|i| args.get(i + 1).cloned().unwrap_or_default())
+    };
+    let against = arg("--decode-against").map(|p| {
+        let path = std::path::PathBuf::from(&p);
+        assert!(
+            path.is_file(),
+            "--decode-against {p}: no such file (a decode_bench.wasm built before the change)"
+        );
+        std::path::absolute(path).expect("absolute path")
+    });
+    let decode_rounds: usize = arg("--decode-rounds").map_or(9, |n| {
+        n.parse()
+            .ok()
+            .filter(|&n| n >= 1)
+            .unwrap_or_else(|| panic!("--decode-rounds {n}: expected a count >= 1"))
+    });
     // The test policy plus a tenant granted clocks, which the decode bench guest imports, and
     // guest memory slots that keep their first 16 MiB resident (`host.keep_resident`).
     let h = common::start_tenants(|store, state| {
         format!(
-            "{}\n[tenants.bencher]\ntoken_sha256 = \"{}\"\ngrants = [{{ bucket = \"datasets\", prefix = \"fashion-mnist/\" }}]\nmodels = [\"resnet18\"]\ncapabilities = [\"clocks\"]\ntimeout = \"60s\"\n[tenants.bencher.functions]\ndecode-bench = \"{}\"\n",
+            "{}\n[tenants.bencher]\ntoken_sha256 = \"{}\"\ngrants = [{{ bucket = \"datasets\", prefix = \"fashion-mnist/\" }}]\nmodels = [\"resnet18\"]\ncapabilities = [\"clocks\"]\ntimeout = \"60s\"\n[tenants.bencher.functions]\ndecode-bench = \"{}\"\n{}",
             common::policy_text_for(
                 &format!("store = \"{}\"", store.display()),
                 "keep_resident = \"16MiB\"",
                 state
             ),
             hapi_host::policy::hash_token("bencher-token"),
-            common::guest("decode-bench").display()
+            common::guest("decode-bench").display(),
+            against.as_ref().map_or(String::new(), |p| format!(
+                "decode-against = \"{}\"\n",
+                p.display()
+            ))
         )
     })
     .await;
@@ -292,7 +358,12 @@ async fn main() {
     // Many short rounds, guest and native in turn: this machine's speed drifts over seconds,
     // and a ratio of two loops run far apart measures the drift (the median of per-round
     // ratios does not).
-    let (per_call, timed, decode_rounds) = (8usize, 10usize, 9usize);
+    let (per_call, timed) = (8usize, 10usize);
+    let against_fn = against.as_ref().map(|_| {
+        h.host
+            .function("bencher", "decode-against")
+            .expect("decode-against")
+    });
     let mut decode_rows = Vec::new();
     for (name, key, bytes) in &decode_cases {
         let bench_inv = InvokeRequest {
@@ -305,20 +376,18 @@ async fn main() {
         let (mut g_round, mut n_round) = (Vec::new(), Vec::new());
         // Per round: p50s of (decode, preprocess), guest and native.
         let (mut g_parts, mut n_parts) = (Vec::new(), Vec::new());
+        // With `--decode-against`: p50s (total, decode) per round of that build and this one.
+        let (mut a_round, mut b_round) = (Vec::new(), Vec::new());
         for _ in 0..decode_rounds {
             let out = host.invoke(&bencher, &db, bench_inv.clone()).await;
-            let out = out.result.expect("decode-bench invocation");
-            let guest: Vec<[Duration; 2]> = out
-                .data
-                .chunks_exact(8)
-                .map(|b| {
-                    let ms = |b: &[u8]| {
-                        let v = f32::from_le_bytes(b.try_into().expect("f32"));
-                        Duration::from_secs_f32(v / 1e3)
-                    };
-                    [ms(&b[..4]), ms(&b[4..])]
-                })
-                .collect();
+            let guest = guest_times(&out.result.expect("decode-bench invocation").data);
+            if let Some(f) = &against_fn {
+                b_round.push(p50s(&guest));
+                let out = host.invoke(&bencher, f, bench_inv.clone()).await;
+                a_round.push(p50s(&guest_times(
+                    &out.result.expect("decode-against invocation").data,
+                )));
+            }
             let mut buf = Vec::with_capacity(4 * t.sample_len());
             for _ in 0..2 {
                 native_decode(bytes, &t, &mut buf);
@@ -368,6 +437,20 @@ async fn main() {
             ratio: median(&ratios),
             round_ratios: ratios,
             in_invocation: stats(in_call).0,
+            against: against_fn.as_ref().map(|_| {
+                let ratio_of = |k: usize| {
+                    b_round
+                        .iter()
+                        .zip(&a_round)
+                        .map(|(b, a)| b[k].as_secs_f64() / a[k].as_secs_f64())
+                        .collect::<Vec<f64>>()
+                };
+                Against {
+                    p50: stats(a_round.iter().map(|a: &[Duration; 2]| a[0]).collect()).0,
+                    ratios: ratio_of(0),
+                    decode_ratios: ratio_of(1),
+                }
+            }),
         });
     }
 
@@ -503,19 +586,36 @@ async fn main() {
             ms(row.guest),
             ms(row.native),
             row.ratio,
-            {
-                let lo = row
-                    .round_ratios
-                    .iter()
-                    .copied()
-                    .fold(f64::INFINITY, f64::min);
-                let hi = row.round_ratios.iter().copied().fold(0.0, f64::max);
-                format!("{lo:.2}-{hi:.2}")
-            },
+            range(&row.round_ratios),
             ms(row.in_invocation),
             part(row.decode),
             part(row.preprocess)
         );
+    }
+
+    if let Some(path) = &against {
+        println!(
+            "\nthis build of decode-bench against {} (same rounds, run after it; median of {decode_rounds} rounds' ratios)",
+            path.display()
+        );
+        println!(
+            "{:<14} {:>10} {:>10}  {:>14}  {:<12}  {:>14}  {:<12}",
+            "image", "against", "this", "this/against", "(min-max)", "decode only", "(min-max)"
+        );
+        for row in &decode_rows {
+            if let Some(a) = &row.against {
+                println!(
+                    "{:<14} {:>8.3}ms {:>8.3}ms  {:>14.3}  {:<12}  {:>14.3}  {:<12}",
+                    row.image,
+                    ms(a.p50),
+                    ms(row.guest),
+                    median(&a.ratios),
+                    range(&a.ratios),
+                    median(&a.decode_ratios),
+                    range(&a.decode_ratios)
+                );
+            }
+        }
     }
 
     let report = json!({
@@ -525,7 +625,12 @@ async fn main() {
             "image": r.image, "guest": ms(r.guest), "native": ms(r.native), "ratio": r.ratio,
             "round_ratios": r.round_ratios, "guest_in_invocation": ms(r.in_invocation),
             "decode": {"guest": ms(r.decode.0), "native": ms(r.decode.1), "ratio": r.decode.2},
-            "preprocess": {"guest": ms(r.preprocess.0), "native": ms(r.preprocess.1), "ratio": r.preprocess.2}})).collect::<Vec<_>>(),
+            "preprocess": {"guest": ms(r.preprocess.0), "native": ms(r.preprocess.1), "ratio": r.preprocess.2},
+            "against": r.against.as_ref().map(|a| json!({
+                "guest": ms(a.p50), "ratio": median(&a.ratios), "round_ratios": a.ratios,
+                "decode_ratio": median(&a.decode_ratios), "decode_round_ratios": a.decode_ratios}))})).collect::<Vec<_>>(),
+        "decode_rounds": decode_rounds,
+        "decode_against": against.as_ref().map(|p| p.display().to_string()),
         "extraction_ms": {"wasm_p50": ms(wasm_p50), "native_p50": ms(native_p50), "ratio": ratio, "round_ratios": ratios,
             "device_batches_per_call": batches_per_call,
             "native_same_batches_p50": ms(same_p50), "same_batches_chunk": chunk,

@@ -92,8 +92,8 @@ async fn split_zero_returns_the_preprocessed_images() {
 
 /// The guest's preprocessing is the native code's, bit for bit, on every path the resampler
 /// takes: RGB photos (PNG, JPEG) reduced by small and large factors, enlarged, a tall portrait
-/// whose vertical pass runs first, and grayscale. The guest runs its Wasm SIMD kernels
-/// (`preprocess/src/resize/simd128.rs`), natively the portable loops run.
+/// whose vertical pass runs first, and grayscale; JPEGs of several shapes. The guest runs its
+/// Wasm SIMD kernels (`preprocess/src/resize/simd128.rs`), natively the portable loops run.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_guests_preprocessing_equals_the_native_code_on_every_resampling_path() {
     use image::{DynamicImage, ImageFormat, RgbImage};
@@ -149,6 +149,28 @@ async fn the_guests_preprocessing_equals_the_native_code_on_every_resampling_pat
             encode(
                 DynamicImage::from(synthetic(350, 300)).grayscale(),
                 ImageFormat::Png,
+            ),
+        ),
+        // JPEG: zune-jpeg runs its scalar kernels in the guest (vectorised by LLVM for
+        // simd128) and its AVX2 ones natively. Noise (every AC coefficient busy), sizes that
+        // are no multiple of the 16-pixel MCU (one narrower than 16), and grayscale.
+        (
+            "noise-301x259.jpg",
+            encode(synthetic(301, 259).into(), ImageFormat::Jpeg),
+        ),
+        (
+            "noise-33x200.jpg",
+            encode(synthetic(33, 200).into(), ImageFormat::Jpeg),
+        ),
+        (
+            "noise-12x40.jpg",
+            encode(synthetic(12, 40).into(), ImageFormat::Jpeg),
+        ),
+        (
+            "gray-350x300.jpg",
+            encode(
+                DynamicImage::from(synthetic(350, 300)).grayscale(),
+                ImageFormat::Jpeg,
             ),
         ),
     ];

@@ -29,7 +29,9 @@ commands:
   bench models       per-layer forward time and output bytes of every model package
                      (table on stdout, JSON in target/bench/models.json)
   bench host         one invocation's cost: empty pushdown, Wasm vs native extraction,
-                     HTTP latency breakdown (table, JSON in target/bench/host.json)
+                     HTTP latency breakdown (table, JSON in target/bench/host.json);
+                     --decode-against A.wasm also times another decode-bench build in the
+                     same rounds (this build / A); --decode-rounds N (default 9)
   bench pooling      the device shared by 1-16 tenants: samples/s and latency with
                      pooling on and off, fairness under a flood, a burst past the queue
                      (tables, JSON and SVG in target/bench/pooling.{json,svg})
@@ -215,7 +217,7 @@ fn bench(args: &[String]) -> Result<(), String> {
             env.build_guests()?;
             let json = env.workspace.join("target/bench/host.json");
             let json = json.to_string_lossy().into_owned();
-            env.cargo(&[
+            let mut cmd = vec![
                 "bench",
                 "--package",
                 "hapi-host",
@@ -224,7 +226,9 @@ fn bench(args: &[String]) -> Result<(), String> {
                 "--",
                 "--json",
                 &json,
-            ])
+            ];
+            cmd.extend(args[1..].iter().map(String::as_str));
+            env.cargo(&cmd)
         }
         Some("pooling") => host_bench("pooling", &args[1..]),
         Some(other) => Err(format!(

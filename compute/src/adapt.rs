@@ -14,6 +14,13 @@
 //! from what was measured when it settled (the network shaped down, another tenant on the
 //! host), the model is recalibrated from what moved (the storage stage gives a new bandwidth,
 //! the compute stage a new scale), the candidates are ranked again and exploration restarts.
+//! It also watches the link itself (bytes received per second of transfer, per batch): at a
+//! split whose iteration is bound by the compute stage, a slower link raises the storage stage
+//! without moving the iteration's cost until it is too late, while splits that send less may
+//! already be faster. When the link's median moves more than `drift`, the model is given the new
+//! rate; if it then ranks another split faster than the settled one by more than half of
+//! `drift` (a gain the cost's own watch, at `drift`, would miss or see late), exploration
+//! restarts, else the new rate becomes the baseline.
 //!
 //! Nothing here trains or fetches: [`Choice`] is what the pipeline asks for the next batch's
 //! split and tells how the batch went.
@@ -135,16 +142,20 @@ pub struct Move {
     pub reason: String,
 }
 
+/// One iteration at the settled split: its cost, storage and compute stages (seconds), and the
+/// link's rate during its fetch (bytes per second of transfer; NaN when not measured).
+type Watched = (f64, f64, f64, f64);
+
 #[derive(Clone, Debug)]
 enum Phase {
     Explore,
     Settled {
         arm: usize,
         /// Medians of the first full window at the settled split: cost, storage and compute
-        /// stages per iteration.
-        baseline: Option<(f64, f64, f64)>,
+        /// stages per iteration, and the link's rate (`None` when not measured).
+        baseline: Option<(f64, f64, f64, Option<f64>)>,
         /// The latest iterations at the settled split (its exploration samples first).
-        recent: Vec<(f64, f64, f64)>,
+        recent: Vec<Watched>,
     },
 }
 
@@ -256,8 +267,8 @@ impl Adaptive {
     }
 
     /// A batch at `split` took `storage` (the producer's busy time) and `compute` (the
-    /// trainer's) seconds.
-    pub fn observe(&mut self, split: Split, storage: f64, compute: f64) {
+    /// trainer's) seconds; `link`: bytes it received per second of transfer, where measured.
+    pub fn observe(&mut self, split: Split, storage: f64, compute: f64, link: Option<f64>) {
         let Some(i) = self.arms.iter().position(|a| a.split == split) else {
             return;
         };
@@ -279,22 +290,61 @@ impl Adaptive {
                 if *settled != i {
                     return; // a batch handed out before it settled
                 }
-                recent.push((cost, storage, compute));
+                recent.push((
+                    cost,
+                    storage,
+                    compute,
+                    link.filter(|l| l.is_finite() && *l > 0.0)
+                        .unwrap_or(f64::NAN),
+                ));
                 if recent.len() > self.cfg.window {
                     recent.remove(0);
                 }
                 if recent.len() < self.cfg.window {
                     return;
                 }
+                // The link's median when at least half the window measured it.
+                let links: Vec<f64> = recent.iter().map(|r| r.3).filter(|l| !l.is_nan()).collect();
                 let now = (
                     median(recent.iter().map(|r| r.0)),
                     median(recent.iter().map(|r| r.1)),
                     median(recent.iter().map(|r| r.2)),
+                    (2 * links.len() >= recent.len()).then(|| median(links.into_iter())),
                 );
-                let Some(base) = *baseline else {
+                let Some(mut base) = *baseline else {
                     *baseline = Some(now);
                     return;
                 };
+                // The link first: its rate is the cause measured directly.
+                match (base.3, now.3) {
+                    (Some(l0), Some(l1)) if (l1 / l0).ln().abs() > self.cfg.drift.ln_1p() => {
+                        let split = self.arms[i].split;
+                        let margin = self.cfg.drift / 2.0;
+                        let only = self.only.as_deref();
+                        if let Some((costs, why)) =
+                            faster_at_link(&self.costs, only, split, l1 / l0, margin)
+                        {
+                            let reason = format!(
+                                "link {:.1} -> {:.1} MB/s at split {split}: {why}: exploring again",
+                                l0 / 1e6,
+                                l1 / 1e6
+                            );
+                            self.costs = costs;
+                            self.restart(reason);
+                            return;
+                        }
+                        // No split would gain: the new rate is the baseline, and the model's.
+                        self.costs.bandwidth *= l1 / l0;
+                        base.3 = Some(l1);
+                        *baseline = Some(base);
+                    }
+                    // The first window that measured the link.
+                    (None, Some(_)) => {
+                        base.3 = now.3;
+                        *baseline = Some(base);
+                    }
+                    _ => {}
+                }
                 if (now.0 / base.0 - 1.0).abs() <= self.cfg.drift {
                     return;
                 }
@@ -463,8 +513,9 @@ impl Adaptive {
                 }
             ),
         });
-        let recent: Vec<(f64, f64, f64)> = (0..a.samples.len())
-            .map(|k| (a.samples[k], a.storage[k], a.compute[k]))
+        // Exploration did not keep the link's rate: the watch measures it from here on.
+        let recent: Vec<Watched> = (0..a.samples.len())
+            .map(|k| (a.samples[k], a.storage[k], a.compute[k], f64::NAN))
             .rev()
             .take(self.cfg.window)
             .rev()
@@ -495,6 +546,35 @@ fn median(v: impl Iterator<Item = f64>) -> f64 {
     }
 }
 
+/// The model with its bandwidth scaled by `ratio` (the link's measured change), and why, when
+/// it then ranks a split (among `only`, if given) faster than `at` by more than `margin`.
+fn faster_at_link(
+    costs: &Costs,
+    only: Option<&[Split]>,
+    at: Split,
+    ratio: f64,
+    margin: f64,
+) -> Option<(Costs, String)> {
+    let mut moved = costs.clone();
+    moved.bandwidth *= ratio;
+    let cost = |e: &Estimate| e.storage.max(e.compute);
+    let here = cost(&moved.estimate(at));
+    let best = moved
+        .estimates()
+        .into_iter()
+        .filter(|e| e.fits && e.split != at && only.is_none_or(|o| o.contains(&e.split)))
+        .min_by(|a, b| cost(a).total_cmp(&cost(b)))?;
+    (cost(&best) * (1.0 + margin) < here).then(|| {
+        let reason = format!(
+            "the model now puts split {} at {:.0} ms per iteration against {:.0} ms here",
+            best.split,
+            cost(&best) * 1e3,
+            here * 1e3
+        );
+        (moved, reason)
+    })
+}
+
 /// How the pipeline gets each batch's split: fixed, or from an [`Adaptive`] chooser that it
 /// tells how each batch went.
 #[derive(Clone, Debug)]
@@ -514,11 +594,13 @@ impl Choice {
         }
     }
 
-    pub fn observe(&self, split: Split, storage: f64, compute: f64) {
+    /// A batch at `split` took `storage` and `compute` seconds; `link`: bytes it received per
+    /// second of transfer, where measured.
+    pub fn observe(&self, split: Split, storage: f64, compute: f64, link: Option<f64>) {
         if let Self::Adaptive(a) = self {
             a.lock()
                 .unwrap_or_else(PoisonError::into_inner)
-                .observe(split, storage, compute);
+                .observe(split, storage, compute, link);
         }
     }
 
@@ -600,6 +682,19 @@ mod tests {
         lag: usize,
         mut cost: impl FnMut(usize, Split) -> (f64, f64),
     ) -> Vec<Split> {
+        simulate_linked(a, n, lag, |i, s| {
+            let (st, co) = cost(i, s);
+            (st, co, None)
+        })
+    }
+
+    /// [`simulate`], with the link's rate each batch measured (`None`: not measured).
+    fn simulate_linked(
+        a: &mut Adaptive,
+        n: usize,
+        lag: usize,
+        mut cost: impl FnMut(usize, Split) -> (f64, f64, Option<f64>),
+    ) -> Vec<Split> {
         let mut handed = std::collections::VecDeque::new();
         let mut out = Vec::new();
         for i in 0..n {
@@ -607,8 +702,8 @@ mod tests {
                 handed.push_back(a.next_split());
             }
             let s = handed.pop_front().expect("handed out");
-            let (st, co) = cost(i, s);
-            a.observe(s, st, co);
+            let (st, co, link) = cost(i, s);
+            a.observe(s, st, co, link);
             out.push(s);
         }
         out
@@ -691,6 +786,45 @@ mod tests {
         for (r, at) in restarts.iter().zip([60, 140]) {
             assert!((at..at + 6 + 4).contains(&r.iteration), "{m:#?}");
         }
+    }
+
+    #[test]
+    fn a_slower_link_at_a_compute_bound_split_is_seen_in_the_link_at_once() {
+        // The world is the planner's model: split 1 is bound by the compute stage and sends
+        // 200 times the bytes of split 2, which is 8% slower on the fast link. From iteration
+        // 60 the link runs at 6% of its rate: split 1's iteration cost rises 22%, near the 20%
+        // that moves the cost's watch, whose window sees it through 10% noise on the storage
+        // stage; the link's rate (5% noise) falls 16x, and the model then puts split 2 13%
+        // ahead.
+        let truth = |s: Split, bandwidth: f64| {
+            let e = costs(bandwidth).estimate(s);
+            (e.storage, e.compute)
+        };
+        let (fast, slow) = (1e9, 6.26e7);
+        let (c_fast, c_slow) = (truth(Split::At(1), fast), truth(Split::At(1), slow));
+        assert!(c_fast.1 > c_fast.0, "split 1 is compute-bound: {c_fast:?}");
+        let rise = c_slow.0.max(c_slow.1) / c_fast.1;
+        assert!((1.2..1.25).contains(&rise), "{rise}");
+        let mut a = Adaptive::new(
+            costs(fast),
+            AdaptConfig::new(0.2),
+            Some(&[Split::At(1), Split::At(2)]),
+        );
+        let splits = simulate_linked(&mut a, 140, 2, |i, s| {
+            let bw = if i >= 60 { slow } else { fast };
+            let (st, co) = truth(s, bw);
+            (st * jitter(i, 0.1), co, Some(bw * jitter(i + 7, 0.05)))
+        });
+        let moves = a.moves();
+        assert_eq!(splits[55], Split::At(1), "{moves:#?}");
+        let restart = moves
+            .iter()
+            .find(|m| m.reason.contains("exploring again"))
+            .unwrap_or_else(|| panic!("no restart: {moves:#?}"));
+        assert!(restart.reason.starts_with("link "), "{restart:?}");
+        // Noticed within a window of the change, plus the batches in flight.
+        assert!((60..60 + 6 + 4).contains(&restart.iteration), "{moves:#?}");
+        assert_eq!(splits[139], Split::At(2), "{moves:#?}");
     }
 
     #[test]

@@ -24,6 +24,9 @@ pub struct Iteration {
     pub compute_s: f64,
     /// When the consumer was done with it (seconds since the Unix epoch).
     pub end_unix: f64,
+    /// Bytes received per second of the batch's transfers (network and HTTP time), for
+    /// pushdown splits.
+    pub link_bps: Option<f64>,
 }
 
 /// Per-iteration stage times, measured.
@@ -159,6 +162,11 @@ where
             };
             times.starved += waited.elapsed().as_secs_f64();
             let fetched = fetched.with_context(|| format!("a batch at split {split}"))?;
+            // The link's rate: bytes over the requests' network and HTTP time (features from
+            // storage hosts; reads of stored objects for `none` are not timed apart).
+            let link =
+                (matches!(split, Split::At(_)) && fetched.bytes > 0 && !fetched.transfer.is_zero())
+                    .then(|| fetched.bytes as f64 / fetched.transfer.as_secs_f64());
             let started = Instant::now();
             consume(fetched, split)?;
             let it = Iteration {
@@ -166,8 +174,9 @@ where
                 storage_s: busy,
                 compute_s: started.elapsed().as_secs_f64(),
                 end_unix: now_unix(),
+                link_bps: link,
             };
-            choice.observe(split, it.storage_s, it.compute_s);
+            choice.observe(split, it.storage_s, it.compute_s, it.link_bps);
             after(&it);
             times.iterations.push(it);
         }

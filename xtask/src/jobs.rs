@@ -389,12 +389,28 @@ const DRIFT_ITERS: usize = 120;
 /// each; then the drift case.
 pub fn eval_split(args: &[String]) -> Result<(), String> {
     let full = args.iter().any(|a| a == "--full");
-    if let Some(bad) = args.iter().find(|a| *a != "--full") {
+    let drift_only = args.iter().any(|a| a == "--drift");
+    if let Some(bad) = args
+        .iter()
+        .find(|a| !matches!(a.as_str(), "--full" | "--drift"))
+    {
         return Err(format!(
-            "unknown option `{bad}` for `eval-split` (known: --full)"
+            "unknown option `{bad}` for `eval-split` (known: --full, --drift)"
         ));
     }
-    let grid = if full {
+    if full && drift_only {
+        return Err("eval-split: --full and --drift exclude each other".into());
+    }
+    let grid = if drift_only {
+        // The cases the drift case is judged against (its model at both of its bandwidths).
+        Grid {
+            models: &["efficientnet_lite0"],
+            batches: &["32"],
+            bandwidths: &[50, 1000],
+            fixed: 4,
+            adaptive: 40,
+        }
+    } else if full {
         // The paper's models, bandwidths and two batch sizes.
         Grid {
             models: &[

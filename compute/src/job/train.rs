@@ -364,6 +364,7 @@ impl Job {
                     storage_s: 0.0,
                     compute_s: started.elapsed().as_secs_f64(),
                     end_unix: pipeline::now_unix(),
+                    link_bps: None,
                 });
                 pb.inc(1);
             }
@@ -420,6 +421,7 @@ impl Job {
                         "storage_s": it.storage_s,
                         "compute_s": it.compute_s,
                         "end_unix": it.end_unix,
+                        "link_bps": it.link_bps,
                     });
                     if let Err(e) = writeln!(file, "{line}").and_then(|()| file.flush()) {
                         trace_error = Some(e);

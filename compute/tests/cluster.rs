@@ -55,7 +55,10 @@ fn load(c: &Cluster) {
 
 /// The trainer on the compute node, against every host, reading the listing through S3.
 fn trainer(c: &Cluster, out: &Path) -> Child {
-    let mut cmd = cluster::in_namespace(&c.network.compute(), env!("CARGO_BIN_EXE_hapi-train"));
+    let mut cmd = cluster::in_namespace(
+        &c.network.compute(),
+        hapi_tests::package_binary("hapi-train", env!("CARGO_BIN_EXE_hapi-train")),
+    );
     for n in &c.nodes {
         cmd.args(["--host", &n.host_url]);
     }

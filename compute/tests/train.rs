@@ -107,7 +107,10 @@ fn walk(dir: &Path) -> Vec<PathBuf> {
 }
 
 fn trainer(fx: &Fixture, url: &str, out: &Path, args: &[&str]) -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_hapi-train"));
+    let mut cmd = Command::new(hapi_tests::package_binary(
+        "hapi-train",
+        env!("CARGO_BIN_EXE_hapi-train"),
+    ));
     cmd.args(["--host", url, "--token", TOKEN, "--store"])
         .arg(fx.store())
         .args([
@@ -492,7 +495,9 @@ fn the_systemd_units_in_the_examples_verify() {
             )
             .replace(
                 "/usr/local/bin/hapi-train",
-                env!("CARGO_BIN_EXE_hapi-train"),
+                &hapi_tests::package_binary("hapi-train", env!("CARGO_BIN_EXE_hapi-train"))
+                    .display()
+                    .to_string(),
             );
         let path = dir.path().join(as_name);
         std::fs::write(&path, text).expect("write");

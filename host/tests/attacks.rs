@@ -477,13 +477,15 @@ async fn closed(conns: Vec<Held>, wait: Duration) -> (usize, Duration) {
 }
 
 /// The host binary under test.
-const BINARY: &str = env!("CARGO_BIN_EXE_hapi-host");
+fn binary() -> std::path::PathBuf {
+    hapi_tests::package_binary("hapi-host", env!("CARGO_BIN_EXE_hapi-host"))
+}
 
 /// Writes the attack policy (device budget `budget`) to `dir/policy.toml` and serves it.
 fn serve(dir: &Path, store: &Path, budget: u64) -> HostProcess {
     let policy_path = dir.join("policy.toml");
     std::fs::write(&policy_path, policy(dir, store, budget)).expect("policy");
-    HostProcess::serve(Path::new(BINARY), &policy_path, "127.0.0.1:0")
+    HostProcess::serve(&binary(), &policy_path, "127.0.0.1:0")
 }
 
 /// The tests here run one at a time: each measures a host process's memory and latency.
@@ -1107,7 +1109,7 @@ async fn a_hostile_tenant_cannot_break_isolation() {
                 .replace("memory_budget =", "batch_window = \"1h\"\nmemory_budget =");
             let bad = dir.path().join("bad.toml");
             std::fs::write(&bad, text).expect("write");
-            let out = std::process::Command::new(BINARY)
+            let out = std::process::Command::new(binary())
                 .args(["check", "--policy"])
                 .arg(&bad)
                 .output()

@@ -19,7 +19,7 @@ fn signal(child: &Child, sig: i32) {
 
 fn start(policy: &Path) -> HostProcess {
     HostProcess::serve(
-        Path::new(env!("CARGO_BIN_EXE_hapi-host")),
+        &hapi_tests::package_binary("hapi-host", env!("CARGO_BIN_EXE_hapi-host")),
         policy,
         "127.0.0.1:0",
     )
@@ -121,7 +121,7 @@ async fn at_its_open_file_limit_the_host_sheds_connections_and_recovers() {
     std::fs::write(&policy, text).expect("policy");
     let _ = guest("hostile");
     let server = HostProcess::serve_with(
-        Path::new(env!("CARGO_BIN_EXE_hapi-host")),
+        &hapi_tests::package_binary("hapi-host", env!("CARGO_BIN_EXE_hapi-host")),
         &policy,
         "127.0.0.1:0",
         |command| {

@@ -18,6 +18,19 @@ pub fn workspace() -> PathBuf {
         .join("..")
 }
 
+/// The binary `name` of the package under test, beside the running test binary
+/// (`<target>/debug/deps/<test>-<hash>` -> `<target>/debug/<name>`), else `compiled`, the
+/// `CARGO_BIN_EXE_<name>` cargo compiled into the test: clones sharing a build directory share
+/// test binaries that are up to date for both, and the path compiled in may be another clone's
+/// (which may be gone).
+pub fn package_binary(name: &str, compiled: &str) -> PathBuf {
+    std::env::current_exe()
+        .ok()
+        .and_then(|exe| Some(exe.parent()?.parent()?.join(name)))
+        .filter(|p| p.is_file())
+        .unwrap_or_else(|| PathBuf::from(compiled))
+}
+
 /// scikit-image's sample photos, as `cargo xtask setup` installs them: `$HAPI_PHOTOS`, else
 /// the workspace's `.hapi/photos` link.
 pub fn photos_dir() -> PathBuf {

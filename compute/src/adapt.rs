@@ -119,7 +119,7 @@ impl Arm {
     fn new(e: &Estimate) -> Self {
         Self {
             split: e.split,
-            predicted: e.storage.max(e.compute),
+            predicted: e.pace(),
             samples: Vec::new(),
             storage: Vec::new(),
             compute: Vec::new(),
@@ -557,18 +557,17 @@ fn faster_at_link(
 ) -> Option<(Costs, String)> {
     let mut moved = costs.clone();
     moved.bandwidth *= ratio;
-    let cost = |e: &Estimate| e.storage.max(e.compute);
-    let here = cost(&moved.estimate(at));
+    let here = moved.estimate(at).pace();
     let best = moved
         .estimates()
         .into_iter()
         .filter(|e| e.fits && e.split != at && only.is_none_or(|o| o.contains(&e.split)))
-        .min_by(|a, b| cost(a).total_cmp(&cost(b)))?;
-    (cost(&best) * (1.0 + margin) < here).then(|| {
+        .min_by(|a, b| a.pace().total_cmp(&b.pace()))?;
+    (best.pace() * (1.0 + margin) < here).then(|| {
         let reason = format!(
             "the model now puts split {} at {:.0} ms per iteration against {:.0} ms here",
             best.split,
-            cost(&best) * 1e3,
+            best.pace() * 1e3,
             here * 1e3
         );
         (moved, reason)

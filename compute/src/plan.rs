@@ -106,6 +106,13 @@ pub struct Estimate {
     pub fits: bool,
 }
 
+impl Estimate {
+    /// An iteration's cost once the pipeline is full: the slower stage.
+    pub fn pace(&self) -> f64 {
+        self.storage.max(self.compute)
+    }
+}
+
 impl Costs {
     fn requests(&self) -> usize {
         self.batch.div_ceil(self.request_size.max(1))

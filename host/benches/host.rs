@@ -81,12 +81,19 @@ fn guest_times(data: &[u8]) -> Vec<[Duration; 2]> {
         .collect()
 }
 
-/// The p50 of every repetition's decode + preprocess time, and of its decode time.
-fn p50s(v: &[[Duration; 2]]) -> [Duration; 2] {
+/// One round's p50s over its repetitions' (decode, preprocess) times: of decode + preprocess,
+/// of decoding, of preprocessing.
+fn p50s(v: &[[Duration; 2]]) -> [Duration; 3] {
     [
         stats(v.iter().map(|p| p[0] + p[1]).collect()).0,
         stats(v.iter().map(|p| p[0]).collect()).0,
+        stats(v.iter().map(|p| p[1]).collect()).0,
     ]
+}
+
+/// Column `k` of per-round p50s.
+fn column(rounds: &[[Duration; 3]], k: usize) -> Vec<Duration> {
+    rounds.iter().map(|r| r[k]).collect()
 }
 
 /// `lo-hi` of per-round ratios.
@@ -173,18 +180,15 @@ fn decode_objects(bucket: &std::path::Path) -> Vec<(String, String, Vec<u8>)> {
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let json_path = args
-        .iter()
-        .position(|a| a == "--json")
-        .and_then(|i| args.get(i + 1).cloned())
-        .unwrap_or_else(|| {
-            concat!(env!("CARGO_MANIFEST_DIR"), "/../target/bench/host.json").to_string()
-        });
+    // The value after option `name` ("" when it is last), if given.
     let arg = |name: &str| {
         args.iter()
             .position(|a| a == name)
             .map(|i| args.get(i + 1).cloned().unwrap_or_default())
     };
+    let json_path = arg("--json").filter(|p| !p.is_empty()).unwrap_or_else(|| {
+        concat!(env!("CARGO_MANIFEST_DIR"), "/../target/bench/host.json").to_string()
+    });
     let against = arg("--decode-against").map(|p| {
         let path = std::path::PathBuf::from(&p);
         assert!(
@@ -373,16 +377,15 @@ async fn main() {
             split: Some(0),
             options: BTreeMap::from([("reps".into(), timed.to_string())]),
         };
-        let (mut g_round, mut n_round) = (Vec::new(), Vec::new());
-        // Per round: p50s of (decode, preprocess), guest and native.
-        let (mut g_parts, mut n_parts) = (Vec::new(), Vec::new());
-        // With `--decode-against`: p50s (total, decode) per round of that build and this one.
-        let (mut a_round, mut b_round) = (Vec::new(), Vec::new());
+        // Per round: `p50s` of the guest, of native code, and (`--decode-against`) of the other
+        // build.
+        let (mut g_round, mut n_round, mut a_round) = (Vec::new(), Vec::new(), Vec::new());
         for _ in 0..decode_rounds {
             let out = host.invoke(&bencher, &db, bench_inv.clone()).await;
-            let guest = guest_times(&out.result.expect("decode-bench invocation").data);
+            g_round.push(p50s(&guest_times(
+                &out.result.expect("decode-bench invocation").data,
+            )));
             if let Some(f) = &against_fn {
-                b_round.push(p50s(&guest));
                 let out = host.invoke(&bencher, f, bench_inv.clone()).await;
                 a_round.push(p50s(&guest_times(
                     &out.result.expect("decode-against invocation").data,
@@ -395,18 +398,9 @@ async fn main() {
             let native: Vec<[Duration; 2]> = (0..timed)
                 .map(|_| native_decode(bytes, &t, &mut buf))
                 .collect();
-            let parts = |v: &[[Duration; 2]]| {
-                [
-                    stats(v.iter().map(|p| p[0]).collect()).0,
-                    stats(v.iter().map(|p| p[1]).collect()).0,
-                ]
-            };
-            g_round.push(stats(guest.iter().map(|p| p[0] + p[1]).collect()).0);
-            n_round.push(stats(native.iter().map(|p| p[0] + p[1]).collect()).0);
-            g_parts.push(parts(&guest));
-            n_parts.push(parts(&native));
+            n_round.push(p50s(&native));
         }
-        let ratios = ratios_of(&g_round, &n_round);
+        let ratios = ratios_of(&column(&g_round, 0), &column(&n_round, 0));
         let real = InvokeRequest {
             bucket: "datasets".into(),
             keys: vec![key.clone(); per_call],
@@ -423,33 +417,23 @@ async fn main() {
             }
         }
         let part = |k: usize| {
-            let g: Vec<Duration> = g_parts.iter().map(|p: &[Duration; 2]| p[k]).collect();
-            let n: Vec<Duration> = n_parts.iter().map(|p: &[Duration; 2]| p[k]).collect();
+            let (g, n) = (column(&g_round, k), column(&n_round, k));
             let r = median(&ratios_of(&g, &n));
             (stats(g).0, stats(n).0, r)
         };
         decode_rows.push(DecodeRow {
             image: name.clone(),
-            guest: stats(g_round).0,
-            native: stats(n_round).0,
-            decode: part(0),
-            preprocess: part(1),
+            guest: stats(column(&g_round, 0)).0,
+            native: stats(column(&n_round, 0)).0,
+            decode: part(1),
+            preprocess: part(2),
             ratio: median(&ratios),
             round_ratios: ratios,
             in_invocation: stats(in_call).0,
-            against: against_fn.as_ref().map(|_| {
-                let ratio_of = |k: usize| {
-                    b_round
-                        .iter()
-                        .zip(&a_round)
-                        .map(|(b, a)| b[k].as_secs_f64() / a[k].as_secs_f64())
-                        .collect::<Vec<f64>>()
-                };
-                Against {
-                    p50: stats(a_round.iter().map(|a: &[Duration; 2]| a[0]).collect()).0,
-                    ratios: ratio_of(0),
-                    decode_ratios: ratio_of(1),
-                }
+            against: against_fn.as_ref().map(|_| Against {
+                p50: stats(column(&a_round, 0)).0,
+                ratios: ratios_of(&column(&g_round, 0), &column(&a_round, 0)),
+                decode_ratios: ratios_of(&column(&g_round, 1), &column(&a_round, 1)),
             }),
         });
     }

@@ -187,7 +187,7 @@ fn fresh(
     let path = dir.join(format!("{name}.toml"));
     std::fs::write(&path, policy).expect("policy");
     let process = HostProcess::serve(
-        std::path::Path::new(env!("CARGO_BIN_EXE_hapi-host")),
+        &hapi_tests::package_binary("hapi-host", env!("CARGO_BIN_EXE_hapi-host")),
         &path,
         "127.0.0.1:0",
     );

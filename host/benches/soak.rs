@@ -332,7 +332,7 @@ async fn main() {
     let policy_path = dir.path().join("policy.toml");
     std::fs::write(&policy_path, policy(dir.path(), &store, good)).expect("policy");
     let host = HostProcess::serve(
-        Path::new(env!("CARGO_BIN_EXE_hapi-host")),
+        &hapi_tests::package_binary("hapi-host", env!("CARGO_BIN_EXE_hapi-host")),
         &policy_path,
         "127.0.0.1:0",
     );

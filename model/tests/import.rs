@@ -21,26 +21,18 @@ fn python() -> String {
     )
 }
 
-/// The `hapi-model` binary beside this test binary (`<target>/debug/deps/import-<hash>` ->
-/// `<target>/debug/hapi-model`), else the path cargo compiled in: clones sharing a build
-/// directory share this test binary, and the compiled-in path may be another clone's.
-fn hapi_model_binary() -> std::path::PathBuf {
-    std::env::current_exe()
-        .ok()
-        .and_then(|exe| Some(exe.parent()?.parent()?.join("hapi-model")))
-        .filter(|p| p.is_file())
-        .unwrap_or_else(|| env!("CARGO_BIN_EXE_hapi-model").into())
-}
-
 /// `hapi-model <args>` in `dir`, where `tinynets.py` is importable.
 fn hapi_model(dir: &Path, args: &[&str]) -> Output {
-    Command::new(hapi_model_binary())
-        .args(args)
-        .current_dir(dir)
-        .env("HAPI_PYTHON", python())
-        .env("HAPI_DEVICE", "cpu")
-        .output()
-        .expect("running hapi-model")
+    Command::new(hapi_tests::package_binary(
+        "hapi-model",
+        env!("CARGO_BIN_EXE_hapi-model"),
+    ))
+    .args(args)
+    .current_dir(dir)
+    .env("HAPI_PYTHON", python())
+    .env("HAPI_DEVICE", "cpu")
+    .output()
+    .expect("running hapi-model")
 }
 
 fn ok(out: &Output) -> String {

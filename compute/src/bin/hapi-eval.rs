@@ -120,9 +120,11 @@ struct CaseSummary {
     /// Iterations per fixed split, and of the adaptive run.
     iterations: usize,
     adaptive_iterations: usize,
-    /// The fastest fixed split over the adaptive run's iterations, and its time.
+    /// The fastest fixed split over the adaptive run's iterations, and its time (the best of
+    /// the finalists' runs on all of its batches), and the fastest short run's extrapolation.
     best: Split,
     best_s: f64,
+    screen_best_s: f64,
     /// Where the adaptive run settled, and its wall time.
     auto: Split,
     auto_s: f64,
@@ -186,7 +188,7 @@ fn split_summary(args: &[String]) -> anyhow::Result<()> {
             s.cases
                 .iter()
                 .find(|c| c.split == split)
-                .map_or(f64::NAN, |c| c.seconds_at_adaptive)
+                .map_or(f64::NAN, |c| c.seconds_measured())
         };
         cases.push(CaseSummary {
             file: f.clone(),
@@ -197,12 +199,13 @@ fn split_summary(args: &[String]) -> anyhow::Result<()> {
             adaptive_iterations: s.adaptive_iterations,
             best: s.best,
             best_s: s.best_s,
+            screen_best_s: s.screen_best.map_or(f64::NAN, |b| b.1),
             auto: s.auto,
             auto_s: s.auto_s,
             auto_over_best: s.auto_s / s.best_s,
             chosen_over_best: fixed(s.auto) / s.best_s,
             first_candidate: s.first_candidate,
-            first_was_best: fixed(s.first_candidate) <= s.best_s,
+            first_was_best: s.first_candidate == s.best,
             explored: s.explored,
             none_s: s.none_s,
             speedup_over_none: s.none_s / s.auto_s,
@@ -315,7 +318,7 @@ fn svg(sweeps: &[SweepResults], summary: &Summary) -> String {
         let max = sw
             .cases
             .iter()
-            .map(|c| c.seconds_at_adaptive)
+            .map(|c| c.seconds_measured())
             .fold(0.0, f64::max)
             .max(1e-9);
         let bw = (pw - 50.0) / sw.cases.len() as f64;
@@ -330,7 +333,7 @@ fn svg(sweeps: &[SweepResults], summary: &Summary) -> String {
             c.auto_over_best
         );
         for (j, case) in sw.cases.iter().enumerate() {
-            let bh = (ph - 50.0) * case.seconds_at_adaptive / max;
+            let bh = (ph - 50.0) * case.seconds_measured() / max;
             let x = x0 + j as f64 * bw;
             let y = y0 + (ph - 50.0) - bh;
             let fill = if case.split == sw.best {
@@ -348,7 +351,7 @@ fn svg(sweeps: &[SweepResults], summary: &Summary) -> String {
                 r#"<rect x="{x:.1}" y="{y:.1}" width="{:.1}" height="{bh:.1}" fill="{fill}"{stroke}><title>split {}: {:.2} s</title></rect>"#,
                 (bw - 1.0).max(0.5),
                 case.split,
-                case.seconds_at_adaptive
+                case.seconds_measured()
             );
         }
         let _ = writeln!(
@@ -438,10 +441,13 @@ fn drift_summary(args: &[String]) -> anyhow::Result<()> {
             .map(|w| w[1].end_unix - w[0].end_unix)
             .collect();
         let pace = intervals.iter().sum::<f64>() / intervals.len().max(1) as f64;
+        // The best of the long runs where there are any (the short runs' best is biased low).
+        let long = sweep.cases.iter().any(|c| c.full.is_some());
         let best = sweep
             .cases
             .iter()
-            .min_by(|a, b| a.pace_s.total_cmp(&b.pace_s))
+            .filter(|c| !long || c.full.is_some())
+            .min_by(|a, b| a.pace_measured().total_cmp(&b.pace_measured()))
             .context("a sweep without cases")?;
         phases.push(Phase {
             mbit,
@@ -449,9 +455,9 @@ fn drift_summary(args: &[String]) -> anyhow::Result<()> {
             splits,
             pace_s: pace,
             best: best.split,
-            best_pace_s: best.pace_s,
-            ratio: pace / best.pace_s,
-            within_10pct: pace <= 1.1 * best.pace_s,
+            best_pace_s: best.pace_measured(),
+            ratio: pace / best.pace_measured(),
+            within_10pct: pace <= 1.1 * best.pace_measured(),
         });
     }
     let summary = DriftSummary {

@@ -1,5 +1,6 @@
-//! `--sweep`: every split measured for a fixed number of iterations, then `--split auto`'s
-//! online adaptation for a longer run on the same batches (the split-choice evaluation).
+//! `--sweep`: every split measured for a fixed number of iterations, the fastest few again for
+//! the whole run, then `--split auto`'s online adaptation for that run on the same batches (the
+//! split-choice evaluation).
 
 use crate::adapt::{Choice, Move};
 use crate::pipeline::Iteration;
@@ -10,6 +11,20 @@ use serde::{Deserialize, Serialize};
 use super::config::PlanReport;
 use super::report::{ms, print_plan};
 use super::train::Job;
+
+/// Fixed splits run again for all of the adaptive run's iterations: the fastest of the short
+/// runs. The best of some 30 short, noisy runs is biased low (the luckiest one); the best fixed
+/// split is judged on runs as long as the adaptive one.
+pub const FINALISTS: usize = 2;
+
+/// A fixed split's run on all of the adaptive run's batches.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
+pub struct FullRun {
+    /// Wall time to the end of its last iteration.
+    pub seconds: f64,
+    /// Seconds per iteration after the first.
+    pub pace_s: f64,
+}
 
 /// One split's measured time in a sweep.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -27,6 +42,22 @@ pub struct SweepCase {
     pub compute_stage_s: f64,
     pub bytes_received: u64,
     pub predicted: Estimate,
+    /// Its run on all of the adaptive run's batches, if it was one of the [`FINALISTS`].
+    #[serde(default)]
+    pub full: Option<FullRun>,
+}
+
+impl SweepCase {
+    /// Its time over the adaptive run's iterations: measured when it ran them, else
+    /// extrapolated from the short run.
+    pub fn seconds_measured(&self) -> f64 {
+        self.full.map_or(self.seconds_at_adaptive, |f| f.seconds)
+    }
+
+    /// Its steady pace: from the long run when there was one.
+    pub fn pace_measured(&self) -> f64 {
+        self.full.map_or(self.pace_s, |f| f.pace_s)
+    }
 }
 
 /// Every split measured, and the adaptive run.
@@ -40,9 +71,13 @@ pub struct SweepResults {
     pub adaptive_iterations: usize,
     pub freeze: usize,
     pub cases: Vec<SweepCase>,
-    /// The fastest fixed split over `adaptive_iterations`, and its time.
+    /// The fastest fixed split over `adaptive_iterations`, and its time: the fastest of the
+    /// [`FINALISTS`]' long runs.
     pub best: Split,
     pub best_s: f64,
+    /// The fastest short run, extrapolated to `adaptive_iterations`.
+    #[serde(default)]
+    pub screen_best: Option<(Split, f64)>,
     /// The split the adaptive run settled on (most of its iterations), and its wall time
     /// (measuring the tiers before it is in `plan.plan_s`).
     pub auto: Split,
@@ -80,7 +115,8 @@ impl Job {
     /// `--sweep`: measures the tiers as `auto` would; runs the adaptive run's batches once at
     /// split `freeze` without training, so that every run reads objects the storage tier has
     /// read before; runs `none` and every split 0..=freeze on `--max-iters` of those batches
-    /// spread evenly over them; then `auto`'s online adaptation on all `adaptive_iters`.
+    /// spread evenly over them; the [`FINALISTS`] fastest of those again on all
+    /// `adaptive_iters`; then `auto`'s online adaptation on all `adaptive_iters`.
     pub fn sweep(mut self, adaptive_iters: usize) -> anyhow::Result<SweepResults> {
         let k = self.iterations();
         let all = self.epoch_batches(0, adaptive_iters);
@@ -143,13 +179,41 @@ impl Job {
                 compute_stage_s: r.compute_stage_s,
                 bytes_received: r.bytes_received,
                 predicted,
+                full: None,
             });
         }
-        let choice = self.adaptive(&plan.costs);
-        // The same tail after the adaptive run's batches: timed to the end of its last.
+        // The adaptive run's batches, and the same tail after them: timed to the end of its
+        // last.
         let mut batches = all;
         let again: Vec<_> = batches.iter().take(tail).cloned().collect();
         batches.extend(again);
+        let mut order: Vec<usize> = (0..cases.len()).collect();
+        order.sort_by(|&a, &b| {
+            cases[a]
+                .seconds_at_adaptive
+                .total_cmp(&cases[b].seconds_at_adaptive)
+        });
+        let screen_best = order
+            .first()
+            .map(|&i| (cases[i].split, cases[i].seconds_at_adaptive));
+        for &i in order.iter().take(FINALISTS) {
+            let split = cases[i].split;
+            let start = crate::pipeline::now_unix();
+            let r = self.train_batches(0, &Choice::Fixed(split), batches.clone())?;
+            let timed = &r.trace[..adaptive_iters.min(r.trace.len())];
+            let full = FullRun {
+                seconds: timed.last().map_or(f64::NAN, |it| it.end_unix - start),
+                pace_s: pace(start, timed),
+            };
+            eprintln!(
+                "sweep: split {split:>4} on all {adaptive_iters} batches: {:.2} s ({:.2} s extrapolated from {k}), {} ms/it",
+                full.seconds,
+                cases[i].seconds_at_adaptive,
+                ms(full.pace_s)
+            );
+            cases[i].full = Some(full);
+        }
+        let choice = self.adaptive(&plan.costs);
         let start = crate::pipeline::now_unix();
         let r = self.train_batches(1, &choice, batches)?;
         let auto_s = r
@@ -165,7 +229,8 @@ impl Job {
             .explored();
         let best = cases
             .iter()
-            .min_by(|a, b| a.seconds_at_adaptive.total_cmp(&b.seconds_at_adaptive))
+            .filter(|c| c.full.is_some())
+            .min_by(|a, b| a.seconds_measured().total_cmp(&b.seconds_measured()))
             .context("no cases")?;
         let none_s = cases.first().map_or(f64::NAN, |c| c.seconds_at_adaptive);
         Ok(SweepResults {
@@ -175,7 +240,8 @@ impl Job {
             adaptive_iterations: adaptive_iters,
             freeze: self.freeze,
             best: best.split,
-            best_s: best.seconds_at_adaptive,
+            best_s: best.seconds_measured(),
+            screen_best,
             auto: r.split,
             auto_s,
             first_candidate: plan.chosen,

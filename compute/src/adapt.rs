@@ -137,6 +137,13 @@ impl Arm {
     pub fn mean(&self) -> f64 {
         mean(&self.samples)
     }
+
+    /// A confidence bound on its cost as if it had `n` samples: the mean plus (`sign` 1) or
+    /// minus (`sign` -1) `width` relative standard deviations (`z` times the noise) over √n.
+    fn bound(&self, n: usize, width: f64, sign: f64) -> f64 {
+        let m = self.mean();
+        m + sign * width * m / (n as f64).sqrt()
+    }
 }
 
 /// Where the trainer moved, and why.
@@ -424,14 +431,14 @@ impl Adaptive {
         {
             return i;
         }
-        let (z, cv) = (self.cfg.z, self.cv());
-        let lower = |a: &Arm| {
-            let n = (a.samples.len() + a.pending) as f64;
-            a.mean() * (1.0 - z * cv / n.sqrt())
+        let width = self.cfg.z * self.cv();
+        let lower = |i: usize| {
+            let a = &self.arms[i];
+            a.bound(a.samples.len() + a.pending, width, -1.0)
         };
         active()
             .filter(|&i| !self.arms[i].samples.is_empty())
-            .min_by(|&a, &b| lower(&self.arms[a]).total_cmp(&lower(&self.arms[b])))
+            .min_by(|&a, &b| lower(a).total_cmp(&lower(b)))
             .or_else(|| active().next())
             .unwrap_or(0)
     }
@@ -469,11 +476,8 @@ impl Adaptive {
             return;
         }
         let Some(best) = self.leader() else { return };
-        let (z, cv) = (self.cfg.z, self.cv());
-        let bound = |a: &Arm, sign: f64| {
-            let m = a.mean();
-            m + sign * z * cv * m / (a.samples.len() as f64).sqrt()
-        };
+        let width = self.cfg.z * self.cv();
+        let bound = |a: &Arm, sign: f64| a.bound(a.samples.len(), width, sign);
         let upper = bound(&self.arms[best], 1.0);
         for i in 0..self.arms.len() {
             if i != best && self.arms[i].active && bound(&self.arms[i], -1.0) > upper {

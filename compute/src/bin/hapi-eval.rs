@@ -449,15 +449,16 @@ fn drift_summary(args: &[String]) -> anyhow::Result<()> {
             .filter(|c| !long || c.full.is_some())
             .min_by(|a, b| a.pace_measured().total_cmp(&b.pace_measured()))
             .context("a sweep without cases")?;
+        let best_pace = best.pace_measured();
         phases.push(Phase {
             mbit,
             iterations: its.len(),
             splits,
             pace_s: pace,
             best: best.split,
-            best_pace_s: best.pace_measured(),
-            ratio: pace / best.pace_measured(),
-            within_10pct: pace <= 1.1 * best.pace_measured(),
+            best_pace_s: best_pace,
+            ratio: pace / best_pace,
+            within_10pct: pace <= 1.1 * best_pace,
         });
     }
     let summary = DriftSummary {

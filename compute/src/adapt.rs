@@ -15,9 +15,11 @@
 //! settles, the leader's neighbouring splits are measured too if they never were (the model may
 //! have ranked the best one just out of the candidates), and if one leads, its neighbours. When
 //! one is left (or the leader has `max_samples`), the trainer stays
-//! there and watches a window of recent iterations; when their median moves more than `drift`
-//! from what was measured when it settled (the network shaped down, another tenant on the
-//! host), the model is recalibrated from what moved (the storage stage gives a new bandwidth,
+//! there and watches a window of recent iterations; when their median moves from the median of
+//! the first [`BASELINE_WINDOWS`] windows at that split by more than `drift` and more than
+//! [`WATCH_SDS`] standard deviations of what noise alone moves it by (the noise measured while
+//! exploring and since), because the network was shaped down or another tenant loads the host,
+//! the model is recalibrated from what moved (the storage stage gives a new bandwidth,
 //! the compute stage a new scale), the candidates are ranked again and exploration restarts.
 //! It also watches the link itself (bytes received per second of transfer, per batch): at a
 //! split whose iteration is bound by the compute stage, a slower link raises the storage stage
@@ -36,6 +38,13 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 /// Candidates explored at once.
 pub const CANDIDATES: usize = 4;
+/// Windows of iterations at the settled split whose median is the cost's baseline.
+pub const BASELINE_WINDOWS: usize = 3;
+/// Standard deviations of noise (in the difference of the window's median and the baseline's)
+/// that the cost must move by, besides `drift`, to restart exploration.
+pub const WATCH_SDS: f64 = 4.5;
+/// The standard deviation of a median of `n` normal samples is this times the mean's.
+const MEDIAN_SD: f64 = 1.2533;
 /// Splits whose estimate is within this factor of the best are plausible winners: the model's
 /// stage estimates are off by up to about 25% here.
 pub const PLAUSIBLE: f64 = 1.3;
@@ -84,7 +93,8 @@ pub struct AdaptConfig {
     pub max_samples: usize,
     /// Recent iterations watched at the settled split.
     pub window: usize,
-    /// Relative change of the window's median that restarts exploration.
+    /// Relative change of the window's median that restarts exploration (at least; more where
+    /// the measured noise needs it).
     pub drift: f64,
     /// Prior relative standard deviation of an iteration's cost, and its weight in samples.
     pub prior_cv: f64,
@@ -165,10 +175,14 @@ enum Phase {
     Settled {
         arm: usize,
         /// Medians of the first full window at the settled split: cost, storage and compute
-        /// stages per iteration, and the link's rate (`None` when not measured).
+        /// stages per iteration, and the link's rate (`None` when not measured). The cost's
+        /// watch compares with `since` instead.
         baseline: Option<(f64, f64, f64, Option<f64>)>,
         /// The latest iterations at the settled split (its exploration samples first).
         recent: Vec<Watched>,
+        /// The first [`BASELINE_WINDOWS`] windows of costs at the settled split (its
+        /// exploration samples first): the cost's baseline is their median.
+        since: Vec<f64>,
     },
 }
 
@@ -281,6 +295,7 @@ impl Adaptive {
             return;
         };
         let cost = storage.max(compute);
+        let explore_cv = self.cv();
         let arm = &mut self.arms[i];
         arm.pending = arm.pending.saturating_sub(1);
         match &mut self.phase {
@@ -294,9 +309,13 @@ impl Adaptive {
                 arm: settled,
                 baseline,
                 recent,
+                since,
             } => {
                 if *settled != i {
                     return; // a batch handed out before it settled
+                }
+                if since.len() < BASELINE_WINDOWS * self.cfg.window {
+                    since.push(cost);
                 }
                 recent.push((
                     cost,
@@ -353,12 +372,18 @@ impl Adaptive {
                     }
                     _ => {}
                 }
-                if (now.0 / base.0 - 1.0).abs() <= self.cfg.drift {
+                // The cost against the median of the first windows, by more than `drift` and
+                // more than noise alone would move it.
+                let cost0 = median(since.iter().copied());
+                let cv = explore_cv.max(relative_sd(since));
+                let noise =
+                    MEDIAN_SD * cv * (1.0 / recent.len() as f64 + 1.0 / since.len() as f64).sqrt();
+                if (now.0 / cost0 - 1.0).abs() <= self.cfg.drift.max(WATCH_SDS * noise) {
                     return;
                 }
                 let reason = format!(
                     "iteration cost {:.0} -> {:.0} ms at split {} (storage {:.0} -> {:.0} ms, compute {:.0} -> {:.0} ms): exploring again",
-                    base.0 * 1e3,
+                    cost0 * 1e3,
                     now.0 * 1e3,
                     self.arms[i].split,
                     base.1 * 1e3,
@@ -581,10 +606,17 @@ impl Adaptive {
             .take(self.cfg.window)
             .rev()
             .collect();
+        let since = a
+            .samples
+            .iter()
+            .copied()
+            .take(BASELINE_WINDOWS * self.cfg.window)
+            .collect();
         self.phase = Phase::Settled {
             arm: i,
             baseline: None,
             recent,
+            since,
         };
     }
 }
@@ -595,6 +627,16 @@ fn mean(v: &[f64]) -> f64 {
     } else {
         v.iter().sum::<f64>() / v.len() as f64
     }
+}
+
+/// Relative standard deviation of a sample (0 below 3 values).
+fn relative_sd(v: &[f64]) -> f64 {
+    if v.len() < 3 {
+        return 0.0;
+    }
+    let m = mean(v);
+    let ss: f64 = v.iter().map(|x| (x / m - 1.0).powi(2)).sum();
+    (ss / (v.len() - 1) as f64).sqrt()
 }
 
 fn median(v: impl Iterator<Item = f64>) -> f64 {
@@ -977,6 +1019,60 @@ mod tests {
         // Noticed within a window of the change, plus the batches in flight.
         assert!((60..60 + 6 + 4).contains(&restart.iteration), "{moves:#?}");
         assert_eq!(splits[139], Split::At(2), "{moves:#?}");
+    }
+
+    /// Runs of `iters` iterations at `sd` noise (seeded) on two candidates 30% apart, split 2
+    /// the faster; from iteration `at`, split 2 costs `rise` times more. Each run's restarts
+    /// and its last split.
+    fn watched(sd: f64, runs: u64, iters: usize, at: usize, rise: f64) -> Vec<(Vec<Move>, Split)> {
+        (0..runs)
+            .map(|seed| {
+                let mut a = Adaptive::new(
+                    costs(5e6),
+                    AdaptConfig::new(0.2),
+                    Some(&[Split::At(2), Split::At(3)]),
+                );
+                let splits = simulate(&mut a, iters, 2, |i, s| {
+                    let base = match s {
+                        Split::At(2) if i >= at => rise,
+                        Split::At(2) => 1.0,
+                        _ => 1.3,
+                    };
+                    (base * noise(seed, i, sd), 0.05)
+                });
+                let restarts = a
+                    .moves()
+                    .iter()
+                    .filter(|m| m.reason.contains("exploring again"))
+                    .cloned()
+                    .collect();
+                (restarts, splits[iters - 1])
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_watch_scales_with_the_measured_noise() {
+        // 10% noise, 200 runs of 200 iterations where nothing changes. When the watch took
+        // 20% on the median of 6 iterations against the first window's, noise alone restarted
+        // exploration 27 times; at 4.5 standard deviations of the measured noise, once.
+        let runs = watched(0.10, 200, 200, usize::MAX, 1.0);
+        let restarts: Vec<&Move> = runs.iter().flat_map(|r| &r.0).collect();
+        assert!(
+            restarts.len() <= 2,
+            "{} false restarts: {restarts:#?}",
+            restarts.len()
+        );
+        // A real change through the same noise: split 2 becomes 60% slower, 23% slower than
+        // split 3, and every run sees it within a window and the batches in flight, and moves.
+        for (seed, (restarts, last)) in watched(0.10, 50, 200, 100, 1.6).iter().enumerate() {
+            let seen = restarts.iter().find(|m| m.iteration >= 100);
+            assert!(
+                seen.is_some_and(|m| m.iteration < 100 + 6 + 4),
+                "seed {seed}: {restarts:#?}"
+            );
+            assert_eq!(*last, Split::At(3), "seed {seed}: {restarts:#?}");
+        }
     }
 
     #[test]

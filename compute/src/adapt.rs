@@ -24,10 +24,11 @@
 //! It also watches the link itself (bytes received per second of transfer, per batch): at a
 //! split whose iteration is bound by the compute stage, a slower link raises the storage stage
 //! without moving the iteration's cost until it is too late, while splits that send less may
-//! already be faster. When the link's median moves more than `drift`, the model is given the new
-//! rate; if it then ranks another split faster than the settled one by more than half of
-//! `drift` (a gain the cost's own watch, at `drift`, would miss or see late), exploration
-//! restarts, else the new rate becomes the baseline.
+//! already be faster. When the link's median moves more than `drift` (or the median of the last
+//! half window by more than [`LINK_JUMP`]), the model is given the new rate; if it then ranks
+//! another split faster than the settled one by more than half of `drift` (a gain the cost's
+//! own watch would miss or see late), exploration restarts, else the new rate becomes the
+//! baseline.
 //!
 //! Nothing here trains or fetches: [`Choice`] is what the pipeline asks for the next batch's
 //! split and tells how the batch went.
@@ -43,6 +44,9 @@ pub const BASELINE_WINDOWS: usize = 3;
 /// Standard deviations of noise (in the difference of the window's median and the baseline's)
 /// that the cost must move by, besides `drift`, to restart exploration.
 pub const WATCH_SDS: f64 = 4.5;
+/// A change of the link's rate by more than this factor is acted on from the median of half a
+/// window.
+pub const LINK_JUMP: f64 = 2.0;
 /// The standard deviation of a median of `n` normal samples is this times the mean's.
 const MEDIAN_SD: f64 = 1.2533;
 /// Splits whose estimate is within this factor of the best are plausible winners: the model's
@@ -342,8 +346,28 @@ impl Adaptive {
                     *baseline = Some(now);
                     return;
                 };
+                // A jump of more than `LINK_JUMP` already shows in the median of the last half
+                // window (a few percent of noise does not halve or double a median of three):
+                // at a split that sends much, each batch at the old split costs dearly.
+                let half: Vec<f64> = recent
+                    .iter()
+                    .rev()
+                    .take(self.cfg.window.div_ceil(2))
+                    .map(|r| r.3)
+                    .collect();
+                let link = match (base.3, half.iter().all(|l| !l.is_nan())) {
+                    (Some(l0), true) => {
+                        let fast = median(half.into_iter());
+                        if (fast / l0).ln().abs() > LINK_JUMP.ln() {
+                            Some(fast)
+                        } else {
+                            now.3
+                        }
+                    }
+                    _ => now.3,
+                };
                 // The link first: its rate is the cause measured directly.
-                match (base.3, now.3) {
+                match (base.3, link) {
                     (Some(l0), Some(l1)) if (l1 / l0).ln().abs() > self.cfg.drift.ln_1p() => {
                         let split = self.arms[i].split;
                         let margin = self.cfg.drift / 2.0;
@@ -367,7 +391,7 @@ impl Adaptive {
                     }
                     // The first window that measured the link.
                     (None, Some(_)) => {
-                        base.3 = now.3;
+                        base.3 = link;
                         *baseline = Some(base);
                     }
                     _ => {}
@@ -1016,8 +1040,8 @@ mod tests {
             .find(|m| m.reason.contains("exploring again"))
             .unwrap_or_else(|| panic!("no restart: {moves:#?}"));
         assert!(restart.reason.starts_with("link "), "{restart:?}");
-        // Noticed within a window of the change, plus the batches in flight.
-        assert!((60..60 + 6 + 4).contains(&restart.iteration), "{moves:#?}");
+        // A 16x jump: noticed within half a window of the change, plus the batches in flight.
+        assert!((60..60 + 3 + 3).contains(&restart.iteration), "{moves:#?}");
         assert_eq!(splits[139], Split::At(2), "{moves:#?}");
     }
 

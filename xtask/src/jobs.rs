@@ -542,7 +542,30 @@ pub fn eval_split(args: &[String]) -> Result<(), String> {
             }
         }
     }
-    let drift = drift_case(&env, &bins, &link, &host.url, &out);
+    // The adaptive run through the link schedule, then the sweep's best fixed split at each
+    // bandwidth through the same schedule: the best split in hindsight per phase, measured
+    // minutes apart rather than before the whole drift case (this machine's speed drifts).
+    let sweep_at = |mbit: u32| out.join(format!("bw-{mbit}mbit/efficientnet_lite0-b32.json"));
+    let drift = drift_case(&env, &bins, &link, &host.url, &out, "auto").and_then(|auto| {
+        let mut fixed: Vec<String> = Vec::new();
+        for mbit in [1000, 50] {
+            let best = sh::output(
+                Command::new(bins.join("hapi-eval"))
+                    .arg("best-split")
+                    .arg(sweep_at(mbit))
+                    .envs(env.vars()),
+            )?;
+            let best = best.trim().to_string();
+            if !fixed.contains(&best) {
+                fixed.push(best);
+            }
+        }
+        let runs = fixed
+            .iter()
+            .map(|split| drift_case(&env, &bins, &link, &host.url, &out, split))
+            .collect::<Result<Vec<_>, String>>()?;
+        Ok((auto, runs))
+    });
     drop(host);
     drop(weed);
     drop(link);
@@ -554,19 +577,17 @@ pub fn eval_split(args: &[String]) -> Result<(), String> {
             .args(&files)
             .envs(env.vars()),
     )?;
-    let (trace, switches) = drift?;
-    let sweep_at = |mbit: u32| out.join(format!("bw-{mbit}mbit/efficientnet_lite0-b32.json"));
-    sh::run(
-        Command::new(bins.join("hapi-eval"))
-            .arg("drift-summary")
-            .arg(out.join("drift.json"))
-            .arg(out.join("drift-results.json"))
-            .arg(&trace)
-            .arg(&switches)
-            .arg(sweep_at(1000))
-            .arg(sweep_at(50))
-            .envs(env.vars()),
-    )?;
+    let (auto, fixed) = drift?;
+    let mut cmd = Command::new(bins.join("hapi-eval"));
+    cmd.arg("drift-summary")
+        .arg(out.join("drift.json"))
+        .args([&auto.results, &auto.trace, &auto.switches])
+        .arg(sweep_at(1000))
+        .arg(sweep_at(50));
+    for run in &fixed {
+        cmd.args([&run.results, &run.trace, &run.switches]);
+    }
+    sh::run(cmd.envs(env.vars()))?;
     println!("eval-split took {:.0} s", started.elapsed().as_secs_f64());
     Ok(())
 }
@@ -586,32 +607,50 @@ fn pinned_trainer(env: &Env, bins: &Path, host: &str, model: &str, batch: &str) 
     cmd
 }
 
-/// The drift case: `--split auto` with `--trace`, the link shaped to 50 Mbit/s once
-/// `DRIFT_AT[0]` iterations have ended and back to 1000 at `DRIFT_AT[1]`. Returns the trace
-/// and the switches' times (JSON: `[{"unix": .., "mbit": ..}]`).
+/// One run through the drift case's link schedule: its results, trace and the switches' times
+/// (JSON: `[{"unix": .., "mbit": .., "after_iteration": ..}]`).
+struct DriftRun {
+    results: PathBuf,
+    trace: PathBuf,
+    switches: PathBuf,
+}
+
+/// The drift case at `split` (`auto`, or a fixed split): `hapi-train` with `--trace`, the link
+/// shaped to 50 Mbit/s once `DRIFT_AT[0]` iterations have ended and back to 1000 at
+/// `DRIFT_AT[1]`. Files `drift[-SPLIT]-{results.json,trace.jsonl,switches.json}` in `out`.
 fn drift_case(
     env: &Env,
     bins: &Path,
     link: &Link,
     host: &str,
     out: &Path,
-) -> Result<(PathBuf, PathBuf), String> {
+    split: &str,
+) -> Result<DriftRun, String> {
     let per_epoch = 40usize;
     sh::step(&format!(
-        "drift: efficientnet_lite0, batch 32, 1000 Mbit/s, 50 from iteration {} to {}",
+        "drift, split {split}: efficientnet_lite0, batch 32, 1000 Mbit/s, 50 from iteration {} to {}",
         DRIFT_AT[0], DRIFT_AT[1]
     ));
+    let tag = if split == "auto" {
+        "drift".to_string()
+    } else {
+        format!("drift-{split}")
+    };
+    let run = DriftRun {
+        results: out.join(format!("{tag}-results.json")),
+        trace: out.join(format!("{tag}-trace.jsonl")),
+        switches: out.join(format!("{tag}-switches.json")),
+    };
     link.shape(1000)?;
-    let trace = out.join("drift-trace.jsonl");
-    let _ = std::fs::remove_file(&trace);
+    let _ = std::fs::remove_file(&run.trace);
     let mut child = pinned_trainer(env, bins, host, "efficientnet_lite0", "32")
-        .args(["--split", "auto"])
+        .args(["--split", split])
         .args(["--train-limit", &(per_epoch * 32).to_string()])
         .args(["--epochs", &DRIFT_ITERS.div_ceil(per_epoch).to_string()])
         .args(["--no-test", "--out"])
-        .arg(out.join("drift-results.json"))
+        .arg(&run.results)
         .arg("--trace")
-        .arg(&trace)
+        .arg(&run.trace)
         .spawn()
         .map_err(|e| format!("starting hapi-train: {e}"))?;
     let mut switches = Vec::new();
@@ -620,7 +659,7 @@ fn drift_case(
         if let Some(status) = child.try_wait().map_err(|e| e.to_string())? {
             break status;
         }
-        let ended = std::fs::read_to_string(&trace).map_or(0, |t| t.lines().count());
+        let ended = std::fs::read_to_string(&run.trace).map_or(0, |t| t.lines().count());
         if next < DRIFT_AT.len() && ended >= DRIFT_AT[next] {
             let mbit = if next == 0 { 50 } else { 1000 };
             link.shape(mbit)?;
@@ -635,9 +674,11 @@ fn drift_case(
         std::thread::sleep(Duration::from_millis(50));
     };
     if !status.success() {
-        return Err(format!("hapi-train (drift case) failed: {status}"));
+        return Err(format!(
+            "hapi-train (drift case, split {split}) failed: {status}"
+        ));
     }
-    let path = out.join("drift-switches.json");
-    std::fs::write(&path, format!("[{}]\n", switches.join(", "))).map_err(|e| e.to_string())?;
-    Ok((trace, path))
+    std::fs::write(&run.switches, format!("[{}]\n", switches.join(", ")))
+        .map_err(|e| e.to_string())?;
+    Ok(run)
 }

@@ -4,8 +4,11 @@
 //! - `split-summary OUT_DIR CASE.json ...`: the split-choice evaluation over sweep results
 //!   (`hapi-train --sweep`): a table, `summary.json` and `split-choice.svg` in OUT_DIR;
 //! - `drift-summary OUT.json RESULTS.json TRACE.jsonl SWITCHES.json SWEEP_FAST.json
-//!   SWEEP_SLOW.json`: an adaptive run whose link was shaped down and back (`cargo xtask
-//!   eval-split`'s drift case) against the best fixed split at each phase's bandwidth.
+//!   SWEEP_SLOW.json [FIXED_RESULTS.json FIXED_TRACE.jsonl FIXED_SWITCHES.json]...`: an adaptive
+//!   run whose link was shaped down and back (`cargo xtask eval-split`'s drift case) against,
+//!   in each phase, the fastest of the fixed splits run through the same schedule (and the
+//!   sweep's best at that phase's bandwidth);
+//! - `best-split SWEEP.json`: the sweep's best fixed split, as `--split` takes it.
 
 use anyhow::{Context, bail};
 use hapi_train::job::{Results, SweepResults, write_json};
@@ -20,8 +23,9 @@ fn main() -> std::process::ExitCode {
         Some("compare") => compare(&args[1..]),
         Some("split-summary") => split_summary(&args[1..]),
         Some("drift-summary") => drift_summary(&args[1..]),
+        Some("best-split") => best_split(&args[1..]),
         _ => Err(anyhow::anyhow!(
-            "usage: hapi-eval compare RESULTS.json...\n       hapi-eval split-summary OUT_DIR SWEEP.json...\n       hapi-eval drift-summary OUT.json RESULTS.json TRACE.jsonl SWITCHES.json SWEEP_FAST.json SWEEP_SLOW.json"
+            "usage: hapi-eval compare RESULTS.json...\n       hapi-eval split-summary OUT_DIR SWEEP.json...\n       hapi-eval drift-summary OUT.json RESULTS.json TRACE.jsonl SWITCHES.json SWEEP_FAST.json SWEEP_SLOW.json [FIXED_RESULTS.json FIXED_TRACE.jsonl FIXED_SWITCHES.json]...\n       hapi-eval best-split SWEEP.json"
         )),
     };
     match r {
@@ -387,11 +391,59 @@ struct Phase {
     splits: Vec<(Split, usize)>,
     /// Seconds per iteration (mean interval between iteration ends within an epoch).
     pace_s: f64,
-    /// The fastest fixed split at this bandwidth (the sweep's pace), and the ratio.
+    /// The best split in hindsight: the fastest, in this phase, of the fixed splits run through
+    /// the same link schedule right after the adaptive run (the sweep's best at each
+    /// bandwidth); the sweep's best at this bandwidth when none were run.
     best: Split,
     best_pace_s: f64,
     ratio: f64,
     within_10pct: bool,
+    /// Each fixed split's pace in this phase of its own run through the schedule.
+    fixed: Vec<(Split, f64)>,
+    /// The sweep's best fixed split at this bandwidth (measured before, at a constant link).
+    sweep_best: Split,
+    sweep_best_pace_s: f64,
+}
+
+/// One run through the link schedule: its iterations that ended in each phase, and their pace.
+struct Run {
+    phases: Vec<(Vec<Split>, f64)>,
+}
+
+impl Run {
+    fn read(results: &str, trace: &str, switches: &[Switch]) -> anyhow::Result<Run> {
+        let results: Results = read(results)?;
+        let text = std::fs::read_to_string(trace).with_context(|| trace.to_string())?;
+        let trace: Vec<TraceLine> = text
+            .lines()
+            .enumerate()
+            .map(|(i, l)| {
+                serde_json::from_str(l)
+                    .with_context(|| format!("{trace}:{}: not a trace line", i + 1))
+            })
+            .collect::<anyhow::Result<_>>()?;
+        let epoch_starts: Vec<usize> = results.epochs.iter().map(|e| e.first_iteration).collect();
+        // Phase k: iterations ending after switch k - 1 and before switch k.
+        let bounds: Vec<f64> = switches.iter().map(|s| s.unix).collect();
+        let phase_of = |t: f64| bounds.iter().take_while(|&&b| t >= b).count();
+        let phases = (0..=bounds.len())
+            .map(|k| {
+                let its: Vec<&TraceLine> =
+                    trace.iter().filter(|t| phase_of(t.end_unix) == k).collect();
+                let intervals: Vec<f64> = its
+                    .windows(2)
+                    .filter(|w| {
+                        w[1].iteration == w[0].iteration + 1
+                            && !epoch_starts.contains(&w[1].iteration)
+                    })
+                    .map(|w| w[1].end_unix - w[0].end_unix)
+                    .collect();
+                let pace = intervals.iter().sum::<f64>() / intervals.len().max(1) as f64;
+                (its.iter().map(|t| t.split).collect(), pace)
+            })
+            .collect();
+        Ok(Run { phases })
+    }
 }
 
 #[derive(Serialize)]
@@ -401,64 +453,90 @@ struct DriftSummary {
     moves: Vec<hapi_train::adapt::Move>,
 }
 
-fn drift_summary(args: &[String]) -> anyhow::Result<()> {
-    let [out, results, trace, switches, fast, slow] = args else {
-        bail!(
-            "drift-summary OUT.json RESULTS.json TRACE.jsonl SWITCHES.json SWEEP_FAST.json SWEEP_SLOW.json"
-        );
+/// `best-split SWEEP.json`: the sweep's best fixed split (from its long runs where there are
+/// any; the short runs' best is biased low), printed as `--split` takes it.
+fn best_split(args: &[String]) -> anyhow::Result<()> {
+    let [sweep] = args else {
+        bail!("best-split SWEEP.json");
     };
-    let results: Results = read(results)?;
-    let switches: Vec<Switch> = read(switches)?;
-    let text = std::fs::read_to_string(trace).with_context(|| trace.clone())?;
-    let trace: Vec<TraceLine> = text
-        .lines()
-        .enumerate()
-        .map(|(i, l)| {
-            serde_json::from_str(l).with_context(|| format!("{trace}:{}: not a trace line", i + 1))
+    let sweep: SweepResults = read(sweep)?;
+    println!("{}", sweep_best(&sweep)?.split);
+    Ok(())
+}
+
+fn sweep_best(sweep: &SweepResults) -> anyhow::Result<&hapi_train::job::SweepCase> {
+    let long = sweep.cases.iter().any(|c| c.full.is_some());
+    sweep
+        .cases
+        .iter()
+        .filter(|c| !long || c.full.is_some())
+        .min_by(|a, b| a.pace_measured().total_cmp(&b.pace_measured()))
+        .context("a sweep without cases")
+}
+
+fn drift_summary(args: &[String]) -> anyhow::Result<()> {
+    let usage = "drift-summary OUT.json RESULTS.json TRACE.jsonl SWITCHES.json SWEEP_FAST.json SWEEP_SLOW.json [FIXED_RESULTS.json FIXED_TRACE.jsonl FIXED_SWITCHES.json]...";
+    if args.len() < 6 || !(args.len() - 6).is_multiple_of(3) {
+        bail!(usage);
+    }
+    let (out, results_path, trace, switches_path) = (&args[0], &args[1], &args[2], &args[3]);
+    let results: Results = read(results_path)?;
+    let switches: Vec<Switch> = read(switches_path)?;
+    let adaptive = Run::read(results_path, trace, &switches)?;
+    let (fast, slow): (SweepResults, SweepResults) = (read(&args[4])?, read(&args[5])?);
+    let fixed = args[6..]
+        .chunks(3)
+        .map(|c| {
+            let sw: Vec<Switch> = read(&c[2])?;
+            if sw.len() != switches.len() {
+                bail!(
+                    "{}: {} link switches, the adaptive run had {}",
+                    c[2],
+                    sw.len(),
+                    switches.len()
+                );
+            }
+            let run = Run::read(&c[0], &c[1], &sw)?;
+            let r: Results = read(&c[0])?;
+            let split = r
+                .epochs
+                .first()
+                .map(|e| e.split)
+                .with_context(|| format!("{}: no epochs", c[0]))?;
+            Ok((split, run))
         })
-        .collect::<anyhow::Result<_>>()?;
-    let (fast, slow): (SweepResults, SweepResults) = (read(fast)?, read(slow)?);
+        .collect::<anyhow::Result<Vec<(Split, Run)>>>()?;
     let fast_mbit = switches.last().map_or(1000, |s| s.mbit);
-    let epoch_starts: Vec<usize> = results.epochs.iter().map(|e| e.first_iteration).collect();
-    // Phase k: iterations ending before switch k (and after switch k - 1).
-    let bounds: Vec<f64> = switches.iter().map(|s| s.unix).collect();
-    let phase_of = |t: f64| bounds.iter().take_while(|&&b| t >= b).count();
     let mut phases = Vec::new();
-    for k in 0..=bounds.len() {
+    for (k, (its, pace)) in adaptive.phases.iter().enumerate() {
         let mbit = if k == 0 {
             fast_mbit
         } else {
             switches[k - 1].mbit
         };
         let sweep = if mbit == fast_mbit { &fast } else { &slow };
-        let its: Vec<&TraceLine> = trace.iter().filter(|t| phase_of(t.end_unix) == k).collect();
-        let splits = hapi_train::pipeline::split_counts(its.iter().map(|t| t.split));
-        let intervals: Vec<f64> = its
-            .windows(2)
-            .filter(|w| {
-                w[1].iteration == w[0].iteration + 1 && !epoch_starts.contains(&w[1].iteration)
-            })
-            .map(|w| w[1].end_unix - w[0].end_unix)
-            .collect();
-        let pace = intervals.iter().sum::<f64>() / intervals.len().max(1) as f64;
-        // The best of the long runs where there are any (the short runs' best is biased low).
-        let long = sweep.cases.iter().any(|c| c.full.is_some());
-        let best = sweep
-            .cases
+        let splits = hapi_train::pipeline::split_counts(its.iter().copied());
+        let sb = sweep_best(sweep)?;
+        let fixed_here: Vec<(Split, f64)> =
+            fixed.iter().map(|(s, run)| (*s, run.phases[k].1)).collect();
+        let (best, best_pace) = fixed_here
             .iter()
-            .filter(|c| !long || c.full.is_some())
-            .min_by(|a, b| a.pace_measured().total_cmp(&b.pace_measured()))
-            .context("a sweep without cases")?;
-        let best_pace = best.pace_measured();
+            .copied()
+            .filter(|(_, p)| *p > 0.0)
+            .min_by(|a, b| a.1.total_cmp(&b.1))
+            .unwrap_or((sb.split, sb.pace_measured()));
         phases.push(Phase {
             mbit,
             iterations: its.len(),
             splits,
-            pace_s: pace,
-            best: best.split,
+            pace_s: *pace,
+            best,
             best_pace_s: best_pace,
             ratio: pace / best_pace,
-            within_10pct: pace <= 1.1 * best_pace,
+            within_10pct: *pace <= 1.1 * best_pace,
+            fixed: fixed_here,
+            sweep_best: sb.split,
+            sweep_best_pace_s: sb.pace_measured(),
         });
     }
     let summary = DriftSummary {
@@ -471,18 +549,20 @@ fn drift_summary(args: &[String]) -> anyhow::Result<()> {
         phases,
     };
     println!(
-        "{:>6} {:>10} {:>9} {:>6} {:>10} {:>7}  splits (iterations)",
-        "Mbit/s", "iterations", "pace ms", "best", "best ms", "ratio"
+        "{:>6} {:>10} {:>9} {:>6} {:>10} {:>7} {:>7} {:>10}  splits (iterations)",
+        "Mbit/s", "iterations", "pace ms", "best", "best ms", "ratio", "sweep", "sweep ms"
     );
     for p in &summary.phases {
         println!(
-            "{:>6} {:>10} {:>9.1} {:>6} {:>10.1} {:>7.3}  {}",
+            "{:>6} {:>10} {:>9.1} {:>6} {:>10.1} {:>7.3} {:>7} {:>10.1}  {}",
             p.mbit,
             p.iterations,
             p.pace_s * 1e3,
             p.best.to_string(),
             p.best_pace_s * 1e3,
             p.ratio,
+            p.sweep_best.to_string(),
+            p.sweep_best_pace_s * 1e3,
             p.splits
                 .iter()
                 .map(|(s, n)| format!("{s}: {n}"))

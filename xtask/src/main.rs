@@ -43,7 +43,8 @@ commands:
                      network namespaces over a tc-shaped veth pair, one core each (needs
                      root); table, target/eval-split/summary.json and split-choice.svg;
                      --drift: only EfficientNet-Lite0 at 50 and 1000 Mbit/s, then the
-                     drift case
+                     drift case (the link 1000 -> 50 -> 1000 Mbit/s under --split auto,
+                     then under each bandwidth's best fixed split)
   cluster up [--nodes N] [--link MBIT] [--fashion-mnist] | cluster down
                      a storage tier of N nodes (default 3) in network namespaces: SeaweedFS
                      master, filer and S3 on a metadata node, a volume server and a hapi-host

@@ -107,6 +107,13 @@ pub struct AdaptConfig {
 }
 
 impl AdaptConfig {
+    /// A relative standard deviation from squared relative deviations `ss` on `dof` degrees
+    /// of freedom, pooled with the prior.
+    fn with_prior(&self, ss: f64, dof: f64) -> f64 {
+        let w = self.prior_weight;
+        ((self.prior_cv.powi(2) * w + ss) / (w + dof)).sqrt()
+    }
+
     pub fn new(drift: f64) -> Self {
         Self {
             z: 2.0,
@@ -179,10 +186,10 @@ enum Phase {
     Explore,
     Settled {
         arm: usize,
-        /// Medians of the first full window at the settled split: cost, storage and compute
-        /// stages per iteration (the stages' recalibrate the model; the cost's watch compares
+        /// Medians of the storage and compute stages per iteration in the first full window at
+        /// the settled split: what moved recalibrates the model (the cost's watch compares
         /// with `since`).
-        baseline: Option<(f64, f64, f64)>,
+        baseline: Option<(f64, f64)>,
         /// The latest iterations at the settled split (its exploration samples first).
         recent: Vec<Watched>,
         /// The first [`BASELINE_WINDOWS`] windows of costs at the settled split (its
@@ -340,13 +347,12 @@ impl Adaptive {
                     return;
                 }
                 let links: Vec<f64> = recent.iter().map(|r| r.3).filter(|l| !l.is_nan()).collect();
-                let now = (
-                    median(recent.iter().map(|r| r.0)),
+                let stages = (
                     median(recent.iter().map(|r| r.1)),
                     median(recent.iter().map(|r| r.2)),
                 );
                 let Some(base) = *baseline else {
-                    *baseline = Some(now);
+                    *baseline = Some(stages);
                     return;
                 };
                 // The link first: its rate is the cause measured directly. Its baseline is the
@@ -362,17 +368,19 @@ impl Adaptive {
                     .take(self.cfg.window.div_ceil(2))
                     .map(|r| r.3)
                     .collect();
+                let fast = half
+                    .iter()
+                    .all(|l| !l.is_nan())
+                    .then(|| median(half.into_iter()));
                 let l0 = (2 * links_since.len() >= self.cfg.window)
                     .then(|| median(links_since.iter().copied()));
+                let measured_links = links.len();
                 // The new rate, from the window's batches that jumped when it jumped, and
                 // whether the whole window did (a jump's rate from a few batches is noisy: it is
                 // acted on at once only to move, and becomes the baseline once confirmed).
-                let (l1, new, confirmed) = match l0 {
-                    Some(l0)
-                        if half.iter().all(|l| !l.is_nan())
-                            && (median(half.iter().copied()) / l0).ln().abs() > LINK_JUMP.ln() =>
-                    {
-                        let down = median(half.into_iter()) < l0;
+                let (l1, new, confirmed) = match (l0, fast) {
+                    (Some(l0), Some(fast)) if (fast / l0).ln().abs() > LINK_JUMP.ln() => {
+                        let down = fast < l0;
                         let jumped: Vec<f64> = links
                             .iter()
                             .copied()
@@ -383,23 +391,24 @@ impl Adaptive {
                     }
                     _ => (
                         (2 * links.len() >= recent.len()).then(|| median(links.iter().copied())),
-                        links.clone(),
+                        links,
                         true,
                     ),
                 };
                 // Its noise: the relative standard deviation of the baseline's batches, or that
                 // pooled with the cost's prior if larger (a few batches may look quiet).
-                let n = links_since.len() as f64;
-                let measured = log_sd(links_since);
-                let sd = ((self.cfg.prior_cv.powi(2) * self.cfg.prior_weight
-                    + measured.powi(2) * (n - 1.0).max(0.0))
-                    / (self.cfg.prior_weight + (n - 1.0).max(0.0)))
-                .sqrt()
-                .max(measured);
-                let sd = upper_sd(sd, links_since.len());
+                let logs: Vec<f64> = links_since.iter().map(|l| l.ln()).collect();
+                let measured = sd(&logs);
+                let dof = links_since.len().saturating_sub(1) as f64;
+                let link_sd = upper_sd(
+                    self.cfg
+                        .with_prior(measured.powi(2) * dof, dof)
+                        .max(measured),
+                    links_since.len(),
+                );
                 let link_noise = MEDIAN_SD
-                    * sd
-                    * (1.0 / links.len().max(1) as f64 + 1.0 / links_since.len().max(1) as f64)
+                    * link_sd
+                    * (1.0 / measured_links.max(1) as f64 + 1.0 / links_since.len().max(1) as f64)
                         .sqrt();
                 let link_moved = self.cfg.drift.ln_1p().max(WATCH_SDS * link_noise);
                 if let (Some(l0), Some(l1)) = (l0, l1)
@@ -430,23 +439,24 @@ impl Adaptive {
                 // The cost against the median of the first windows, by more than `drift` and
                 // more than noise alone would move it.
                 let cost0 = median(since.iter().copied());
-                let cv = upper_sd(explore_cv.max(relative_sd(since)), since.len());
+                let cv = upper_sd(explore_cv.max(sd(since) / mean(since)), since.len());
                 let noise =
                     MEDIAN_SD * cv * (1.0 / recent.len() as f64 + 1.0 / since.len() as f64).sqrt();
-                if (now.0 / cost0 - 1.0).abs() <= self.cfg.drift.max(WATCH_SDS * noise) {
+                let cost = median(recent.iter().map(|r| r.0));
+                if (cost / cost0 - 1.0).abs() <= self.cfg.drift.max(WATCH_SDS * noise) {
                     return;
                 }
                 let reason = format!(
                     "iteration cost {:.0} -> {:.0} ms at split {} (storage {:.0} -> {:.0} ms, compute {:.0} -> {:.0} ms): exploring again",
                     cost0 * 1e3,
-                    now.0 * 1e3,
+                    cost * 1e3,
                     self.arms[i].split,
+                    base.0 * 1e3,
+                    stages.0 * 1e3,
                     base.1 * 1e3,
-                    now.1 * 1e3,
-                    base.2 * 1e3,
-                    now.2 * 1e3,
+                    stages.1 * 1e3,
                 );
-                self.recalibrate(self.arms[i].split, base.1, now.1, base.2, now.2);
+                self.recalibrate(self.arms[i].split, base.0, stages.0, base.1, stages.1);
                 self.restart(reason);
             }
         }
@@ -532,10 +542,7 @@ impl Adaptive {
 
     /// Pooled relative standard deviation of a sample, with the prior.
     fn cv(&self) -> f64 {
-        let (mut ss, mut dof) = (
-            self.cfg.prior_cv * self.cfg.prior_cv * self.cfg.prior_weight,
-            self.cfg.prior_weight,
-        );
+        let (mut ss, mut dof) = (0.0, 0.0);
         for a in &self.arms {
             if a.samples.len() >= 2 {
                 let m = a.mean();
@@ -543,7 +550,7 @@ impl Adaptive {
                 dof += (a.samples.len() - 1) as f64;
             }
         }
-        (ss / dof).sqrt()
+        self.cfg.with_prior(ss, dof)
     }
 
     fn eliminate(&mut self) {
@@ -692,24 +699,14 @@ fn upper_sd(sd: f64, n: usize) -> f64 {
     sd * (1.0 + 1.645 / (2.0 * n.saturating_sub(1).max(1) as f64).sqrt())
 }
 
-/// Standard deviation of the logarithms of a sample (0 below 3 values).
-fn log_sd(v: &[f64]) -> f64 {
-    let logs: Vec<f64> = v.iter().map(|x| x.ln()).collect();
-    if logs.len() < 3 {
-        return 0.0;
-    }
-    let m = mean(&logs);
-    (logs.iter().map(|l| (l - m).powi(2)).sum::<f64>() / (logs.len() - 1) as f64).sqrt()
-}
-
-/// Relative standard deviation of a sample (0 below 3 values).
-fn relative_sd(v: &[f64]) -> f64 {
+/// Sample standard deviation (0 below 3 values). Of logarithms, or divided by the mean, it is
+/// a relative one.
+fn sd(v: &[f64]) -> f64 {
     if v.len() < 3 {
         return 0.0;
     }
     let m = mean(v);
-    let ss: f64 = v.iter().map(|x| (x / m - 1.0).powi(2)).sum();
-    (ss / (v.len() - 1) as f64).sqrt()
+    (v.iter().map(|x| (x - m).powi(2)).sum::<f64>() / (v.len() - 1) as f64).sqrt()
 }
 
 fn median(v: impl Iterator<Item = f64>) -> f64 {

@@ -411,8 +411,7 @@ struct Run {
 }
 
 impl Run {
-    fn read(results: &str, trace: &str, switches: &[Switch]) -> anyhow::Result<Run> {
-        let results: Results = read(results)?;
+    fn read(results: &Results, trace: &str, switches: &[Switch]) -> anyhow::Result<Run> {
         let text = std::fs::read_to_string(trace).with_context(|| trace.to_string())?;
         let trace: Vec<TraceLine> = text
             .lines()
@@ -479,10 +478,10 @@ fn drift_summary(args: &[String]) -> anyhow::Result<()> {
     if args.len() < 6 || !(args.len() - 6).is_multiple_of(3) {
         bail!(usage);
     }
-    let (out, results_path, trace, switches_path) = (&args[0], &args[1], &args[2], &args[3]);
-    let results: Results = read(results_path)?;
-    let switches: Vec<Switch> = read(switches_path)?;
-    let adaptive = Run::read(results_path, trace, &switches)?;
+    let (out, trace) = (&args[0], &args[2]);
+    let results: Results = read(&args[1])?;
+    let switches: Vec<Switch> = read(&args[3])?;
+    let adaptive = Run::read(&results, trace, &switches)?;
     let (fast, slow): (SweepResults, SweepResults) = (read(&args[4])?, read(&args[5])?);
     let fixed = args[6..]
         .chunks(3)
@@ -496,8 +495,8 @@ fn drift_summary(args: &[String]) -> anyhow::Result<()> {
                     switches.len()
                 );
             }
-            let run = Run::read(&c[0], &c[1], &sw)?;
             let r: Results = read(&c[0])?;
+            let run = Run::read(&r, &c[1], &sw)?;
             let split = r
                 .epochs
                 .first()

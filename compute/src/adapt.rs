@@ -29,7 +29,11 @@
 //! than [`LINK_JUMP`]), the model is given the new rate; if it then ranks another split faster
 //! than the settled one by more than half of `drift` (a gain the cost's own watch would miss or
 //! see late), exploration restarts, else the new rate becomes the baseline (after a jump, once
-//! a whole window has confirmed it).
+//! a whole window has confirmed it). A confirmed jump of more than [`LINK_JUMP`] also has the
+//! settled split measured again against its neighbours (those the model puts within
+//! [`PLAUSIBLE`]): the model's margin is within its error, and a split whose cost hardly moves
+//! with the link (bound by its compute stage) would never let the cost's watch see that its
+//! neighbour became faster.
 //!
 //! Nothing here trains or fetches: [`Choice`] is what the pipeline asks for the next batch's
 //! split and tells how the batch went.
@@ -411,11 +415,11 @@ impl Adaptive {
                     * (1.0 / measured_links.max(1) as f64 + 1.0 / links_since.len().max(1) as f64)
                         .sqrt();
                 let link_moved = self.cfg.drift.ln_1p().max(WATCH_SDS * link_noise);
+                let margin = self.cfg.drift / 2.0;
                 if let (Some(l0), Some(l1)) = (l0, l1)
                     && (l1 / l0).ln().abs() > link_moved
                 {
                     let split = self.arms[i].split;
-                    let margin = self.cfg.drift / 2.0;
                     let only = self.only.as_deref();
                     if let Some((costs, why)) =
                         faster_at_link(&self.costs, only, split, l1 / l0, margin)
@@ -429,10 +433,31 @@ impl Adaptive {
                         self.restart(reason);
                         return;
                     }
-                    // No split would gain: the new rate is the model's, and its measurements start
-                    // the link's new baseline.
+                    // No split would gain by the model: the new rate is the model's, and its
+                    // measurements start the link's new baseline. After a jump, the model's
+                    // ranking near the settled split is not to be trusted within its error (its
+                    // margin is half of `drift`, its error tens of percent), and the cost's watch
+                    // may never see a split fall behind its neighbour: the neighbours are
+                    // measured again against the window just confirmed.
                     if confirmed {
                         self.costs.bandwidth *= l1 / l0;
+                        let split = self.arms[i].split;
+                        let near = if (l1 / l0).ln().abs() > LINK_JUMP.ln() {
+                            neighbours(&self.costs, self.only.as_deref(), split)
+                        } else {
+                            Vec::new()
+                        };
+                        if !near.is_empty() {
+                            let reason = format!(
+                                "link {:.1} -> {:.1} MB/s at split {split} over a whole window, no split ranked more than {:.0}% ahead: measuring its neighbours again",
+                                l0 / 1e6,
+                                l1 / 1e6,
+                                margin * 100.0
+                            );
+                            let window = std::mem::take(recent);
+                            self.explore_near(i, &window, &near, reason);
+                            return;
+                        }
                         *links_since = new;
                     }
                 }
@@ -589,31 +614,40 @@ impl Adaptive {
     /// ranked the best one just out of the candidates. If one of them leads, its own neighbours
     /// come next: a walk downhill. Whether any joined.
     fn step_aside(&mut self, leader: usize) -> bool {
-        let Split::At(at) = self.arms[leader].split else {
-            return false;
-        };
-        let estimates = self.costs.estimates();
-        let Some(here) = estimates.iter().find(|e| e.split == Split::At(at)) else {
-            return false;
-        };
-        let limit = here.pace() * PLAUSIBLE;
-        let fresh: Vec<Arm> = estimates
-            .iter()
-            .filter(|e| {
-                let Split::At(s) = e.split else { return false };
-                e.fits
-                    && s.abs_diff(at) == 1
-                    && e.pace() <= limit
-                    && self.only.as_ref().is_none_or(|o| o.contains(&e.split))
-                    && !self.arms.iter().any(|a| a.split == e.split)
-            })
-            .map(Arm::new)
-            .collect();
+        let fresh: Vec<Arm> =
+            neighbours(&self.costs, self.only.as_deref(), self.arms[leader].split)
+                .iter()
+                .filter(|e| !self.arms.iter().any(|a| a.split == e.split))
+                .map(Arm::new)
+                .collect();
         if fresh.is_empty() {
             return false;
         }
         self.arms.extend(fresh);
         true
+    }
+
+    /// Explores the settled split `i` against its `near` neighbours, the split starting with
+    /// the `window` of iterations just watched there (measured at the link's new rate).
+    fn explore_near(&mut self, i: usize, window: &[Watched], near: &[Estimate], reason: String) {
+        let a = &self.arms[i];
+        let mut here = Arm::new(&self.costs.estimate(a.split));
+        here.pending = a.pending;
+        for &(cost, storage, compute, _) in window {
+            here.samples.push(cost);
+            here.storage.push(storage);
+            here.compute.push(compute);
+        }
+        let split = here.split;
+        self.arms = std::iter::once(here)
+            .chain(near.iter().map(Arm::new))
+            .collect();
+        self.phase = Phase::Explore;
+        self.moves.push(Move {
+            iteration: self.issued,
+            to: split,
+            reason,
+        });
     }
 
     fn settle(&mut self, i: usize) {
@@ -717,6 +751,30 @@ fn median(v: impl Iterator<Item = f64>) -> f64 {
         n if n % 2 == 1 => v[n / 2],
         n => 0.5 * (v[n / 2 - 1] + v[n / 2]),
     }
+}
+
+/// The splits next to `split` that fit, that `only` allows, and that the model puts within
+/// [`PLAUSIBLE`] of it.
+fn neighbours(costs: &Costs, only: Option<&[Split]>, split: Split) -> Vec<Estimate> {
+    let Split::At(at) = split else {
+        return Vec::new();
+    };
+    let estimates = costs.estimates();
+    let Some(here) = estimates.iter().find(|e| e.split == split) else {
+        return Vec::new();
+    };
+    let limit = here.pace() * PLAUSIBLE;
+    estimates
+        .iter()
+        .filter(|e| {
+            let Split::At(s) = e.split else { return false };
+            e.fits
+                && s.abs_diff(at) == 1
+                && e.pace() <= limit
+                && only.is_none_or(|o| o.contains(&e.split))
+        })
+        .copied()
+        .collect()
 }
 
 /// The model with its bandwidth scaled by `ratio` (the link's measured change), and why, when
@@ -1089,6 +1147,47 @@ mod tests {
         // A 16x jump: noticed within half a window of the change, plus the batches in flight.
         assert!((60..60 + 3 + 3).contains(&restart.iteration), "{moves:#?}");
         assert_eq!(splits[139], Split::At(2), "{moves:#?}");
+    }
+
+    #[test]
+    fn a_link_that_comes_back_has_the_settled_splits_neighbours_measured_again() {
+        // On a slow link the model ranks split 2 (tiny output) alone plausible, and it settles
+        // there. From iteration 80 the link is 1000x faster: the model puts split 1 8.5% ahead
+        // of split 2 (within its margin of 10%, so it sees no gain), and split 2's own cost falls
+        // 2% (nothing for the cost's watch). In truth split 1 is 20% ahead: its compute stage is
+        // 15% below the model's. The link's jump, once a whole window confirms it, has the
+        // neighbours measured again, and it moves to 1.
+        let truth = |s: Split, bandwidth: f64| {
+            let e = costs(bandwidth).estimate(s);
+            let compute = if s == Split::At(1) { 0.85 } else { 1.0 };
+            (e.storage, e.compute * compute)
+        };
+        let (slow, fast) = (1e7, 1e10);
+        let pace = |s: Split| {
+            let (st, co) = truth(s, fast);
+            st.max(co)
+        };
+        assert!(pace(Split::At(2)) / pace(Split::At(1)) > 1.2);
+        let model = costs(fast);
+        let ahead = model.estimate(Split::At(2)).pace() / model.estimate(Split::At(1)).pace();
+        assert!((1.05..1.1).contains(&ahead), "{ahead}");
+        let mut a = Adaptive::new(costs(slow), AdaptConfig::new(0.2), None);
+        let splits = simulate_linked(&mut a, 200, 2, |i, s| {
+            let bw = if i >= 80 { fast } else { slow };
+            let (st, co) = truth(s, bw);
+            (st * jitter(i, 0.05), co, Some(bw * jitter(i + 7, 0.05)))
+        });
+        let moves = a.moves();
+        assert_eq!(splits[75], Split::At(2), "{moves:#?}");
+        let again = moves
+            .iter()
+            .find(|m| m.reason.contains("neighbours again"))
+            .unwrap_or_else(|| panic!("no second look: {moves:#?}"));
+        // Confirmed by a whole window after the change, plus the batches in flight.
+        assert!((80..80 + 6 + 3).contains(&again.iteration), "{moves:#?}");
+        assert_eq!(splits[199], Split::At(1), "{moves:#?}");
+        // Nothing else moved it: one settle before the change, the second look, one settle.
+        assert_eq!(moves.len(), 3, "{moves:#?}");
     }
 
     /// Runs of `iters` iterations at `sd` noise (seeded) on two candidates 30% apart, split 2

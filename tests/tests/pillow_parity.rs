@@ -35,9 +35,11 @@ fn reference(dir: &Path, jobs: &[Value]) -> Vec<Vec<u8>> {
     std::fs::write(&spec, serde_json::to_vec(jobs).expect("json")).expect("write jobs");
     let out = dir.join("out");
     std::fs::create_dir_all(&out).expect("mkdir");
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/python/pillow_reference.py");
+    // From the run-time workspace: clones sharing a build directory share this test binary.
+    let script = hapi_tests::workspace().join("tests/python/pillow_reference.py");
+    let script = script.display();
     let status = Command::new(python)
-        .arg(script)
+        .arg(script.to_string())
         .arg(&spec)
         .arg(&out)
         .status()

@@ -462,7 +462,12 @@ impl BenchArgs {
     /// `--out`, or `target/bench` in the workspace.
     pub fn out(&self) -> PathBuf {
         self.value("--out").map_or_else(
-            || PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../target/bench")),
+            || {
+                // The run-time value first: clones sharing a build directory share this binary.
+                std::env::var_os("CARGO_MANIFEST_DIR")
+                    .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from)
+                    .join("../target/bench")
+            },
             PathBuf::from,
         )
     }

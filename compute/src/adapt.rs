@@ -415,11 +415,11 @@ impl Adaptive {
                     * (1.0 / measured_links.max(1) as f64 + 1.0 / links_since.len().max(1) as f64)
                         .sqrt();
                 let link_moved = self.cfg.drift.ln_1p().max(WATCH_SDS * link_noise);
-                let margin = self.cfg.drift / 2.0;
                 if let (Some(l0), Some(l1)) = (l0, l1)
                     && (l1 / l0).ln().abs() > link_moved
                 {
                     let split = self.arms[i].split;
+                    let margin = self.cfg.drift / 2.0;
                     let only = self.only.as_deref();
                     if let Some((costs, why)) =
                         faster_at_link(&self.costs, only, split, l1 / l0, margin)
@@ -441,7 +441,6 @@ impl Adaptive {
                     // measured again against the window just confirmed.
                     if confirmed {
                         self.costs.bandwidth *= l1 / l0;
-                        let split = self.arms[i].split;
                         let near = if (l1 / l0).ln().abs() > LINK_JUMP.ln() {
                             neighbours(&self.costs, self.only.as_deref(), split)
                         } else {
@@ -518,6 +517,12 @@ impl Adaptive {
             let e = self.costs.estimate(current);
             arms.push(Arm::new(&e));
         }
+        self.explore(arms, reason);
+    }
+
+    /// Explores `arms` from the split in use (recorded as a move, for `reason`).
+    fn explore(&mut self, mut arms: Vec<Arm>, reason: String) {
+        let current = self.current();
         // Batches already handed out at a split stay counted against it.
         for a in &mut arms {
             a.pending = self
@@ -630,24 +635,16 @@ impl Adaptive {
     /// Explores the settled split `i` against its `near` neighbours, the split starting with
     /// the `window` of iterations just watched there (measured at the link's new rate).
     fn explore_near(&mut self, i: usize, window: &[Watched], near: &[Estimate], reason: String) {
-        let a = &self.arms[i];
-        let mut here = Arm::new(&self.costs.estimate(a.split));
-        here.pending = a.pending;
+        let mut here = Arm::new(&self.costs.estimate(self.arms[i].split));
         for &(cost, storage, compute, _) in window {
             here.samples.push(cost);
             here.storage.push(storage);
             here.compute.push(compute);
         }
-        let split = here.split;
-        self.arms = std::iter::once(here)
+        let arms = std::iter::once(here)
             .chain(near.iter().map(Arm::new))
             .collect();
-        self.phase = Phase::Explore;
-        self.moves.push(Move {
-            iteration: self.issued,
-            to: split,
-            reason,
-        });
+        self.explore(arms, reason);
     }
 
     fn settle(&mut self, i: usize) {

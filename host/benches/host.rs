@@ -187,10 +187,10 @@ async fn main() {
             .map(|i| args.get(i + 1).cloned().unwrap_or_default())
     };
     let json_path = arg("--json").filter(|p| !p.is_empty()).unwrap_or_else(|| {
-        // The run-time value first: clones sharing a build directory share this binary.
-        let dir = std::env::var("CARGO_MANIFEST_DIR")
-            .unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").to_string());
-        format!("{dir}/../target/bench/host.json")
+        common::workspace()
+            .join("target/bench/host.json")
+            .display()
+            .to_string()
     });
     let against = arg("--decode-against").map(|p| {
         let path = std::path::PathBuf::from(&p);

@@ -106,7 +106,7 @@ fn two_tenants_with_one_token_are_refused() {
 
 #[test]
 fn the_example_policy_parses_and_its_token_matches() {
-    let path = package_dir().join("../examples/policy.toml");
+    let path = hapi_tests::workspace().join("examples/policy.toml");
     let p = Policy::load(&path).expect("examples/policy.toml");
     let demo = &p.tenants["demo"];
     assert!(
@@ -285,13 +285,4 @@ fn model_directories_and_private_models_are_checked() {
         e.contains("tenants.alice.private_models: /nonexistent"),
         "{e}"
     );
-}
-
-/// This package's directory: the run-time value first (clones sharing a build directory may
-/// share this test binary, and the path compiled into it may be another clone's).
-fn package_dir() -> std::path::PathBuf {
-    std::env::var_os("CARGO_MANIFEST_DIR").map_or_else(
-        || std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")),
-        std::path::PathBuf::from,
-    )
 }

@@ -7,7 +7,7 @@ const PINNED_WASI_NN: &str = "362c214e8192a7b4754575c6c22813409323690d089742504e
 
 #[test]
 fn vendored_wasi_nn_is_the_pinned_version() {
-    let path = package_dir().join("../wit/deps/wasi-nn/wasi-nn.wit");
+    let path = hapi_tests::workspace().join("wit/deps/wasi-nn/wasi-nn.wit");
     let path = path.display();
     let text = std::fs::read(path.to_string()).expect("vendored wasi-nn WIT");
     let digest: String = sha2::Sha256::digest(&text)
@@ -23,8 +23,8 @@ fn vendored_wasi_nn_is_the_pinned_version() {
 
 #[test]
 fn pushdown_world_imports_the_pinned_wasi_nn() {
-    let text =
-        std::fs::read_to_string(package_dir().join("../wit/pushdown.wit")).expect("pushdown.wit");
+    let text = std::fs::read_to_string(hapi_tests::workspace().join("wit/pushdown.wit"))
+        .expect("pushdown.wit");
     assert!(text.starts_with("package hapi:pushdown@0.1.0;"));
     for iface in ["tensor", "graph", "inference", "errors"] {
         assert!(
@@ -32,13 +32,4 @@ fn pushdown_world_imports_the_pinned_wasi_nn() {
             "{iface}"
         );
     }
-}
-
-/// This package's directory: the run-time value first (clones sharing a build directory may
-/// share this test binary, and the path compiled into it may be another clone's).
-fn package_dir() -> std::path::PathBuf {
-    std::env::var_os("CARGO_MANIFEST_DIR").map_or_else(
-        || std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")),
-        std::path::PathBuf::from,
-    )
 }

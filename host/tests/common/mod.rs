@@ -461,14 +461,7 @@ impl BenchArgs {
 
     /// `--out`, or `target/bench` in the workspace.
     pub fn out(&self) -> PathBuf {
-        self.value("--out").map_or_else(
-            || {
-                // The run-time value first: clones sharing a build directory share this binary.
-                std::env::var_os("CARGO_MANIFEST_DIR")
-                    .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from)
-                    .join("../target/bench")
-            },
-            PathBuf::from,
-        )
+        self.value("--out")
+            .map_or_else(|| workspace().join("target/bench"), PathBuf::from)
     }
 }

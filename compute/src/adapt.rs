@@ -1111,15 +1111,15 @@ mod tests {
     fn a_slower_link_at_a_compute_bound_split_is_seen_in_the_link_at_once() {
         // The world is the planner's model: split 1 is bound by the compute stage and sends
         // 200 times the bytes of split 2, which is 8% slower on the fast link. From iteration
-        // 60 the link runs at 6% of its rate: split 1's iteration cost rises 22%, near the 20%
+        // 60 the link runs at 4% of its rate: split 1's iteration cost rises 22%, near the 20%
         // that moves the cost's watch, whose window sees it through 10% noise on the storage
-        // stage; the link's rate (5% noise) falls 16x, and the model then puts split 2 13%
+        // stage; the link's rate (5% noise) falls 25x, and the model then puts split 2 13%
         // ahead.
         let truth = |s: Split, bandwidth: f64| {
             let e = costs(bandwidth).estimate(s);
             (e.storage, e.compute)
         };
-        let (fast, slow) = (1e9, 6.26e7);
+        let (fast, slow) = (1e9, 3.95e7);
         let (c_fast, c_slow) = (truth(Split::At(1), fast), truth(Split::At(1), slow));
         assert!(c_fast.1 > c_fast.0, "split 1 is compute-bound: {c_fast:?}");
         let rise = c_slow.0.max(c_slow.1) / c_fast.1;

@@ -76,9 +76,34 @@ pub fn now_unix() -> f64 {
         .map_or(0.0, |d| d.as_secs_f64())
 }
 
-/// How far the producer runs ahead of the consumer.
+/// When a run ends before its last batch: once `iterations` have ended, or at the end of the
+/// first iteration after `past_unix` (seconds since the Unix epoch). The batches still being
+/// fetched then are waited for and dropped, so that the storage tier is idle when the next run
+/// starts; the ones after them are not fetched.
+#[derive(Clone, Copy, Debug)]
+pub struct Until {
+    pub iterations: usize,
+    pub past_unix: f64,
+}
+
+impl Until {
+    /// Every batch.
+    pub const END: Self = Self {
+        iterations: usize::MAX,
+        past_unix: f64::INFINITY,
+    };
+
+    /// Whether a run stops once `ended` iterations have ended, the last at `now_unix`.
+    pub fn reached(&self, ended: usize, now_unix: f64) -> bool {
+        ended >= self.iterations || now_unix > self.past_unix
+    }
+}
+
+/// How far the producer runs ahead of the consumer, and where the run ends.
 #[derive(Clone, Copy, Debug)]
 pub struct Ahead {
+    /// Where the run ends ([`Until::END`]: after the last batch).
+    pub until: Until,
     /// Batches fetched and waiting for the consumer, at most.
     pub prefetch: usize,
     /// Batches being fetched at once.
@@ -89,7 +114,7 @@ pub struct Ahead {
 /// that split's source, `fetch_ahead` batches at a time (each a task of its own, so one that is
 /// done waits for the one before it without holding the others up), with up to `prefetch`
 /// batches buffered ahead of the consumer; calls `consume(batch, split)` on each in order on
-/// this thread, then `after` with its times.
+/// this thread, then `after` with its times; stops early at `until`.
 ///
 /// A batch's storage time is the time from its fetch's start, or the previous batch's arrival
 /// if later, to its own arrival: with one fetch at a time, the fetch's duration; with several,
@@ -100,6 +125,7 @@ pub fn run<F, A>(
     choice: &Choice,
     batches: Vec<Vec<Sample>>,
     Ahead {
+        until,
         prefetch,
         fetch_ahead,
     }: Ahead,
@@ -158,7 +184,7 @@ where
         loop {
             let waited = Instant::now();
             let Some((fetched, split, busy)) = rx.blocking_recv() else {
-                return Ok(());
+                return Ok(false);
             };
             times.starved += waited.elapsed().as_secs_f64();
             let fetched = fetched.with_context(|| format!("a batch at split {split}"))?;
@@ -179,10 +205,20 @@ where
             choice.observe(split, it.storage_s, it.compute_s, it.link_bps);
             after(&it);
             times.iterations.push(it);
+            if until.reached(times.iterations.len(), it.end_unix) {
+                return Ok(true);
+            }
         }
     })();
-    producer.abort();
-    result.map(|()| times)
+    if let Ok(true) = result {
+        // Stopped early: the producer's send fails once the receiver is gone, after the fetch
+        // in flight has ended (with several in flight, the others are dropped and aborted).
+        drop(rx);
+        let _ = rt.block_on(producer);
+    } else {
+        producer.abort();
+    }
+    result.map(|_| times)
 }
 
 /// A spawned fetch, aborted when dropped: when the job stops (an error, or the consumer gone),
@@ -203,5 +239,85 @@ impl<T> Future for AbortOnDrop<T> {
 impl<T> Drop for AbortOnDrop<T> {
     fn drop(&mut self) {
         self.0.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use object_store::ObjectStoreExt;
+
+    /// `n` batches of 2 small PNGs in an in-memory store, read as `none` reads them.
+    fn local(n: usize) -> (Runtime, HashMap<Split, Source>, Vec<Vec<Sample>>) {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let store = Arc::new(object_store::memory::InMemory::new());
+        let png = hapi_data::fashion_mnist::encode_png(&[128; 28 * 28], 28, 28).expect("png");
+        let samples: Vec<Sample> = (0..2 * n)
+            .map(|i| Sample {
+                key: format!("o/{i}.png"),
+                label: 0,
+                version: String::new(),
+            })
+            .collect();
+        rt.block_on(async {
+            for s in &samples {
+                store
+                    .put(&s.key.as_str().into(), png.clone().into())
+                    .await
+                    .expect("put");
+            }
+        });
+        let source = Source::Local {
+            store,
+            transform: hapi_preprocess::Transform::new(32, 28, [0.5; 3], [0.5; 3]),
+            in_flight: 2,
+            skip_bad: false,
+        };
+        let batches = samples.chunks(2).map(<[Sample]>::to_vec).collect();
+        (rt, [(Split::None, source)].into(), batches)
+    }
+
+    fn consumed(until: Until) -> (usize, usize) {
+        let (rt, sources, batches) = local(6);
+        let mut consumed = 0;
+        let times = run(
+            &rt,
+            sources,
+            &Choice::Fixed(Split::None),
+            batches,
+            Ahead {
+                until,
+                prefetch: 2,
+                fetch_ahead: 1,
+            },
+            |f, _| {
+                assert_eq!(f.keys.len(), 2);
+                consumed += 1;
+                Ok(())
+            },
+            |_| {},
+        )
+        .expect("run");
+        (consumed, times.iterations.len())
+    }
+
+    #[test]
+    fn a_run_ends_at_its_iterations_or_its_time() {
+        assert_eq!(consumed(Until::END), (6, 6));
+        let two = Until {
+            iterations: 2,
+            past_unix: f64::INFINITY,
+        };
+        assert_eq!(consumed(two), (2, 2));
+        // Past its time already: the first iteration ends it.
+        let late = Until {
+            iterations: usize::MAX,
+            past_unix: now_unix() - 1.0,
+        };
+        assert_eq!(consumed(late), (1, 1));
     }
 }

@@ -345,6 +345,12 @@ fn svg(sweeps: &[SweepResults], summary: &Summary) -> String {
             } else {
                 "#bbb"
             };
+            // A split stopped early (clearly slow) is drawn faint.
+            let faint = if case.stopped_after.is_some() {
+                r#" fill-opacity="0.4""#
+            } else {
+                ""
+            };
             let stroke = if case.split == sw.auto {
                 r##" stroke="#00f" stroke-width="2""##
             } else {
@@ -352,10 +358,14 @@ fn svg(sweeps: &[SweepResults], summary: &Summary) -> String {
             };
             let _ = writeln!(
                 s,
-                r#"<rect x="{x:.1}" y="{y:.1}" width="{:.1}" height="{bh:.1}" fill="{fill}"{stroke}><title>split {}: {:.2} s</title></rect>"#,
+                r#"<rect x="{x:.1}" y="{y:.1}" width="{:.1}" height="{bh:.1}" fill="{fill}"{stroke}{faint}><title>split {}: {:.2} s{}</title></rect>"#,
                 (bw - 1.0).max(0.5),
                 case.split,
-                case.seconds_measured()
+                case.seconds_measured(),
+                case.stopped_after.map_or(String::new(), |n| format!(
+                    " (extrapolated: stopped after {n} of {} iterations)",
+                    sw.iterations
+                )),
             );
         }
         let _ = writeln!(

@@ -24,6 +24,12 @@ impl Job {
     /// Measures both tiers and the network, estimates every split, and loads the candidates'
     /// segments on the host (one sample each), so that no training iteration pays for that.
     pub fn plan(&mut self) -> anyhow::Result<PlanReport> {
+        self.plan_over(self.iterations())
+    }
+
+    /// [`Self::plan`] for a run of `iterations` (the pipeline's filling and draining weigh more
+    /// in a short run, so the ranking depends on it).
+    pub(super) fn plan_over(&mut self, iterations: usize) -> anyhow::Result<PlanReport> {
         let started = Instant::now();
         let client = Arc::clone(self.client.as_ref().context("--split auto needs --host")?);
         let cfg = &self.cfg;
@@ -99,11 +105,12 @@ impl Job {
             .collect();
         let costs = Costs {
             batch: cfg.batch,
-            iterations: self.iterations(),
+            iterations,
             freeze,
             request_size: r,
             in_flight: cfg.in_flight,
-            host_decode: (big.server.read + big.server.decode) / n,
+            host_read: big.server.read / n,
+            host_decode: big.server.decode / n,
             host_layer: host_profile
                 .layers
                 .iter()

@@ -27,10 +27,11 @@ pub(super) fn ms(s: f64) -> String {
 pub fn print_plan(p: &PlanReport) {
     let c = &p.costs;
     eprintln!(
-        "plan ({:.1} s of measuring): bandwidth {:.1} MB/s, request latency {} ms, host decode {} ms/sample, local decode {} ms/sample, store read {:.1} MB/s, head step {} ms",
+        "plan ({:.1} s of measuring): bandwidth {:.1} MB/s, request latency {} ms, host read {} and decode {} ms/sample, local decode {} ms/sample, store read {:.1} MB/s, head step {} ms",
         p.plan_s,
         c.bandwidth / 1e6,
         ms(c.latency),
+        ms(c.host_read),
         ms(c.host_decode),
         ms(c.local_decode),
         c.store_bandwidth / 1e6,

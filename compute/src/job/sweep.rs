@@ -1,10 +1,10 @@
-//! `--sweep`: every split measured for a fixed number of iterations, the fastest few again for
-//! the whole run, then `--split auto`'s online adaptation for that run on the same batches (the
-//! split-choice evaluation).
+//! `--sweep`: every split measured for a fixed number of iterations (or until it is clearly
+//! slow), the fastest few again for the whole run, then `--split auto`'s online adaptation for
+//! that run on the same batches (the split-choice evaluation).
 
 use crate::adapt::{Choice, Move};
-use crate::pipeline::Iteration;
-use crate::plan::{Estimate, Split};
+use crate::pipeline::{Iteration, Until};
+use crate::plan::{Costs, Estimate, Split};
 use anyhow::Context;
 use serde::{Deserialize, Serialize};
 
@@ -16,6 +16,13 @@ use super::train::Job;
 /// runs. The best of some 30 short, noisy runs is biased low (the luckiest one); the best fixed
 /// split is judged on runs as long as the adaptive one.
 pub const FINALISTS: usize = 2;
+
+/// A short run stops once its wall time passes this many times the fastest complete short run
+/// so far (the splits run in the model's order, fastest predicted first): such a split is
+/// neither a finalist nor within 5% of the best, and its time, extrapolated from the iterations
+/// it ran, says as much. `none` always runs all of its iterations (the speed-up over it is
+/// reported).
+pub const SCREEN_CUTOFF: f64 = 2.0;
 
 /// A fixed split's run on all of the adaptive run's batches.
 #[derive(Clone, Copy, Debug, Serialize, Deserialize)]
@@ -31,8 +38,13 @@ pub struct FullRun {
 pub struct SweepCase {
     pub split: Split,
     /// Wall time of its `iterations` iterations (batches spread evenly over the adaptive run's,
-    /// then `--prefetch` more that are not timed).
+    /// then `--prefetch` more that are fetched but not timed), extrapolated from the
+    /// iterations it ran when it was stopped early.
     pub seconds: f64,
+    /// Iterations run when the short run was stopped before `iterations`, past
+    /// [`SCREEN_CUTOFF`] times the fastest short run.
+    #[serde(default)]
+    pub stopped_after: Option<usize>,
     /// The same pipeline run for the adaptive run's `adaptive_iterations`: its first
     /// iteration's end, then its steady pace (the mean interval between iteration ends).
     pub seconds_at_adaptive: f64,
@@ -115,7 +127,8 @@ impl Job {
     /// `--sweep`: measures the tiers as `auto` would; runs the adaptive run's batches once at
     /// split `freeze` without training, so that every run reads objects the storage tier has
     /// read before; runs `none` and every split 0..=freeze on `--max-iters` of those batches
-    /// spread evenly over them; the [`FINALISTS`] fastest of those again on all
+    /// spread evenly over them, in the model's order, stopping a split past [`SCREEN_CUTOFF`]
+    /// times the fastest so far; the [`FINALISTS`] fastest of those again on all
     /// `adaptive_iters`; then `auto`'s online adaptation on all `adaptive_iters`.
     pub fn sweep(mut self, adaptive_iters: usize) -> anyhow::Result<SweepResults> {
         let k = self.iterations();
@@ -128,7 +141,14 @@ impl Job {
             self.cfg.batch
         );
         eprintln!("sweep: measuring the tiers as --split auto would");
-        let plan = self.plan()?;
+        // Ranked for the adaptive run's length, which `auto` below is seeded with (ranked for
+        // the short runs' `k`, filling and draining the pipeline would count for two of five
+        // iterations and favour splits with little compute-tier work).
+        let plan = self.plan_over(adaptive_iters)?;
+        let short = Costs {
+            iterations: k,
+            ..plan.costs.clone()
+        };
         print_plan(&plan);
         eprintln!(
             "sweep: reading the {adaptive_iters} batches once at split {} (not timed)",
@@ -140,6 +160,7 @@ impl Job {
             all.clone(),
             &pb,
             false,
+            Until::END,
             |_, _, _| Ok(()),
         )?;
         pb.finish_and_clear();
@@ -151,19 +172,43 @@ impl Job {
             .map(|j| all[j * adaptive_iters / (k + tail)].clone())
             .collect();
         let mut cases = Vec::new();
-        let candidates: Vec<Split> = std::iter::once(Split::None)
+        // The model's order, fastest predicted first, so that the cutoff is tight early.
+        let mut candidates: Vec<Split> = std::iter::once(Split::None)
             .chain((0..=self.freeze).map(Split::At))
             .collect();
+        candidates.sort_by(|&a, &b| short.estimate(a).epoch.total_cmp(&short.estimate(b).epoch));
+        let mut fastest = f64::INFINITY;
         for split in candidates {
             let start = crate::pipeline::now_unix();
-            let r = self.train_batches(0, &Choice::Fixed(split), picked.clone())?;
+            let until = Until {
+                iterations: k,
+                past_unix: if split == Split::None {
+                    f64::INFINITY
+                } else {
+                    start + SCREEN_CUTOFF * fastest
+                },
+            };
+            let r = self.train_until(0, &Choice::Fixed(split), picked.clone(), until)?;
             let timed = &r.trace[..k.min(r.trace.len())];
-            let wall = timed.last().map_or(f64::NAN, |i| i.end_unix - start);
-            let predicted = plan.costs.estimate(split);
+            let stopped_after = (timed.len() < k).then_some(timed.len());
+            let wall = match stopped_after {
+                Some(_) => extrapolate(start, timed, k),
+                None => timed.last().map_or(f64::NAN, |i| i.end_unix - start),
+            };
+            if stopped_after.is_none() {
+                fastest = fastest.min(wall);
+            }
+            let predicted = short.estimate(split);
             let at_n = extrapolate(start, timed, adaptive_iters);
+            let ran = match stopped_after {
+                Some(n) => format!(
+                    "stopped after {n} it, past {SCREEN_CUTOFF}x the fastest ({:.2} s for {k}); {wall:.2} s for {k} extrapolated",
+                    fastest
+                ),
+                None => format!("{wall:.2} s for {k} it"),
+            };
             eprintln!(
-                "sweep: split {split:>4}: {:.2} s for {k} it ({:.2} s for {adaptive_iters}; predicted {:.2} s for {k}), storage {} / compute {} ms/it, {:.1} MB",
-                wall,
+                "sweep: split {split:>4}: {ran} ({:.2} s for {adaptive_iters}; predicted {:.2} s for {k}), storage {} / compute {} ms/it, {:.1} MB",
                 at_n,
                 predicted.epoch,
                 ms(r.storage_stage_s),
@@ -173,6 +218,7 @@ impl Job {
             cases.push(SweepCase {
                 split,
                 seconds: wall,
+                stopped_after,
                 seconds_at_adaptive: at_n,
                 pace_s: pace(start, timed),
                 storage_stage_s: r.storage_stage_s,
@@ -182,8 +228,13 @@ impl Job {
                 full: None,
             });
         }
+        cases.sort_by_key(|c| c.split);
         // The adaptive run's batches, and the same tail after them: timed to the end of its
-        // last.
+        // last, where the run stops (the tail's fetches have overlapped its last iterations).
+        let whole = Until {
+            iterations: adaptive_iters,
+            past_unix: f64::INFINITY,
+        };
         let mut batches = all;
         let again: Vec<_> = batches.iter().take(tail).cloned().collect();
         batches.extend(again);
@@ -199,7 +250,7 @@ impl Job {
         for &i in order.iter().take(FINALISTS) {
             let split = cases[i].split;
             let start = crate::pipeline::now_unix();
-            let r = self.train_batches(0, &Choice::Fixed(split), batches.clone())?;
+            let r = self.train_until(0, &Choice::Fixed(split), batches.clone(), whole)?;
             let timed = &r.trace[..adaptive_iters.min(r.trace.len())];
             let full = FullRun {
                 seconds: timed.last().map_or(f64::NAN, |it| it.end_unix - start),
@@ -215,7 +266,7 @@ impl Job {
         }
         let choice = self.adaptive(&plan.costs);
         let start = crate::pipeline::now_unix();
-        let r = self.train_batches(1, &choice, batches)?;
+        let r = self.train_until(1, &choice, batches, whole)?;
         let auto_s = r
             .trace
             .get(adaptive_iters - 1)

@@ -5,7 +5,7 @@ use crate::adapt::{AdaptConfig, Adaptive, Choice};
 use crate::dataset::{Dataset, Limits, Sample, epoch_order};
 use crate::features::{self, FeatureStore, Identity};
 use crate::head::Head;
-use crate::pipeline::{self, Iteration, StageTimes};
+use crate::pipeline::{self, Iteration, StageTimes, Until};
 use crate::plan::Split;
 use crate::source::{Fetched, Source};
 use anyhow::{Context, bail};
@@ -342,6 +342,7 @@ impl Job {
         batches: Vec<Vec<Sample>>,
         pb: &ProgressBar,
         training: bool,
+        until: Until,
         mut step: impl FnMut(&mut Head, &Tensor, &Tensor) -> anyhow::Result<()>,
     ) -> anyhow::Result<(StageTimes, Traffic, bool)> {
         let mut traffic = Traffic::default();
@@ -359,14 +360,18 @@ impl Job {
                     .cached_tensor(batch)
                     .context("feature cache incomplete")?;
                 step(&mut self.head, &x, &y)?;
+                let end_unix = pipeline::now_unix();
                 times.iterations.push(Iteration {
                     split: choice.current(),
                     storage_s: 0.0,
                     compute_s: started.elapsed().as_secs_f64(),
-                    end_unix: pipeline::now_unix(),
+                    end_unix,
                     link_bps: None,
                 });
                 pb.inc(1);
+                if until.reached(times.iterations.len(), end_unix) {
+                    break;
+                }
             }
             return Ok((times, traffic, true));
         }
@@ -381,6 +386,7 @@ impl Job {
             choice,
             batches,
             pipeline::Ahead {
+                until,
                 prefetch: self.cfg.prefetch,
                 // With several hosts, the batches ahead are fetched at once, so that every
                 // host has requests and none idles while another finishes a batch; with one,
@@ -472,6 +478,17 @@ impl Job {
         choice: &Choice,
         batches: Vec<Vec<Sample>>,
     ) -> anyhow::Result<EpochResult> {
+        self.train_until(epoch, choice, batches, Until::END)
+    }
+
+    /// [`Self::train_batches`], ending early at `until` (the sweep's measuring runs).
+    pub(super) fn train_until(
+        &mut self,
+        epoch: usize,
+        choice: &Choice,
+        batches: Vec<Vec<Sample>>,
+        until: Until,
+    ) -> anyhow::Result<EpochResult> {
         let pb = self.progress(batches.len(), format!("epoch {}", epoch + 1));
         let started = Instant::now();
         let first_iteration = self.iteration;
@@ -480,17 +497,18 @@ impl Job {
         let mut samples = 0usize;
         let retries_before = self.client.as_ref().map_or(0, |c| c.retries());
         let hedges_before = self.client.as_ref().map_or(0, |c| c.hedges());
-        let (times, traffic, cached) = self.feed(choice, batches, &pb, true, |head, x, y| {
-            let loss = head.train_step(x, y);
-            samples += x.size()[0] as usize;
-            losses.push(loss);
-            let el = started.elapsed().as_secs_f64();
-            pb.set_message(format!(
-                "{:.0} samples/s  loss {loss:.4}",
-                samples as f64 / el.max(1e-9)
-            ));
-            Ok(())
-        })?;
+        let (times, traffic, cached) =
+            self.feed(choice, batches, &pb, true, until, |head, x, y| {
+                let loss = head.train_step(x, y);
+                samples += x.size()[0] as usize;
+                losses.push(loss);
+                let el = started.elapsed().as_secs_f64();
+                pb.set_message(format!(
+                    "{:.0} samples/s  loss {loss:.4}",
+                    samples as f64 / el.max(1e-9)
+                ));
+                Ok(())
+            })?;
         pb.finish_and_clear();
         let wall = started.elapsed().as_secs_f64();
         let moves = choice.moves().split_off(moves_before);
@@ -543,11 +561,12 @@ impl Job {
         let pb = self.progress(batches.len(), "test".into());
         let mut correct = 0i64;
         let mut total = 0i64;
-        let (_, traffic, _) = self.feed(&choice, batches, &pb, false, |head, x, y| {
-            correct += head.correct(x, y);
-            total += x.size()[0];
-            Ok(())
-        })?;
+        let (_, traffic, _) =
+            self.feed(&choice, batches, &pb, false, Until::END, |head, x, y| {
+                correct += head.correct(x, y);
+                total += x.size()[0];
+                Ok(())
+            })?;
         pb.finish_and_clear();
         Ok((correct as f64 / total.max(1) as f64, traffic.skipped))
     }

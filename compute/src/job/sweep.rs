@@ -172,13 +172,13 @@ impl Job {
             .map(|j| all[j * adaptive_iters / (k + tail)].clone())
             .collect();
         let mut cases = Vec::new();
-        // The model's order, fastest predicted first, so that the cutoff is tight early.
-        let mut candidates: Vec<Split> = std::iter::once(Split::None)
-            .chain((0..=self.freeze).map(Split::At))
-            .collect();
-        candidates.sort_by(|&a, &b| short.estimate(a).epoch.total_cmp(&short.estimate(b).epoch));
+        // Every candidate (`none` and 0..=freeze) in the model's order, fastest predicted
+        // first, so that the cutoff is tight early.
+        let mut candidates = short.estimates();
+        candidates.sort_by(|a, b| a.epoch.total_cmp(&b.epoch));
         let mut fastest = f64::INFINITY;
-        for split in candidates {
+        for predicted in candidates {
+            let split = predicted.split;
             let start = crate::pipeline::now_unix();
             let until = Until {
                 iterations: k,
@@ -191,14 +191,11 @@ impl Job {
             let r = self.train_until(0, &Choice::Fixed(split), picked.clone(), until)?;
             let timed = &r.trace[..k.min(r.trace.len())];
             let stopped_after = (timed.len() < k).then_some(timed.len());
-            let wall = match stopped_after {
-                Some(_) => extrapolate(start, timed, k),
-                None => timed.last().map_or(f64::NAN, |i| i.end_unix - start),
-            };
+            // The measured wall time when all `k` ran (first end, then `k - 1` intervals).
+            let wall = extrapolate(start, timed, k);
             if stopped_after.is_none() {
                 fastest = fastest.min(wall);
             }
-            let predicted = short.estimate(split);
             let at_n = extrapolate(start, timed, adaptive_iters);
             let ran = match stopped_after {
                 Some(n) => format!(

@@ -77,9 +77,10 @@ pub fn now_unix() -> f64 {
 }
 
 /// When a run ends before its last batch: once `iterations` have ended, or at the end of the
-/// first iteration after `past_unix` (seconds since the Unix epoch). The batches still being
-/// fetched then are waited for and dropped, so that the storage tier is idle when the next run
-/// starts; the ones after them are not fetched.
+/// first iteration after `past_unix` (seconds since the Unix epoch). The fetches still in
+/// flight then are dropped: their connections close, so the link carries nothing more for them
+/// and a storage host stops the invocations (it stops one whose client went away); the
+/// batches after them are not fetched.
 #[derive(Clone, Copy, Debug)]
 pub struct Until {
     pub iterations: usize,
@@ -184,7 +185,7 @@ where
         loop {
             let waited = Instant::now();
             let Some((fetched, split, busy)) = rx.blocking_recv() else {
-                return Ok(false);
+                return Ok(());
             };
             times.starved += waited.elapsed().as_secs_f64();
             let fetched = fetched.with_context(|| format!("a batch at split {split}"))?;
@@ -206,19 +207,16 @@ where
             after(&it);
             times.iterations.push(it);
             if until.reached(times.iterations.len(), it.end_unix) {
-                return Ok(true);
+                return Ok(());
             }
         }
     })();
-    if let Ok(true) = result {
-        // Stopped early: the producer's send fails once the receiver is gone, after the fetch
-        // in flight has ended (with several in flight, the others are dropped and aborted).
-        drop(rx);
-        let _ = rt.block_on(producer);
-    } else {
-        producer.abort();
-    }
-    result.map(|_| times)
+    // Done, stopped early or failed: the producer and the fetches it has in flight are dropped
+    // (each fetch is aborted with it), and waited for.
+    drop(rx);
+    producer.abort();
+    let _ = rt.block_on(producer);
+    result.map(|()| times)
 }
 
 /// A spawned fetch, aborted when dropped: when the job stops (an error, or the consumer gone),
@@ -319,5 +317,123 @@ mod tests {
             past_unix: now_unix() - 1.0,
         };
         assert_eq!(consumed(late), (1, 1));
+    }
+
+    /// A storage host on a real socket that answers the first invocation with two samples of
+    /// one feature and never answers the others; it reports each unanswered request's
+    /// connection closing on `closed`.
+    fn answers_once(closed: std::sync::mpsc::Sender<()>) -> String {
+        use std::io::{BufRead, BufReader, Read, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let url = format!("http://{}", listener.local_addr().expect("addr"));
+        let answered = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(conn) = conn else { return };
+                let (answered, closed) = (Arc::clone(&answered), closed.clone());
+                std::thread::spawn(move || {
+                    let mut reader = BufReader::new(conn.try_clone().expect("clone"));
+                    let mut writer = conn;
+                    loop {
+                        let mut length = 0;
+                        loop {
+                            let mut line = String::new();
+                            if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                                let _ = closed.send(());
+                                return;
+                            }
+                            let lower = line.to_ascii_lowercase();
+                            if let Some(v) = lower.strip_prefix("content-length:") {
+                                length = v.trim().parse().expect("length");
+                            }
+                            if line == "\r\n" {
+                                break;
+                            }
+                        }
+                        let mut body = vec![0; length];
+                        reader.read_exact(&mut body).expect("body");
+                        if answered.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                            // Never answered: wait for the client to go away.
+                            let mut rest = Vec::new();
+                            let _ = reader.read_to_end(&mut rest);
+                            let _ = closed.send(());
+                            return;
+                        }
+                        let data = [0u8; 8];
+                        let mut out = hapi_wire::tensor::header(
+                            hapi_wire::tensor::Dtype::F32,
+                            &[2, 1],
+                            8,
+                            &Default::default(),
+                        )
+                        .expect("header");
+                        out.extend_from_slice(&data);
+                        let head = format!(
+                            "HTTP/1.1 200 OK\r\ncontent-type: application/vnd.safetensors\r\ncontent-length: {}\r\n\r\n",
+                            out.len()
+                        );
+                        writer.write_all(head.as_bytes()).expect("head");
+                        writer.write_all(&out).expect("body");
+                    }
+                });
+            }
+        });
+        url
+    }
+
+    #[test]
+    fn a_run_that_stops_drops_the_fetches_in_flight() {
+        let (closed_tx, closed) = std::sync::mpsc::channel();
+        let url = answers_once(closed_tx);
+        let (rt, _, batches) = local(4);
+        let client = hapi_client::StorageClient::new(
+            vec![url],
+            "token".into(),
+            "feature-extract".into(),
+            hapi_client::RetryPolicy::default(),
+        )
+        .expect("client");
+        let source = Source::Pushdown {
+            client: Arc::new(client),
+            bucket: "b".into(),
+            model: "m".into(),
+            split: 1,
+            request_size: 2,
+            in_flight: 1,
+            skip_bad: false,
+            placement: None,
+        };
+        let (done_tx, done) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let one = Until {
+                iterations: 1,
+                past_unix: f64::INFINITY,
+            };
+            let times = run(
+                &rt,
+                [(Split::At(1), source)].into(),
+                &Choice::Fixed(Split::At(1)),
+                batches,
+                Ahead {
+                    until: one,
+                    prefetch: 2,
+                    fetch_ahead: 1,
+                },
+                |_, _| Ok(()),
+                |_| {},
+            )
+            .map(|t| t.iterations.len());
+            let _ = done_tx.send(times.map_err(|e| e.to_string()));
+        });
+        // The first batch is answered and trained on; the run stops there, without waiting for
+        // the second batch's request, which the host never answers.
+        let ran = done
+            .recv_timeout(std::time::Duration::from_secs(60))
+            .expect("the run ended without the unanswered fetch");
+        assert_eq!(ran, Ok(1));
+        // And that request's connection was closed: the host knows the client left.
+        closed
+            .recv_timeout(std::time::Duration::from_secs(60))
+            .expect("the unanswered request's connection closed");
     }
 }

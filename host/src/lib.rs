@@ -181,6 +181,19 @@ impl Host {
         function: &Function,
         req: InvokeRequest,
     ) -> Finished {
+        self.invoke_using(tenant, function, req, Arc::default())
+            .await
+    }
+
+    /// [`Host::invoke`], recording what the invocation reads and computes in `usage` as it
+    /// goes, so that it can be charged when the future is dropped before the end.
+    pub async fn invoke_using(
+        &self,
+        tenant: &Arc<Tenant>,
+        function: &Function,
+        req: InvokeRequest,
+        usage: Arc<account::Usage>,
+    ) -> Finished {
         let mut meta = BTreeMap::from([
             ("function".to_string(), function.name.clone()),
             ("tenant".to_string(), tenant.name.clone()),
@@ -199,7 +212,7 @@ impl Host {
             options: req.options.into_iter().collect(),
         };
         self.runtime
-            .invoke(tenant, &function.prepared, invocation, meta)
+            .invoke(tenant, &function.prepared, invocation, meta, usage)
             .await
     }
 

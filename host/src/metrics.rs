@@ -22,6 +22,9 @@ type Family = (
     fn(&Series) -> String,
 );
 
+/// The outcome code of an invocation stopped because its client closed the connection.
+pub const CLIENT_CLOSED: &str = "client_closed";
+
 /// Per tenant, function and outcome code.
 #[derive(Debug, Default)]
 pub struct Metrics {

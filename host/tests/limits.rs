@@ -4,8 +4,12 @@
 mod common;
 
 use common::{BOB, CLOCKY, TIGHT, TestHost, error_code, hostile, raw};
+use hapi_host::policy::hash_token;
 use serde_json::json;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
 
 /// Bob reads his own object: the host still serves other tenants.
 async fn others_still_served(h: &TestHost) {
@@ -527,4 +531,131 @@ async fn time_limit_holds_inside_a_large_compute_pooled_or_not() {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
+}
+
+const HANGUP: &str = "hangup-token";
+
+/// Sends `POST /v1/invoke/{function}` on a connection of its own and returns the connection
+/// without reading the answer; dropping it hangs up.
+async fn send_raw(url: &str, token: &str, function: &str, body: &serde_json::Value) -> TcpStream {
+    let addr = url.trim_start_matches("http://");
+    let body = body.to_string();
+    let request = format!(
+        "POST /v1/invoke/{function} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let mut stream = TcpStream::connect(addr).await.expect("connect");
+    stream
+        .write_all(request.as_bytes())
+        .await
+        .expect("send the request");
+    stream
+}
+
+/// Invokes until the tenant's one slot takes the call (not 429), and returns its answer.
+async fn when_admitted(
+    h: &TestHost,
+    body: serde_json::Value,
+    patience: Duration,
+) -> reqwest::Response {
+    let until = Instant::now() + patience;
+    loop {
+        let resp = h.invoke(HANGUP, "hostile", body.clone()).await;
+        if resp.status() != 429 || Instant::now() > until {
+            return resp;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Tenant `hangup`'s invocations running now.
+fn running(h: &TestHost) -> usize {
+    let tenant = Arc::clone(&h.host.policy().tenants["hangup"]);
+    h.host.admission(&tenant).load().0
+}
+
+/// Waits (30 s at most) until tenant `hangup` has `n` invocations running.
+async fn wait_for(h: &TestHost, n: usize, what: &str, why: &str) {
+    let until = Instant::now() + Duration::from_secs(30);
+    while running(h) != n {
+        assert!(
+            Instant::now() < until,
+            "{what}: waited 30 s for the call {why}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// The value of metric `name` for tenant `hangup`'s `hostile` calls with outcome `code`.
+fn metric(text: &str, name: &str, code: &str) -> Option<f64> {
+    let series = format!("{name}{{tenant=\"hangup\",function=\"hostile\",code=\"{code}\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&series))
+        .map(|v| v.parse().expect("a number"))
+}
+
+/// A client that hangs up stops its invocation, and the tenant is still charged for what it
+/// used. Tenant `hangup` may run one call at once and queue none, with a 60 s limit: a guest
+/// that reads an object (or runs a model segment) and then never returns holds the slot until
+/// its client closes the connection; then the slot is free at once (the next call runs, long
+/// before the 60 s), and the metrics count the abandoned calls under `client_closed` with the
+/// bytes they read and their device time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_hangs_up_stops_its_invocation_and_is_charged_for_it() {
+    let h = common::start_tenants(|store, state| {
+        let mut text = common::policy_text(store, state);
+        text.push_str(&format!(
+            "\n[tenants.hangup]\ntoken_sha256 = \"{}\"\ngrants = [{{ bucket = \"datasets\", prefix = \"fashion-mnist/\" }}]\nmodels = [\"resnet18\"]\nmemory = \"512MiB\"\ntimeout = \"60s\"\nconcurrency = 1\nqueue = 0\n[tenants.hangup.functions]\nhostile = \"{}\"\n",
+            hash_token(HANGUP),
+            common::guest("hostile").display()
+        ));
+        text
+    })
+    .await;
+    let read = hostile("read", &[], &["fashion-mnist/small.bin"]);
+    // The model loaded before the call that computes hangs.
+    let segment = hostile(
+        "graph",
+        &[
+            ("graph", "resnet18[0..4]"),
+            ("dims", "1,3,224,224"),
+            ("bytes", "602112"),
+            ("count", "2"),
+        ],
+        &[],
+    );
+    let warm = when_admitted(&h, segment.clone(), Duration::from_secs(120)).await;
+    assert_eq!(warm.status(), 200, "{:?}", warm.text().await);
+    for (what, body) in [("a read", &read), ("a model segment", &segment)] {
+        let mut hanging = body.clone();
+        hanging["options"]["hang"] = "yes".into();
+        let conn = send_raw(&h.url, HANGUP, "hostile", &hanging).await;
+        wait_for(&h, 1, what, "to run").await;
+        // Time for its work before it hangs (a few milliseconds of it).
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert_eq!(running(&h), 1, "{what}: the call ended by itself");
+        let hung_up = Instant::now();
+        drop(conn);
+        wait_for(&h, 0, what, "to give its slot back").await;
+        assert!(
+            hung_up.elapsed() < Duration::from_secs(30),
+            "{what}: the slot was held {:?} after the client left",
+            hung_up.elapsed()
+        );
+        let resp = h.invoke(HANGUP, "hostile", read.clone()).await;
+        assert_eq!(resp.status(), 200, "{what}: {:?}", resp.text().await);
+    }
+    let text = h.metrics().await;
+    let closed = |name| metric(&text, name, "client_closed");
+    assert_eq!(closed("hapi_invocations_total"), Some(2.0), "{text}");
+    assert_eq!(closed("hapi_read_bytes_total"), Some(1024.0), "{text}");
+    assert!(
+        closed("hapi_compute_seconds_total").expect("compute") > 0.0,
+        "{text}"
+    );
+    assert_eq!(closed("hapi_output_bytes_total"), Some(0.0), "{text}");
+    assert!(
+        closed("hapi_invocation_seconds_total").expect("seconds") >= 4.0,
+        "{text}"
+    );
 }

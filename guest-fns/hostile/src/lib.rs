@@ -12,7 +12,8 @@
 //! `prefix`), `panic`, `bad-output` (dimensions that do not match the data), `long-error`
 //! (fail with a `bytes`-byte message), `wide-output` (a tensor of `rank` dimensions of 1 and
 //! one byte), `claim-io` (claim a store failure that did not happen), `recurse` (recurse `depth`
-//! calls deep).
+//! calls deep). With option `hang` (any value), the guest never returns after the mode's work:
+//! a caller that gives up on it still had that work done on its behalf.
 
 #[allow(clippy::too_many_arguments)] // generated bindings
 mod bindings {
@@ -53,133 +54,145 @@ fn bytes_out(data: Vec<u8>) -> TensorOut {
     }
 }
 
+/// Never returns.
+fn spin() -> ! {
+    let mut x: u64 = 0;
+    loop {
+        x = std::hint::black_box(x.wrapping_add(1));
+    }
+}
+
 impl Guest for Hostile {
     fn run(inv: Invocation) -> Result<TensorOut, Error> {
-        match option(&inv, "mode").unwrap_or("") {
-            "alloc" => {
-                let n = number(&inv, "bytes")? as usize;
-                let mut v: Vec<u8> = Vec::new();
-                v.resize(n, 1);
-                // Touch every page, and return something that depends on it.
-                let sum = v.iter().step_by(4096).map(|&b| u64::from(b)).sum::<u64>();
-                Ok(bytes_out(sum.to_le_bytes().to_vec()))
-            }
-            "loop" => {
-                let mut x: u64 = 0;
-                loop {
-                    x = std::hint::black_box(x.wrapping_add(1));
-                }
-            }
-            "output" => Ok(bytes_out(vec![7; number(&inv, "bytes")? as usize])),
-            "spin" => {
-                let mut x: u64 = 0;
-                for _ in 0..number(&inv, "iterations")? {
-                    x = std::hint::black_box(x.wrapping_add(1));
-                }
-                Ok(bytes_out(x.to_le_bytes().to_vec()))
-            }
-            "read" => {
-                let mut all = Vec::new();
-                for key in &inv.keys {
-                    all.extend(objects::get(&inv.bucket, key).map_err(Error::Object)?);
-                }
-                Ok(bytes_out(all))
-            }
-            "list" => {
-                let prefix = option(&inv, "prefix").unwrap_or("");
-                let keys = objects::list(&inv.bucket, prefix, 1000).map_err(Error::Object)?;
-                let names: Vec<String> = keys.into_iter().map(|m| m.key).collect();
-                Ok(bytes_out(names.join("\n").into_bytes()))
-            }
-            "graph" => {
-                let name = option(&inv, "graph").unwrap_or("");
-                let dims: Vec<u32> = option(&inv, "dims")
-                    .unwrap_or("1")
-                    .split(',')
-                    .map(|d| d.parse().unwrap_or(0))
-                    .collect();
-                let n = number(&inv, "bytes")? as usize;
-                let count = number(&inv, "count").unwrap_or(1);
-                let g = graph::load_by_name(name)
-                    .map_err(|e| Error::Inference(format!("{:?}: {}", e.code(), e.data())))?;
-                let ctx = g
-                    .init_execution_context()
-                    .map_err(|e| Error::Inference(e.data()))?;
-                let data = vec![0u8; n];
-                let mut kept = Vec::new();
-                for _ in 0..count {
-                    let t = tensor::Tensor::new(&dims, tensor::TensorType::Fp32, &data);
-                    let out = ctx
-                        .compute(vec![("input".to_string(), t)])
-                        .map_err(|e| Error::Inference(format!("{:?}: {}", e.code(), e.data())))?;
-                    kept.extend(out);
-                }
-                Ok(bytes_out(kept.len().to_le_bytes().to_vec()))
-            }
-            "range" => {
-                let key = inv.keys.first().map(String::as_str).unwrap_or("");
-                let (offset, length) = (number(&inv, "offset")?, number(&inv, "length")?);
-                let data =
-                    objects::get_range(&inv.bucket, key, offset, length).map_err(Error::Object)?;
-                Ok(bytes_out(data))
-            }
-            "dims" => {
-                let (count, rank) = (number(&inv, "count")?, number(&inv, "rank")? as usize);
-                let dims = vec![1u32; rank];
-                let kept: Vec<tensor::Tensor> = (0..count)
-                    .map(|_| tensor::Tensor::new(&dims, tensor::TensorType::Fp32, &[0; 4]))
-                    .collect();
-                Ok(bytes_out((kept.len() as u64).to_le_bytes().to_vec()))
-            }
-            "names" => {
-                let (count, n) = (number(&inv, "count")?, number(&inv, "bytes")? as usize);
-                let name = format!("{}[0..1]", "a".repeat(n));
-                let kept: Vec<_> = (0..count)
-                    .filter_map(|_| graph::load_by_name(&name).err())
-                    .collect();
-                Ok(bytes_out((kept.len() as u64).to_le_bytes().to_vec()))
-            }
-            "graphs" => {
-                let mut kept = Vec::new();
-                for name in option(&inv, "graphs").unwrap_or("").split(',') {
-                    let g = graph::load_by_name(name).map_err(|e| {
-                        Error::Inference(format!("{name}: {:?}: {}", e.code(), e.data()))
-                    })?;
-                    kept.push(g);
-                }
-                Ok(bytes_out((kept.len() as u64).to_le_bytes().to_vec()))
-            }
-            "long-error" => Err(Error::BadRequest(
-                "e".repeat(number(&inv, "bytes")? as usize),
-            )),
-            "wide-output" => Ok(TensorOut {
-                dimensions: vec![1; number(&inv, "rank")? as usize],
-                ty: ElementType::U8,
-                data: vec![1],
-            }),
-            "recurse" => {
-                let sum = recurse(number(&inv, "depth")?);
-                Ok(bytes_out(sum.to_le_bytes().to_vec()))
-            }
-            "claim-io" => Err(Error::Object(objects::ObjectError::Io(
-                "the disk is on fire".into(),
-            ))),
-            "tensors" => {
-                let (count, n) = (number(&inv, "count")?, number(&inv, "bytes")? as usize);
-                let data = vec![0u8; n];
-                let kept: Vec<tensor::Tensor> = (0..count)
-                    .map(|_| tensor::Tensor::new(&[n as u32 / 4], tensor::TensorType::Fp32, &data))
-                    .collect();
-                Ok(bytes_out((kept.len() as u64).to_le_bytes().to_vec()))
-            }
-            "panic" => panic!("hostile guest panics on request"),
-            "bad-output" => Ok(TensorOut {
-                dimensions: vec![1000, 1000],
-                ty: ElementType::F32,
-                data: vec![0; 16],
-            }),
-            other => Err(Error::BadRequest(format!("unknown mode `{other}`"))),
+        let out = act(&inv);
+        if option(&inv, "hang").is_some() {
+            spin();
         }
+        out
+    }
+}
+
+/// What `mode` asks for.
+fn act(inv: &Invocation) -> Result<TensorOut, Error> {
+    match option(inv, "mode").unwrap_or("") {
+        "alloc" => {
+            let n = number(inv, "bytes")? as usize;
+            let mut v: Vec<u8> = Vec::new();
+            v.resize(n, 1);
+            // Touch every page, and return something that depends on it.
+            let sum = v.iter().step_by(4096).map(|&b| u64::from(b)).sum::<u64>();
+            Ok(bytes_out(sum.to_le_bytes().to_vec()))
+        }
+        "loop" => spin(),
+        "output" => Ok(bytes_out(vec![7; number(inv, "bytes")? as usize])),
+        "spin" => {
+            let mut x: u64 = 0;
+            for _ in 0..number(inv, "iterations")? {
+                x = std::hint::black_box(x.wrapping_add(1));
+            }
+            Ok(bytes_out(x.to_le_bytes().to_vec()))
+        }
+        "read" => {
+            let mut all = Vec::new();
+            for key in &inv.keys {
+                all.extend(objects::get(&inv.bucket, key).map_err(Error::Object)?);
+            }
+            Ok(bytes_out(all))
+        }
+        "list" => {
+            let prefix = option(inv, "prefix").unwrap_or("");
+            let keys = objects::list(&inv.bucket, prefix, 1000).map_err(Error::Object)?;
+            let names: Vec<String> = keys.into_iter().map(|m| m.key).collect();
+            Ok(bytes_out(names.join("\n").into_bytes()))
+        }
+        "graph" => {
+            let name = option(inv, "graph").unwrap_or("");
+            let dims: Vec<u32> = option(inv, "dims")
+                .unwrap_or("1")
+                .split(',')
+                .map(|d| d.parse().unwrap_or(0))
+                .collect();
+            let n = number(inv, "bytes")? as usize;
+            let count = number(inv, "count").unwrap_or(1);
+            let g = graph::load_by_name(name)
+                .map_err(|e| Error::Inference(format!("{:?}: {}", e.code(), e.data())))?;
+            let ctx = g
+                .init_execution_context()
+                .map_err(|e| Error::Inference(e.data()))?;
+            let data = vec![0u8; n];
+            let mut kept = Vec::new();
+            for _ in 0..count {
+                let t = tensor::Tensor::new(&dims, tensor::TensorType::Fp32, &data);
+                let out = ctx
+                    .compute(vec![("input".to_string(), t)])
+                    .map_err(|e| Error::Inference(format!("{:?}: {}", e.code(), e.data())))?;
+                kept.extend(out);
+            }
+            Ok(bytes_out(kept.len().to_le_bytes().to_vec()))
+        }
+        "range" => {
+            let key = inv.keys.first().map(String::as_str).unwrap_or("");
+            let (offset, length) = (number(inv, "offset")?, number(inv, "length")?);
+            let data =
+                objects::get_range(&inv.bucket, key, offset, length).map_err(Error::Object)?;
+            Ok(bytes_out(data))
+        }
+        "dims" => {
+            let (count, rank) = (number(inv, "count")?, number(inv, "rank")? as usize);
+            let dims = vec![1u32; rank];
+            let kept: Vec<tensor::Tensor> = (0..count)
+                .map(|_| tensor::Tensor::new(&dims, tensor::TensorType::Fp32, &[0; 4]))
+                .collect();
+            Ok(bytes_out((kept.len() as u64).to_le_bytes().to_vec()))
+        }
+        "names" => {
+            let (count, n) = (number(inv, "count")?, number(inv, "bytes")? as usize);
+            let name = format!("{}[0..1]", "a".repeat(n));
+            let kept: Vec<_> = (0..count)
+                .filter_map(|_| graph::load_by_name(&name).err())
+                .collect();
+            Ok(bytes_out((kept.len() as u64).to_le_bytes().to_vec()))
+        }
+        "graphs" => {
+            let mut kept = Vec::new();
+            for name in option(inv, "graphs").unwrap_or("").split(',') {
+                let g = graph::load_by_name(name).map_err(|e| {
+                    Error::Inference(format!("{name}: {:?}: {}", e.code(), e.data()))
+                })?;
+                kept.push(g);
+            }
+            Ok(bytes_out((kept.len() as u64).to_le_bytes().to_vec()))
+        }
+        "long-error" => Err(Error::BadRequest(
+            "e".repeat(number(inv, "bytes")? as usize),
+        )),
+        "wide-output" => Ok(TensorOut {
+            dimensions: vec![1; number(inv, "rank")? as usize],
+            ty: ElementType::U8,
+            data: vec![1],
+        }),
+        "recurse" => {
+            let sum = recurse(number(inv, "depth")?);
+            Ok(bytes_out(sum.to_le_bytes().to_vec()))
+        }
+        "claim-io" => Err(Error::Object(objects::ObjectError::Io(
+            "the disk is on fire".into(),
+        ))),
+        "tensors" => {
+            let (count, n) = (number(inv, "count")?, number(inv, "bytes")? as usize);
+            let data = vec![0u8; n];
+            let kept: Vec<tensor::Tensor> = (0..count)
+                .map(|_| tensor::Tensor::new(&[n as u32 / 4], tensor::TensorType::Fp32, &data))
+                .collect();
+            Ok(bytes_out((kept.len() as u64).to_le_bytes().to_vec()))
+        }
+        "panic" => panic!("hostile guest panics on request"),
+        "bad-output" => Ok(TensorOut {
+            dimensions: vec![1000, 1000],
+            ty: ElementType::F32,
+            data: vec![0; 16],
+        }),
+        other => Err(Error::BadRequest(format!("unknown mode `{other}`"))),
     }
 }
 

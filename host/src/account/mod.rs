@@ -1,5 +1,5 @@
-//! What an invocation is charged for: memory ([`Account`]), time ([`Deadline`]), and the text
-//! it makes the host keep ([`text`]).
+//! What an invocation is charged for: memory ([`Account`]), time ([`Deadline`]), the text it
+//! makes the host keep ([`text`]), and what it used ([`Usage`]: reads, device time).
 //!
 //! Every byte the host holds on an invocation's behalf is charged to its account before it is
 //! allocated and released when it is dropped; every wait in a host call ends at its deadline.
@@ -8,6 +8,8 @@
 pub mod memory;
 pub mod text;
 pub mod time;
+pub mod usage;
 
 pub use memory::{Account, Charge, OverLimit};
 pub use time::{Deadline, Expired};
+pub use usage::Usage;

@@ -1,6 +1,6 @@
-//! Who a host call is made for: the tenant, its invocation's memory account and deadline.
+//! Who a host call is made for: the tenant, its invocation's memory account, deadline and usage.
 
-use crate::account::{Account, Deadline};
+use crate::account::{Account, Deadline, Usage};
 use crate::policy::Tenant;
 use std::sync::Arc;
 
@@ -9,6 +9,7 @@ pub struct Caller {
     pub tenant: Arc<Tenant>,
     pub account: Arc<Account>,
     pub deadline: Arc<Deadline>,
+    pub usage: Arc<Usage>,
 }
 
 /// Why a host call stops the guest (a trap): the host's limits and the host's own answers, not

@@ -84,11 +84,6 @@ impl ObjectsCtx {
         }
     }
 
-    /// Object bytes charged to the read cap so far.
-    pub fn bytes_read(&self) -> u64 {
-        self.scoped.bytes_read
-    }
-
     /// Records a failure on `key` and turns it into the guest's error.
     fn failed<T>(&mut self, key: &str, e: ObjectError) -> Answer<T> {
         let kind = match &e {
@@ -124,6 +119,7 @@ impl ObjectsCtx {
                 return self.failed(key, e);
             }
         };
+        self.caller.usage.set_read_bytes(self.scoped.bytes_read);
         self.caller
             .account
             .check_incoming(planned.length, "object read")

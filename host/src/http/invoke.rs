@@ -2,9 +2,10 @@
 //! `Server-Timing`.
 
 use crate::Host;
+use crate::account::Usage;
 use crate::http::errors::ApiError;
 use crate::http::extract::{self, Authed, Name};
-use crate::metrics::Observation;
+use crate::metrics::{CLIENT_CLOSED, Observation};
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, header};
@@ -42,7 +43,19 @@ pub async fn invoke(
             ),
         )
     })?;
-    let finished = host.invoke(&tenant, &f, req).await;
+    let usage = Arc::new(Usage::default());
+    let mut abandoned = Abandoned {
+        host: &host,
+        tenant: &tenant.name,
+        function: &function,
+        started,
+        usage: &usage,
+        armed: true,
+    };
+    let finished = host
+        .invoke_using(&tenant, &f, req, Arc::clone(&usage))
+        .await;
+    abandoned.armed = false;
     drop(permit);
     let t = finished.timings;
     let output_bytes = finished.result.as_ref().map_or(0, |o| o.len());
@@ -82,4 +95,40 @@ pub async fn invoke(
         headers.insert("server-timing", v);
     }
     Ok((headers, body).into_response())
+}
+
+/// Charges an invocation whose client went away before it ended: hyper drops the request's
+/// future when the connection closes, which stops the invocation where it is (its slot is free
+/// at once); what it used until then is still counted, under code `client_closed`.
+struct Abandoned<'a> {
+    host: &'a Host,
+    tenant: &'a str,
+    function: &'a str,
+    started: Instant,
+    usage: &'a Usage,
+    armed: bool,
+}
+
+impl Drop for Abandoned<'_> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let total = self.started.elapsed();
+        tracing::info!(
+            "tenant `{}`: the client closed the connection {:.3} s into `{}`; stopped it",
+            self.tenant,
+            total.as_secs_f64(),
+            self.function
+        );
+        self.host.metrics.observe(Observation {
+            tenant: self.tenant,
+            function: self.function,
+            code: CLIENT_CLOSED,
+            total,
+            compute: self.usage.compute(),
+            read_bytes: self.usage.read_bytes(),
+            output_bytes: 0,
+        });
+    }
 }

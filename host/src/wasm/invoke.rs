@@ -6,7 +6,7 @@
 //! it is stopped wherever it is (in guest code, by epoch interruption; in a host call, by
 //! dropping the call, which cancels whatever the host was doing for it).
 
-use crate::account::{Account, Deadline};
+use crate::account::{Account, Deadline, Usage};
 use crate::bindings::{ElementType, Invocation, PushdownPre, TensorOut};
 use crate::caps::caller::{Caller, Stop};
 use crate::caps::models::ModelsCtx;
@@ -291,13 +291,15 @@ impl Runtime {
     }
 
     /// Runs `function` for `tenant` on the invocation workers; `meta` goes into the response
-    /// header. Dropping the returned future stops the invocation.
+    /// header, what it reads and computes into `usage` as it goes. Dropping the returned future
+    /// stops the invocation.
     pub async fn invoke(
         &self,
         tenant: &Arc<Tenant>,
         function: &Prepared,
         invocation: Invocation,
         meta: BTreeMap<String, String>,
+        usage: Arc<Usage>,
     ) -> Finished {
         let started = Instant::now();
         let job = run(
@@ -305,6 +307,7 @@ impl Runtime {
             function.pre.clone(),
             invocation,
             meta,
+            usage,
             Arc::clone(&self.models),
             Arc::clone(&self.objects),
             Arc::clone(&self.device),
@@ -344,6 +347,7 @@ async fn run(
     pre: PushdownPre<State>,
     invocation: Invocation,
     meta: BTreeMap<String, String>,
+    usage: Arc<Usage>,
     models: Arc<Models>,
     objects: Arc<ObjectStore>,
     device: Arc<Device>,
@@ -356,6 +360,7 @@ async fn run(
         tenant: Arc::clone(&tenant),
         account: Arc::clone(&account),
         deadline: Arc::clone(&deadline),
+        usage: Arc::clone(&usage),
     };
     let mut table = ResourceTable::new();
     table.set_max_capacity(MAX_HANDLES);
@@ -419,10 +424,10 @@ async fn run(
         instantiate: instantiated,
         read: data.objects.read_time,
         queue: data.nn.queue_time,
-        compute: data.nn.compute_time,
+        compute: usage.compute(),
         total: started.elapsed(),
     };
-    let read = data.objects.bytes_read();
+    let read = usage.read_bytes();
     drop(store);
     Finished {
         result,

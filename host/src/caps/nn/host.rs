@@ -23,8 +23,6 @@ pub struct NnCtx {
     caller: Caller,
     device: Arc<Device>,
     models: Arc<Models>,
-    /// Time on the device.
-    pub compute_time: Duration,
     /// Time waiting for the device (memory, batch mates, other tenants' turns, a model's
     /// first load).
     pub queue_time: Duration,
@@ -36,7 +34,6 @@ impl NnCtx {
             caller,
             device,
             models,
-            compute_time: Duration::ZERO,
             queue_time: Duration::ZERO,
         }
     }
@@ -350,7 +347,7 @@ impl inference::HostGraphExecutionContext for NnView<'_> {
             }
         };
         self.ctx.queue_time += elapsed.saturating_sub(ran.device);
-        self.ctx.compute_time += ran.device;
+        self.ctx.caller.usage.add_compute(ran.device);
         let dimensions: Vec<u32> = ran
             .dims
             .iter()

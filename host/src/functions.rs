@@ -5,8 +5,9 @@
 //! checked first (tenant and function names are letters, digits, `-` and `_`), so no request
 //! can touch a file outside `functions/<tenant>/` and `compiled/<tenant>/`. Uploads are checked
 //! before they are compiled ([`compile::check`]), against the tenant's quota of functions and
-//! bytes, and compiled off the request path, one at a time, with at most one upload per
-//! tenant waiting. Compiled code is cached per tenant (nothing about one tenant's uploads can
+//! bytes, and compiled off the request path, [`COMPILES_AT_ONCE`] at a time, with at most one
+//! upload per tenant in progress (from before its bytes are read to the end of its compile) and
+//! [`MAX_COMPILE_QUEUE`] waiting in all. Compiled code is cached per tenant (nothing about one tenant's uploads can
 //! be learnt from another's timings) and removed with the last function that used it.
 
 use crate::account::text::quote;
@@ -65,7 +66,9 @@ type Table = BTreeMap<String, BTreeMap<String, Arc<Function>>>;
 
 #[derive(Debug, Default)]
 struct Queue {
+    /// Uploads waiting for the compiler or being compiled.
     waiting: usize,
+    /// Tenants with an upload in progress.
     tenants: HashSet<String>,
 }
 
@@ -74,25 +77,40 @@ struct Queue {
 pub struct Functions {
     state: Arc<Dir>,
     table: RwLock<Table>,
-    queue: Mutex<Queue>,
-    compiler: tokio::sync::Semaphore,
+    queue: Arc<Mutex<Queue>>,
+    compiler: Arc<tokio::sync::Semaphore>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// Leaves the compile queue when dropped.
-struct Queued<'a> {
-    queue: &'a Mutex<Queue>,
+/// A tenant's one upload in progress, from before its bytes are read to the end of its
+/// compile; given back when dropped. Taken before the body is read, so a tenant holds at most
+/// one upload's bytes at once, whatever number of connections it opens.
+#[derive(Debug)]
+pub struct Reservation {
+    queue: Arc<Mutex<Queue>>,
     tenant: String,
+    name: String,
 }
 
-impl Drop for Queued<'_> {
+impl Drop for Reservation {
     fn drop(&mut self) {
-        let mut q = lock(self.queue);
-        q.waiting -= 1;
-        q.tenants.remove(&self.tenant);
+        lock(&self.queue).tenants.remove(&self.tenant);
+    }
+}
+
+/// A place in the compile queue, left when dropped. The compile itself holds it (with its
+/// reservation and its turn at the compiler), so an upload whose client goes away keeps its
+/// place until its compile ends: hanging up cannot start compiles past the queue's bounds.
+struct Queued {
+    queue: Arc<Mutex<Queue>>,
+}
+
+impl Drop for Queued {
+    fn drop(&mut self) {
+        lock(&self.queue).waiting -= 1;
     }
 }
 
@@ -106,9 +124,14 @@ impl Functions {
         Ok(Self {
             state: Arc::new(state),
             table: RwLock::default(),
-            queue: Mutex::default(),
-            compiler: tokio::sync::Semaphore::new(COMPILES_AT_ONCE),
+            queue: Arc::default(),
+            compiler: Arc::new(tokio::sync::Semaphore::new(COMPILES_AT_ONCE)),
         })
+    }
+
+    /// Uploads waiting for the compiler or being compiled, all tenants together.
+    pub fn compiling(&self) -> usize {
+        lock(&self.queue).waiting
     }
 
     pub fn get(&self, tenant: &str, name: &str) -> Option<Arc<Function>> {
@@ -158,21 +181,25 @@ impl Functions {
                 .map_err(|e| tracing::warn!("ignoring compiled code {cached}: {e}"))
                 .ok()
         });
-        let component = match from_cache {
-            Some(c) => c,
-            None => {
-                let c = compile::compile(runtime.engine(), bytes).map_err(bad)?;
-                let written = c
-                    .serialize()
-                    .map_err(|e| std::io::Error::other(e.to_string()))
-                    .and_then(|code| self.write(&dir, &cached, &code));
-                if let Err(e) = written {
-                    tracing::warn!("not caching compiled code of `{name}` at {cached}: {e}");
-                }
-                c
-            }
+        let (component, fresh) = match from_cache {
+            Some(c) => (c, false),
+            None => (
+                compile::compile(runtime.engine(), bytes).map_err(bad)?,
+                true,
+            ),
         };
         let prepared = runtime.prepare(caps, &component).map_err(bad)?;
+        // Cached only once it is known to implement the world: code that does not is never
+        // kept (nothing would remove it).
+        if fresh {
+            let written = component
+                .serialize()
+                .map_err(|e| std::io::Error::other(e.to_string()))
+                .and_then(|code| self.write(&dir, &cached, &code));
+            if let Err(e) = written {
+                tracing::warn!("not caching compiled code of `{name}` at {cached}: {e}");
+            }
+        }
         Ok(Function {
             name: name.to_string(),
             sha256,
@@ -261,15 +288,15 @@ impl Functions {
         Ok(())
     }
 
-    /// Deploys an upload: checks the name, the quota and the bytes, waits its turn in the
-    /// compile queue, compiles, stores and replaces any earlier function of that name.
-    pub async fn deploy(
-        self: &Arc<Self>,
-        runtime: &Arc<Runtime>,
-        tenant: &Arc<Tenant>,
+    /// Reserves the tenant's one upload in progress for function `name`, before its bytes are
+    /// read: checks the name, that the policy does not manage it, the quota at the upload's
+    /// `declared` size (0 when unknown), and that the tenant has no other upload in progress.
+    pub fn reserve(
+        &self,
+        tenant: &Tenant,
         name: &str,
-        bytes: bytes::Bytes,
-    ) -> Result<Arc<Function>, FunctionError> {
+        declared: u64,
+    ) -> Result<Reservation, FunctionError> {
         if !valid_name(name) {
             return Err(FunctionError::BadName(quote(name)));
         }
@@ -277,22 +304,49 @@ impl Functions {
         if previous.as_ref().is_some_and(|f| f.managed) || tenant.functions.contains_key(name) {
             return Err(FunctionError::Managed(name.to_string()));
         }
-        self.check_quota(tenant, name, bytes.len() as u64)?;
-        let _queued = self.enqueue(&tenant.name)?;
-        let _turn = self
-            .compiler
-            .acquire()
+        self.check_quota(tenant, name, declared)?;
+        let mut q = lock(&self.queue);
+        if !q.tenants.insert(tenant.name.clone()) {
+            return Err(FunctionError::Busy(format!(
+                "tenant `{}` has an upload in progress; retry when it is done",
+                tenant.name
+            )));
+        }
+        Ok(Reservation {
+            queue: Arc::clone(&self.queue),
+            tenant: tenant.name.clone(),
+            name: name.to_string(),
+        })
+    }
+
+    /// Deploys a reserved upload: checks the quota and the bytes, waits its turn in the
+    /// compile queue, compiles, stores and replaces any earlier function of that name.
+    pub async fn deploy(
+        self: &Arc<Self>,
+        runtime: &Arc<Runtime>,
+        tenant: &Arc<Tenant>,
+        reservation: Reservation,
+        bytes: bytes::Bytes,
+    ) -> Result<Arc<Function>, FunctionError> {
+        let name = reservation.name.clone();
+        // At its real size (the reservation checked the declared one). The tenant has no other
+        // upload in progress, so nothing else adds to its functions until this one is done.
+        self.check_quota(tenant, &name, bytes.len() as u64)?;
+        let queued = self.enqueue()?;
+        let turn = Arc::clone(&self.compiler)
+            .acquire_owned()
             .await
             .map_err(|_| FunctionError::Host("the compiler stopped".into()))?;
         let (me, rt, t, n) = (
             Arc::clone(self),
             Arc::clone(runtime),
             Arc::clone(tenant),
-            name.to_string(),
+            name,
         );
+        // The compile cannot be stopped once it runs; it keeps its place and turn until it ends,
+        // whether or not anyone still waits for it.
         tokio::task::spawn_blocking(move || {
-            // The quota again: another upload of the tenant may have finished meanwhile.
-            me.check_quota(&t, &n, bytes.len() as u64)?;
+            let _held = (reservation, queued, turn);
             let f = Arc::new(me.build(&rt, &t, &n, &bytes, false)?);
             let dir = format!("functions/{}", t.name);
             me.write(&dir, &format!("{dir}/{n}.wasm"), &bytes)
@@ -337,23 +391,17 @@ impl Functions {
     }
 
     /// A place in the compile queue: one per tenant, [`MAX_COMPILE_QUEUE`] in all.
-    fn enqueue(&self, tenant: &str) -> Result<Queued<'_>, FunctionError> {
+    /// A place in the compile queue, all tenants together.
+    fn enqueue(&self) -> Result<Queued, FunctionError> {
         let mut q = lock(&self.queue);
-        if q.tenants.contains(tenant) {
-            return Err(FunctionError::Busy(format!(
-                "tenant `{tenant}` has an upload being compiled; retry when it is done"
-            )));
-        }
         if q.waiting >= MAX_COMPILE_QUEUE {
             return Err(FunctionError::Busy(format!(
                 "{MAX_COMPILE_QUEUE} uploads are waiting to be compiled; retry later"
             )));
         }
         q.waiting += 1;
-        q.tenants.insert(tenant.to_string());
         Ok(Queued {
-            queue: &self.queue,
-            tenant: tenant.to_string(),
+            queue: Arc::clone(&self.queue),
         })
     }
 

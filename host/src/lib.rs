@@ -169,6 +169,11 @@ impl Host {
         self.functions.list(tenant)
     }
 
+    /// Uploads waiting for the compiler or being compiled, all tenants together.
+    pub fn uploads_compiling(&self) -> usize {
+        self.functions.compiling()
+    }
+
     /// The tenant's admission (its concurrency slots and queue).
     pub fn admission(&self, tenant: &Tenant) -> Arc<Admission> {
         self.admissions.of(tenant)
@@ -216,21 +221,34 @@ impl Host {
             .await
     }
 
-    /// Deploys a tenant's upload.
+    /// Reserves the tenant's one upload in progress for function `name` of `declared` bytes (0
+    /// when unknown), before the bytes are read ([`Functions::reserve`]).
+    pub fn reserve_deploy(
+        &self,
+        tenant: &Tenant,
+        name: &str,
+        declared: u64,
+    ) -> Result<functions::Reservation, FunctionError> {
+        self.functions.reserve(tenant, name, declared)
+    }
+
+    /// Deploys a tenant's reserved upload.
     pub async fn deploy(
         &self,
         tenant: &Arc<Tenant>,
-        name: &str,
+        reservation: functions::Reservation,
         bytes: bytes::Bytes,
     ) -> Result<Arc<Function>, FunctionError> {
         self.functions
-            .deploy(&self.runtime, tenant, name, bytes)
+            .deploy(&self.runtime, tenant, reservation, bytes)
             .await
     }
 
-    /// Removes a tenant's upload.
+    /// Removes a tenant's upload; its metrics fold into the tenant's `(removed)` series.
     pub fn undeploy(&self, tenant: &Tenant, name: &str) -> Result<(), FunctionError> {
-        self.functions.undeploy(&self.runtime, tenant, name)
+        self.functions.undeploy(&self.runtime, tenant, name)?;
+        self.metrics.fold(&tenant.name, name);
+        Ok(())
     }
 
     /// Per-layer time, output size and memory of model `id` on this host's device (loaded and

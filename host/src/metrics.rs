@@ -25,6 +25,10 @@ type Family = (
 /// The outcome code of an invocation stopped because its client closed the connection.
 pub const CLIENT_CLOSED: &str = "client_closed";
 
+/// The `function` label of a tenant's series of functions it removed (no function can have
+/// this name).
+pub const REMOVED: &str = "(removed)";
+
 /// Per tenant, function and outcome code.
 #[derive(Debug, Default)]
 pub struct Metrics {
@@ -64,6 +68,28 @@ impl Metrics {
         s.compute_seconds += o.compute.as_secs_f64();
         s.read_bytes += o.read_bytes;
         s.output_bytes += o.output_bytes;
+    }
+
+    /// Folds the series of `tenant`'s `function` into the tenant's [`REMOVED`] series, when
+    /// the function is removed: the tenant's totals stay, and a tenant that deploys, invokes
+    /// and removes functions under ever new names does not grow the metrics without bound.
+    pub fn fold(&self, tenant: &str, function: &str) {
+        let mut map = self.series.lock().unwrap_or_else(PoisonError::into_inner);
+        let start = (tenant.to_string(), function.to_string(), String::new());
+        let keys: Vec<(String, String, String)> = map
+            .range(start..)
+            .take_while(|((t, f, _), _)| t == tenant && f == function)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in keys {
+            let Some(s) = map.remove(&key) else { continue };
+            let into = map.entry((key.0, REMOVED.to_string(), key.2)).or_default();
+            into.count += s.count;
+            into.seconds += s.seconds;
+            into.compute_seconds += s.compute_seconds;
+            into.read_bytes += s.read_bytes;
+            into.output_bytes += s.output_bytes;
+        }
     }
 
     pub fn render(&self) -> String {
@@ -120,5 +146,50 @@ impl Metrics {
             }
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seen(m: &Metrics, tenant: &str, function: &str, code: &str, read: u64) {
+        m.observe(Observation {
+            tenant,
+            function,
+            code,
+            total: Duration::from_millis(10),
+            compute: Duration::ZERO,
+            read_bytes: read,
+            output_bytes: 1,
+        });
+    }
+
+    #[test]
+    fn a_removed_functions_series_fold_into_the_tenants_removed_series() {
+        let m = Metrics::default();
+        seen(&m, "a", "f", "ok", 5);
+        seen(&m, "a", "f", "ok", 7);
+        seen(&m, "a", "f", "client_closed", 1);
+        seen(&m, "a", "f2", "ok", 100);
+        seen(&m, "b", "f", "ok", 1000);
+        m.fold("a", "f");
+        seen(&m, "a", "g", "ok", 3);
+        m.fold("a", "g");
+        let text = m.render();
+        assert!(!text.contains("function=\"f\",code=\"ok\"} 2"), "{text}");
+        for line in [
+            "hapi_invocations_total{tenant=\"a\",function=\"(removed)\",code=\"ok\"} 3",
+            "hapi_read_bytes_total{tenant=\"a\",function=\"(removed)\",code=\"ok\"} 15",
+            "hapi_invocations_total{tenant=\"a\",function=\"(removed)\",code=\"client_closed\"} 1",
+            "hapi_read_bytes_total{tenant=\"a\",function=\"f2\",code=\"ok\"} 100",
+            "hapi_read_bytes_total{tenant=\"b\",function=\"f\",code=\"ok\"} 1000",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line}\n{text}");
+        }
+        assert!(
+            !text.contains("tenant=\"a\",function=\"f\"") && !text.contains("function=\"g\""),
+            "{text}"
+        );
     }
 }

@@ -146,6 +146,14 @@ async fn a_deployed_function_is_invoked_listed_and_removed_with_its_code() {
     assert!(files(&state.join("functions/alice")).is_empty());
     // Only the policy's own functions' code is left.
     assert_eq!(files(&state.join("compiled/alice")).len(), 2);
+    // Its metrics are kept in the tenant's series of removed functions.
+    let metrics = h.metrics().await;
+    assert!(!metrics.contains("function=\"mine\""), "{metrics}");
+    assert!(
+        metrics.lines().any(|l| l
+            == "hapi_invocations_total{tenant=\"alice\",function=\"(removed)\",code=\"ok\"} 1"),
+        "{metrics}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -341,4 +349,139 @@ async fn the_compile_queue_is_bounded() {
     let busy = statuses.iter().filter(|&&s| s == 429).count();
     assert_eq!(created + busy, tenants, "{statuses:?}");
     assert!(busy >= 1 && created >= max, "{statuses:?}");
+}
+
+/// An upload whose client hangs up while it compiles keeps its place in the compile queue until
+/// its compile ends (a compile cannot be stopped once it runs): hanging up and uploading again
+/// cannot run more compiles than the queue's bounds allow. The upload is still deployed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upload_whose_client_hangs_up_keeps_its_place_until_its_compile_ends() {
+    use tokio::io::AsyncWriteExt;
+    let h = TestHost::start().await;
+    // Seconds of compiling on this machine.
+    let bytes = guest_with("hostile", &[module(16, 400_000)]);
+    let addr = h.url.trim_start_matches("http://").to_string();
+    let head = format!(
+        "PUT /v1/functions/big HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {ALICE}\r\nContent-Length: {}\r\n\r\n",
+        bytes.len()
+    );
+    let mut conn = tokio::net::TcpStream::connect(&addr)
+        .await
+        .expect("connect");
+    conn.write_all(head.as_bytes()).await.expect("head");
+    conn.write_all(&bytes).await.expect("body");
+    let until = Instant::now() + Duration::from_secs(60);
+    while h.host.uploads_compiling() == 0 {
+        assert!(
+            Instant::now() < until,
+            "the upload never reached the compiler"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    drop(conn);
+    // Until the function is deployed, its compile holds its place.
+    let deployed = || h.host.functions("alice").iter().any(|f| f.name == "big");
+    let until = Instant::now() + Duration::from_secs(300);
+    let mut held = 0;
+    while !deployed() {
+        assert_eq!(
+            h.host.uploads_compiling(),
+            1,
+            "the upload left the queue while it compiled ({held} checks in)"
+        );
+        assert!(Instant::now() < until, "not deployed within 300 s");
+        held += 1;
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        held > 0,
+        "compiled before the client hung up: the test needs a larger upload"
+    );
+    let until = Instant::now() + Duration::from_secs(10);
+    while h.host.uploads_compiling() > 0 {
+        assert!(
+            Instant::now() < until,
+            "the queue was not left after the compile"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Code that compiles but does not implement the world (here, an import of an interface the
+/// host does not have, `hapi:pushdown/objectz`, which passes the import check by its prefix)
+/// is refused, and its compiled code is not kept: nothing would ever remove it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn code_that_does_not_implement_the_world_is_not_kept() {
+    let h = TestHost::start().await;
+    let state = h.policy_path.with_file_name("state");
+    let bytes = std::fs::read(guest("hostile")).expect("guest");
+    let (from, to) = (b"hapi:pushdown/objects", b"hapi:pushdown/objectz");
+    let mut renamed = bytes.clone();
+    let mut replaced = 0;
+    for i in 0..=renamed.len() - from.len() {
+        if &renamed[i..i + from.len()] == from {
+            renamed[i..i + to.len()].copy_from_slice(to);
+            replaced += 1;
+        }
+    }
+    assert!(replaced > 0, "the guest imports hapi:pushdown/objects");
+    // The code of the policy's own functions.
+    let before = files(&state.join("compiled/alice"));
+    let (code, message) = error_code(h.put_function(ALICE, "odd", renamed).await, 422).await;
+    assert_eq!(code, "bad_component", "{message}");
+    assert!(message.contains("objectz"), "{message}");
+    assert_eq!(files(&state.join("compiled/alice")), before);
+    assert!(files(&state.join("functions/alice")).is_empty());
+}
+
+/// A tenant's upload is reserved before its bytes are read: while one upload of alice's is in
+/// progress (here, its 1 MB body not sent yet), another is refused at once (429
+/// `deploy_busy`), so a tenant holds at most one upload's bytes whatever number of connections
+/// it opens. When that connection goes away, alice may upload again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_has_one_upload_in_progress_from_before_its_bytes_are_read() {
+    use tokio::io::AsyncWriteExt;
+    let h = TestHost::start().await;
+    let addr = h.url.trim_start_matches("http://").to_string();
+    let mut conn = tokio::net::TcpStream::connect(&addr)
+        .await
+        .expect("connect");
+    let head = format!(
+        "PUT /v1/functions/slow HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {ALICE}\r\nContent-Length: 1000000\r\n\r\n"
+    );
+    conn.write_all(head.as_bytes()).await.expect("head");
+    let until = Instant::now() + Duration::from_secs(30);
+    loop {
+        let resp = h
+            .put_function(ALICE, "other", variant("hostile", "other"))
+            .await;
+        if resp.status() == 429 {
+            let (code, message) = error_code(resp, 429).await;
+            assert_eq!(code, "deploy_busy", "{message}");
+            assert!(message.contains("upload in progress"), "{message}");
+            break;
+        }
+        // Deployed before the slow upload was reserved: remove it and look again.
+        assert_eq!(resp.status(), 201);
+        assert!(Instant::now() < until, "the slow upload was never reserved");
+        assert_eq!(delete(&h, ALICE, "other").await.status(), 204);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    drop(conn);
+    let until = Instant::now() + Duration::from_secs(30);
+    loop {
+        let status = h
+            .put_function(ALICE, "other", variant("hostile", "other"))
+            .await
+            .status();
+        if status == 201 {
+            break;
+        }
+        assert_eq!(status, 429);
+        assert!(
+            Instant::now() < until,
+            "the reservation outlived its connection"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }

@@ -351,6 +351,73 @@ async fn past_the_queue_bound_the_host_answers_429_with_retry_after() {
     );
 }
 
+/// A model's profile takes one of the tenant's slots, as an invocation does: with `tight`'s two
+/// slots running endless loops and its one queue place taken, a profile is refused at once
+/// (429 `busy`); alone, it is answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_profile_takes_one_of_the_tenants_slots() {
+    let h = TestHost::start().await;
+    let profile = || async {
+        h.client
+            .get(format!("{}/v1/models/resnet18/profile", h.url))
+            .bearer_auth(TIGHT)
+            .send()
+            .await
+            .expect("profile request")
+    };
+    let tenant = Arc::clone(&h.host.policy().tenants["tight"]);
+    let admission = h.host.admission(&tenant);
+    let loops = futures_join((0..3).map(|_| h.invoke(TIGHT, "hostile", hostile("loop", &[], &[]))));
+    let refused = async {
+        let until = Instant::now() + Duration::from_secs(30);
+        while admission.load() != (2, 1) {
+            assert!(Instant::now() < until, "the loops never filled the slots");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        profile().await
+    };
+    let (responses, refused) = tokio::join!(loops, refused);
+    assert!(responses.iter().all(|r| r.status() == 422));
+    let (code, message) = error_code(refused, 429).await;
+    assert_eq!(code, "busy", "{message}");
+    assert_eq!(profile().await.status(), 200);
+}
+
+/// A request's body is read only once the tenant has a slot for it: with `tight`'s two slots
+/// and its queue place taken, a request that declares a 4 MiB body and sends none of it is
+/// refused at once (429), so a tenant holds at most `concurrency` + `queue` bodies whatever
+/// number of connections it opens.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_body_is_read_only_once_the_tenant_has_room_for_it() {
+    use tokio::io::AsyncReadExt;
+    let h = TestHost::start().await;
+    let tenant = Arc::clone(&h.host.policy().tenants["tight"]);
+    let admission = h.host.admission(&tenant);
+    let loops = futures_join((0..3).map(|_| h.invoke(TIGHT, "hostile", hostile("loop", &[], &[]))));
+    let refused = async {
+        let until = Instant::now() + Duration::from_secs(30);
+        while admission.load() != (2, 1) {
+            assert!(Instant::now() < until, "the loops never filled the slots");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let addr = h.url.trim_start_matches("http://");
+        let mut conn = TcpStream::connect(addr).await.expect("connect");
+        let head = format!(
+            "POST /v1/invoke/hostile HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {TIGHT}\r\nContent-Type: application/json\r\nContent-Length: 4000000\r\n\r\n"
+        );
+        conn.write_all(head.as_bytes()).await.expect("head");
+        let mut answer = vec![0; 512];
+        let n = tokio::time::timeout(Duration::from_secs(10), conn.read(&mut answer))
+            .await
+            .expect("answered without the body")
+            .expect("read");
+        String::from_utf8_lossy(&answer[..n]).into_owned()
+    };
+    let (responses, answer) = tokio::join!(loops, refused);
+    assert!(responses.iter().all(|r| r.status() == 422));
+    assert!(answer.starts_with("HTTP/1.1 429"), "{answer}");
+}
+
 async fn futures_join<F: Future<Output = reqwest::Response>>(
     calls: impl Iterator<Item = F>,
 ) -> Vec<reqwest::Response> {

@@ -39,6 +39,17 @@ impl ApiError {
         }
     }
 
+    /// 429 `busy`: the tenant's slots and its queue are full.
+    pub fn busy(tenant: &crate::policy::Tenant) -> Self {
+        Self::new(
+            ErrorCode::Busy,
+            format!(
+                "tenant `{}` already has {} invocations running and {} waiting",
+                tenant.name, tenant.limits.concurrency, tenant.limits.queue
+            ),
+        )
+    }
+
     /// The host's own fault: the client learns only that it happened.
     pub fn fault(internal: impl Into<String>) -> Self {
         Self {

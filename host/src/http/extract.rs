@@ -128,8 +128,12 @@ pub async fn body(body: Body, limit: usize, timeout: Duration) -> Result<Bytes, 
     }
 }
 
-/// Refuses a body whose declared length is already over `limit`, before reading any of it.
-pub fn declared_within(headers: &axum::http::HeaderMap, limit: usize) -> Result<(), ApiError> {
+/// Refuses a body whose declared length is already over `limit`, before reading any of it;
+/// gives the declared length (`None` without one).
+pub fn declared_within(
+    headers: &axum::http::HeaderMap,
+    limit: usize,
+) -> Result<Option<u64>, ApiError> {
     let declared = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
@@ -139,6 +143,6 @@ pub fn declared_within(headers: &axum::http::HeaderMap, limit: usize) -> Result<
             ErrorCode::BodyTooLarge,
             format!("the request body is {n} bytes; this endpoint takes at most {limit}"),
         )),
-        _ => Ok(()),
+        other => Ok(other),
     }
 }

@@ -66,9 +66,12 @@ pub async fn deploy(
     let limit = http
         .max_request
         .min(usize::try_from(tenant.limits.max_function_bytes).unwrap_or(usize::MAX));
-    extract::declared_within(&headers, limit)?;
+    let declared = extract::declared_within(&headers, limit)?;
+    // The tenant's one upload in progress, taken before a byte of it is read: a tenant holds at
+    // most one upload's bytes at once however many connections it opens.
+    let reservation = host.reserve_deploy(&tenant, &name, declared.unwrap_or(0))?;
     let bytes = extract::body(body, limit, http.body_timeout).await?;
-    let f = host.deploy(&tenant, &name, bytes).await?;
+    let f = host.deploy(&tenant, reservation, bytes).await?;
     Ok((StatusCode::CREATED, Json(info(&f))))
 }
 

@@ -24,25 +24,23 @@ pub async fn invoke(
 ) -> Result<Response, ApiError> {
     let started = Instant::now();
     extract::declared_within(&headers, MAX_INVOKE_BODY)?;
-    let timeout = host.policy().host.http.body_timeout;
-    let body = extract::body(body, MAX_INVOKE_BODY, timeout).await?;
-    let req = InvokeRequest::parse(&body).map_err(|e| ApiError::new(ErrorCode::BadJson, e))?;
-    drop(body);
     let f = host.function(&tenant.name, &function).ok_or_else(|| {
         ApiError::new(
             ErrorCode::FunctionNotFound,
             format!("tenant `{}` has no function `{function}`", tenant.name),
         )
     })?;
-    let permit = host.admission(&tenant).admit().await.ok_or_else(|| {
-        ApiError::new(
-            ErrorCode::Busy,
-            format!(
-                "tenant `{}` already has {} invocations running and {} waiting",
-                tenant.name, tenant.limits.concurrency, tenant.limits.queue
-            ),
-        )
-    })?;
+    // Admitted before a byte of the body is read: a tenant holds at most `concurrency` +
+    // `queue` request bodies at once, however many connections it opens.
+    let permit = host
+        .admission(&tenant)
+        .admit()
+        .await
+        .ok_or_else(|| ApiError::busy(&tenant))?;
+    let timeout = host.policy().host.http.body_timeout;
+    let body = extract::body(body, MAX_INVOKE_BODY, timeout).await?;
+    let req = InvokeRequest::parse(&body).map_err(|e| ApiError::new(ErrorCode::BadJson, e))?;
+    drop(body);
     let usage = Arc::new(Usage::default());
     let mut abandoned = Abandoned {
         host: &host,

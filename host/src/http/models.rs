@@ -54,5 +54,12 @@ pub async fn profile(
             format!("no model `{name}` for tenant `{}`", tenant.name),
         ));
     };
+    // A profile may load the model and run it: it takes one of the tenant's slots, as an
+    // invocation does, so that profiles cannot be called past the tenant's concurrency.
+    let _permit = host
+        .admission(&tenant)
+        .admit()
+        .await
+        .ok_or_else(|| ApiError::busy(&tenant))?;
     Ok(Json(host.profile(&model.id, &name).await?))
 }

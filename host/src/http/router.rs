@@ -61,7 +61,7 @@ async fn request_id(mut req: Request, next: Next) -> Response {
         .get(header::CONTENT_TYPE)
         .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
     let mut resp = if let Some(Fault(detail)) = fault {
-        tracing::error!(request_id = %id, %method, path = %bounded(path), "host fault: {detail}");
+        tracing::error!(request_id = %id, %method, path = %bounded(path), "host fault: {}", bounded(detail));
         let body = ErrorBody {
             code: ErrorCode::HostFault,
             message: format!(

@@ -873,11 +873,15 @@ async fn a_hostile_tenant_cannot_break_isolation() {
     let withheld = format!(
         "POST /v1/invoke/hostile HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {ATTACKER}\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{{"
     );
+    // A request's body is read once the tenant has a slot for it: the attacker's one running
+    // and eight queued wait their turn (no byte of their bodies held), each then given the body
+    // timeout; the other 291 are refused at once.
+    let places = 1 + 8;
     s.row(
         9,
         "300 connections withholding their body",
         64 * MIB,
-        Some(BODY_TIMEOUT),
+        Some(places * BODY_TIMEOUT),
         async {
             let conns = hold(&addr, &sources, 300, withheld.as_bytes()).await;
             let health = s
@@ -890,10 +894,13 @@ async fn a_hostile_tenant_cannot_break_isolation() {
             assert_eq!(health, 200);
             let victim = s.victim_median(3).await;
             let n = conns.len();
-            let (gone, longest) = closed(conns, BODY_TIMEOUT + LATE + Duration::from_secs(1)).await;
+            let (gone, longest) =
+                closed(conns, places * BODY_TIMEOUT + LATE + Duration::from_secs(1)).await;
             assert_eq!(gone, n, "{gone} of {n} closed");
             (
-                Outcome::of(408, "request_timeout", longest).note(format!("{gone}/{n} closed")),
+                Outcome::of(408, "request_timeout", longest).note(format!(
+                    "{gone}/{n} closed; all but the tenant's {places} (1 running, 8 queued) at once"
+                )),
                 Some(victim),
             )
         },
@@ -919,6 +926,53 @@ async fn a_hostile_tenant_cannot_break_isolation() {
             assert_eq!(gone, n, "{gone} of {n} closed");
             (
                 Outcome::of(0, "closed", longest).note(format!("{gone}/{n} closed")),
+                Some(victim),
+            )
+        },
+    )
+    .await;
+    s.row(
+        9,
+        "48 invocations with 4 MiB bodies at once (concurrency 1)",
+        // The one admitted holds its body and what is parsed from it (it is then refused: an
+        // option over 4 KiB); the waiting and refused ones hold none of theirs.
+        64 * MIB + 2 * 4 * MIB,
+        None,
+        async {
+            let started = Instant::now();
+            let mut body = hostile("none", &[], &[]);
+            body["options"]["pad"] = "x".repeat((4 << 20) - 1024).into();
+            let body = body.to_string();
+            let calls = (0..48).map(|_| {
+                let (client, url, body) = (
+                    s.client.clone(),
+                    format!("{}/v1/invoke/hostile", s.host.url),
+                    body.clone(),
+                );
+                async move {
+                    client
+                        .post(url)
+                        .bearer_auth(ATTACKER)
+                        .header("content-type", "application/json")
+                        .body(body)
+                        .send()
+                        .await
+                        .map_or(0, |r| r.status().as_u16())
+                }
+            });
+            let (statuses, victim) =
+                tokio::join!(futures::future::join_all(calls), s.victim_median(3));
+            // Every one answered (0: the connection broke), none with a 5xx.
+            assert!(
+                statuses.iter().all(|&c| (400..500).contains(&c)),
+                "{statuses:?}"
+            );
+            let refused = statuses.iter().filter(|&&c| c == 429).count();
+            (
+                Outcome::of(429, "busy", started.elapsed()).note(format!(
+                    "{refused} refused, their bodies read and dropped; {} read one at a time",
+                    statuses.len() - refused
+                )),
                 Some(victim),
             )
         },
@@ -1073,6 +1127,75 @@ async fn a_hostile_tenant_cannot_break_isolation() {
                 Outcome::of(worst.status, &worst.code, started.elapsed()).note(note),
                 None,
             )
+        },
+    )
+    .await;
+
+    s.row(
+        10,
+        "12 uploads of 7.5 MB of code, each client hanging up 0.3 s after its last byte",
+        bound,
+        None,
+        async {
+            let started = Instant::now();
+            let addr = s.host.url.trim_start_matches("http://").to_string();
+            let mut answers = Vec::new();
+            for i in 0..12 {
+                // Other bytes each time (a custom section), so that each is compiled afresh.
+                let mut code = heavy_code.clone();
+                let tag = format!("gone{i:02}");
+                section(0, &[&[tag.len() as u8], tag.as_bytes()].concat(), &mut code);
+                let head = format!(
+                    "PUT /v1/functions/gone{i} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {ATTACKER}\r\nContent-Length: {}\r\n\r\n",
+                    code.len()
+                );
+                let mut conn = tokio::net::TcpStream::connect(&addr).await.expect("connect");
+                conn.write_all(head.as_bytes()).await.expect("head");
+                // A refused upload is answered before its body is read (the host may close the
+                // connection while the body is being written); one taken is compiled, and its
+                // client hangs up 0.3 s after its last byte.
+                let (mut rd, mut wr) = conn.split();
+                let write = async {
+                    let _ = tokio::time::timeout(Duration::from_secs(10), wr.write_all(&code))
+                        .await;
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                };
+                let mut answer = [0u8; 64];
+                let answered = tokio::select! {
+                    r = rd.read(&mut answer) => match r {
+                        Ok(n) if n > 0 => String::from_utf8_lossy(&answer[..n])
+                            .split(' ')
+                            .nth(1)
+                            .unwrap_or("?")
+                            .to_string(),
+                        other => format!("closed ({other:?})"),
+                    },
+                    () = write => "compiling".to_string(),
+                };
+                answers.push(answered);
+                drop(conn);
+            }
+            // The attacker's next upload is taken once the compiles it left have ended.
+            let waited = Instant::now();
+            let after = loop {
+                let o = put(ATTACKER, "after".into(), hostile_bytes.clone()).await;
+                if o.status != 429 || waited.elapsed() > Duration::from_secs(120) {
+                    break o;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            };
+            assert_eq!(after.status, 201, "{after:?}");
+            let compiling = answers.iter().filter(|a| *a == "compiling").count();
+            assert!(
+                answers.iter().all(|a| a == "compiling" || a == "429"),
+                "{answers:?}"
+            );
+            let note = format!(
+                "{compiling} compiled after their clients left, {} refused before their bytes were read; the next upload taken {:.2} s later",
+                answers.len() - compiling,
+                waited.elapsed().as_secs_f64()
+            );
+            (Outcome::of(429, "deploy_busy", started.elapsed()).note(note), None)
         },
     )
     .await;

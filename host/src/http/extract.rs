@@ -102,6 +102,30 @@ impl<S: Send + Sync> FromRequestParts<S> for Name {
     }
 }
 
+/// Answers `refusal` to a request whose body the host will not use, after reading and dropping
+/// that body (at most `limit` bytes, within `timeout`; none of it kept), so that a client still
+/// sending it gets the answer rather than a broken connection.
+pub async fn refuse<T>(
+    body: Body,
+    limit: usize,
+    timeout: Duration,
+    refusal: ApiError,
+) -> Result<T, ApiError> {
+    use http_body_util::BodyExt;
+    let drain = async {
+        let mut body = body;
+        let mut seen = 0usize;
+        while let Some(Ok(frame)) = body.frame().await {
+            seen += frame.data_ref().map_or(0, |d| d.len());
+            if seen > limit {
+                break;
+            }
+        }
+    };
+    let _ = tokio::time::timeout(timeout, drain).await;
+    Err(refusal)
+}
+
 /// Reads a request body of at most `limit` bytes within `timeout`.
 pub async fn body(body: Body, limit: usize, timeout: Duration) -> Result<Bytes, ApiError> {
     match tokio::time::timeout(timeout, axum::body::to_bytes(body, limit)).await {

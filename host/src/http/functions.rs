@@ -69,7 +69,10 @@ pub async fn deploy(
     let declared = extract::declared_within(&headers, limit)?;
     // The tenant's one upload in progress, taken before a byte of it is read: a tenant holds at
     // most one upload's bytes at once however many connections it opens.
-    let reservation = host.reserve_deploy(&tenant, &name, declared.unwrap_or(0))?;
+    let reservation = match host.reserve_deploy(&tenant, &name, declared.unwrap_or(0)) {
+        Ok(r) => r,
+        Err(e) => return extract::refuse(body, limit, http.body_timeout, e.into()).await,
+    };
     let bytes = extract::body(body, limit, http.body_timeout).await?;
     let f = host.deploy(&tenant, reservation, bytes).await?;
     Ok((StatusCode::CREATED, Json(info(&f))))

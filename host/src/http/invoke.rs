@@ -24,20 +24,20 @@ pub async fn invoke(
 ) -> Result<Response, ApiError> {
     let started = Instant::now();
     extract::declared_within(&headers, MAX_INVOKE_BODY)?;
-    let f = host.function(&tenant.name, &function).ok_or_else(|| {
-        ApiError::new(
+    let timeout = host.policy().host.http.body_timeout;
+    let Some(f) = host.function(&tenant.name, &function) else {
+        let missing = ApiError::new(
             ErrorCode::FunctionNotFound,
             format!("tenant `{}` has no function `{function}`", tenant.name),
-        )
-    })?;
-    // Admitted before a byte of the body is read: a tenant holds at most `concurrency` +
-    // `queue` request bodies at once, however many connections it opens.
-    let permit = host
-        .admission(&tenant)
-        .admit()
-        .await
-        .ok_or_else(|| ApiError::busy(&tenant))?;
-    let timeout = host.policy().host.http.body_timeout;
+        );
+        return extract::refuse(body, MAX_INVOKE_BODY, timeout, missing).await;
+    };
+    // Admitted before the body is read: a tenant holds at most `concurrency` + `queue`
+    // request bodies at once, however many connections it opens (a refused one is read and
+    // dropped, never kept).
+    let Some(permit) = host.admission(&tenant).admit().await else {
+        return extract::refuse(body, MAX_INVOKE_BODY, timeout, ApiError::busy(&tenant)).await;
+    };
     let body = extract::body(body, MAX_INVOKE_BODY, timeout).await?;
     let req = InvokeRequest::parse(&body).map_err(|e| ApiError::new(ErrorCode::BadJson, e))?;
     drop(body);

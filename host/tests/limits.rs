@@ -351,6 +351,25 @@ async fn past_the_queue_bound_the_host_answers_429_with_retry_after() {
     );
 }
 
+/// Runs `call` while `tight` is full: its two slots running endless loops and its one queue
+/// place taken (the loops then end at the tenant's 1 s limit); returns `call`'s output.
+async fn when_tight_is_full<T>(h: &TestHost, call: impl Future<Output = T>) -> T {
+    let tenant = Arc::clone(&h.host.policy().tenants["tight"]);
+    let admission = h.host.admission(&tenant);
+    let loops = futures_join((0..3).map(|_| h.invoke(TIGHT, "hostile", hostile("loop", &[], &[]))));
+    let full = async {
+        let until = Instant::now() + Duration::from_secs(30);
+        while admission.load() != (2, 1) {
+            assert!(Instant::now() < until, "the loops never filled the slots");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        call.await
+    };
+    let (responses, out) = tokio::join!(loops, full);
+    assert!(responses.iter().all(|r| r.status() == 422));
+    out
+}
+
 /// A model's profile takes one of the tenant's slots, as an invocation does: with `tight`'s two
 /// slots running endless loops and its one queue place taken, a profile is refused at once
 /// (429 `busy`); alone, it is answered.
@@ -365,19 +384,7 @@ async fn a_profile_takes_one_of_the_tenants_slots() {
             .await
             .expect("profile request")
     };
-    let tenant = Arc::clone(&h.host.policy().tenants["tight"]);
-    let admission = h.host.admission(&tenant);
-    let loops = futures_join((0..3).map(|_| h.invoke(TIGHT, "hostile", hostile("loop", &[], &[]))));
-    let refused = async {
-        let until = Instant::now() + Duration::from_secs(30);
-        while admission.load() != (2, 1) {
-            assert!(Instant::now() < until, "the loops never filled the slots");
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-        profile().await
-    };
-    let (responses, refused) = tokio::join!(loops, refused);
-    assert!(responses.iter().all(|r| r.status() == 422));
+    let refused = when_tight_is_full(&h, profile()).await;
     let (code, message) = error_code(refused, 429).await;
     assert_eq!(code, "busy", "{message}");
     assert_eq!(profile().await.status(), 200);
@@ -390,17 +397,9 @@ async fn a_profile_takes_one_of_the_tenants_slots() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_request_is_answered_while_its_body_is_still_being_sent() {
     let h = TestHost::start().await;
-    let tenant = Arc::clone(&h.host.policy().tenants["tight"]);
-    let admission = h.host.admission(&tenant);
-    let loops = futures_join((0..3).map(|_| h.invoke(TIGHT, "hostile", hostile("loop", &[], &[]))));
-    let refused = async {
-        let until = Instant::now() + Duration::from_secs(30);
-        while admission.load() != (2, 1) {
-            assert!(Instant::now() < until, "the loops never filled the slots");
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-        let mut body = hostile("read", &[], &[]);
-        body["options"]["pad"] = "x".repeat(3 << 20).into();
+    let mut body = hostile("read", &[], &[]);
+    body["options"]["pad"] = "x".repeat(3 << 20).into();
+    let post = async {
         h.client
             .post(format!("{}/v1/invoke/hostile", h.url))
             .bearer_auth(TIGHT)
@@ -409,8 +408,7 @@ async fn a_refused_request_is_answered_while_its_body_is_still_being_sent() {
             .await
             .expect("answered, not cut off")
     };
-    let (responses, refused) = tokio::join!(loops, refused);
-    assert!(responses.iter().all(|r| r.status() == 422));
+    let refused = when_tight_is_full(&h, post).await;
     let (code, message) = error_code(refused, 429).await;
     assert_eq!(code, "busy", "{message}");
 }

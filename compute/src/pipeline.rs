@@ -141,13 +141,18 @@ where
     let (tx, mut rx) = tokio::sync::mpsc::channel::<Message>(prefetch.max(1));
     let sources = Arc::new(sources);
     let producer_choice = choice.clone();
+    // Fetch tasks not yet dropped (ended, or aborted and gone).
+    let live = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = Arc::clone(&live);
     let producer = rt.spawn(async move {
         use futures::StreamExt;
         let mut fetches = futures::stream::iter(batches)
             .map(|batch| {
                 let split = producer_choice.next_split();
                 let sources = Arc::clone(&sources);
+                let alive = Alive::new(&counted);
                 AbortOnDrop(tokio::spawn(async move {
+                    let _alive = alive;
                     let started = Instant::now();
                     let r = match sources.get(&split) {
                         Some(source) => source.fetch(&batch).await,
@@ -212,11 +217,32 @@ where
         }
     })();
     // Done, stopped early or failed: the producer and the fetches it has in flight are dropped
-    // (each fetch is aborted with it), and waited for.
+    // (each fetch is aborted with it), and waited for until every fetch task is gone, so that
+    // their connections are closed when this returns.
     drop(rx);
     producer.abort();
     let _ = rt.block_on(producer);
+    let until = Instant::now() + std::time::Duration::from_secs(10);
+    while live.load(std::sync::atomic::Ordering::SeqCst) > 0 && Instant::now() < until {
+        rt.block_on(tokio::time::sleep(std::time::Duration::from_millis(1)));
+    }
     result.map(|()| times)
+}
+
+/// Counts a fetch task as alive until it is dropped (ended, or aborted).
+struct Alive(Arc<std::sync::atomic::AtomicUsize>);
+
+impl Alive {
+    fn new(count: &Arc<std::sync::atomic::AtomicUsize>) -> Self {
+        count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Self(Arc::clone(count))
+    }
+}
+
+impl Drop for Alive {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
 }
 
 /// A spawned fetch, aborted when dropped: when the job stops (an error, or the consumer gone),

@@ -7,7 +7,7 @@
 //! before they are compiled ([`compile::check`]), against the tenant's quota of functions and
 //! bytes, and compiled off the request path, [`COMPILES_AT_ONCE`] at a time, with at most one
 //! upload per tenant in progress (from before its bytes are read to the end of its compile) and
-//! [`MAX_COMPILE_QUEUE`] waiting in all. Compiled code is cached per tenant (nothing about one tenant's uploads can
+//! [`MAX_COMPILE_QUEUE`] waiting or compiling in all. Compiled code is cached per tenant (nothing about one tenant's uploads can
 //! be learnt from another's timings) and removed with the last function that used it.
 
 use crate::account::text::quote;
@@ -390,8 +390,8 @@ impl Functions {
         Ok(())
     }
 
-    /// A place in the compile queue: one per tenant, [`MAX_COMPILE_QUEUE`] in all.
-    /// A place in the compile queue, all tenants together.
+    /// A place in the compile queue (waiting for the compiler or being compiled),
+    /// [`MAX_COMPILE_QUEUE`] in all.
     fn enqueue(&self) -> Result<Queued, FunctionError> {
         let mut q = lock(&self.queue);
         if q.waiting >= MAX_COMPILE_QUEUE {

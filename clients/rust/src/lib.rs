@@ -298,18 +298,38 @@ impl StorageClient {
         anyhow::bail!("no host told the keys' placement (last: {last})")
     }
 
-    /// The host's per-layer profile of `model` (the first host that is in).
+    /// The host's per-layer profile of `model` (the first host that is in), asking again while
+    /// it answers 429, within the retry policy's time.
     pub async fn profile(&self, model: &str) -> anyhow::Result<HostProfile> {
         let host = self.router.host(self.router.first_in());
-        let resp = self
-            .http
-            .get(format!("{host}/v1/models/{model}/profile"))
-            .bearer_auth(&self.token)
-            .send()
-            .await
-            .map_err(|e| anyhow::anyhow!("{host}: profile of `{model}`: {}", error_chain(&e)))?;
-        let status = resp.status();
-        let body = resp.bytes().await?;
+        let started = Instant::now();
+        let mut backoff = self.retry.initial;
+        let (status, body) = loop {
+            let resp = self
+                .http
+                .get(format!("{host}/v1/models/{model}/profile"))
+                .bearer_auth(&self.token)
+                .send()
+                .await
+                .map_err(|e| {
+                    anyhow::anyhow!("{host}: profile of `{model}`: {}", error_chain(&e))
+                })?;
+            let status = resp.status();
+            let after = resp
+                .headers()
+                .get(reqwest::header::RETRY_AFTER)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse::<u64>().ok())
+                .map(Duration::from_secs);
+            let body = resp.bytes().await?;
+            // 429: the tenant's slots are all taken (a profile takes one, as an invocation
+            // does) or the model is being loaded; it is asked again as the host says.
+            if status.as_u16() != 429 || started.elapsed() >= self.retry.give_up_after {
+                break (status, body);
+            }
+            tokio::time::sleep(after.unwrap_or(backoff).min(self.retry.max_backoff)).await;
+            backoff = (backoff * 2).min(self.retry.max_backoff);
+        };
         if !status.is_success() {
             let msg = serde_json::from_slice::<ErrorBody>(&body).map_or_else(
                 |_| String::from_utf8_lossy(&body).into_owned(),

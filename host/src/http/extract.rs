@@ -104,7 +104,8 @@ impl<S: Send + Sync> FromRequestParts<S> for Name {
 
 /// Answers `refusal` to a request whose body the host will not use, after reading and dropping
 /// that body (at most `limit` bytes, within `timeout`; none of it kept), so that a client still
-/// sending it gets the answer rather than a broken connection.
+/// sending it gets the answer rather than a broken connection. A body past `limit` is answered
+/// 413, as it would have been had it been read.
 pub async fn refuse<T>(
     body: Body,
     limit: usize,
@@ -118,12 +119,18 @@ pub async fn refuse<T>(
         while let Some(Ok(frame)) = body.frame().await {
             seen += frame.data_ref().map_or(0, |d| d.len());
             if seen > limit {
-                break;
+                return false;
             }
         }
+        true
     };
-    let _ = tokio::time::timeout(timeout, drain).await;
-    Err(refusal)
+    match tokio::time::timeout(timeout, drain).await {
+        Ok(false) => Err(ApiError::new(
+            ErrorCode::BodyTooLarge,
+            format!("the request body is over this endpoint's limit of {limit} bytes"),
+        )),
+        _ => Err(refusal),
+    }
 }
 
 /// Reads a request body of at most `limit` bytes within `timeout`.

@@ -32,9 +32,9 @@ pub async fn invoke(
         );
         return extract::refuse(body, MAX_INVOKE_BODY, timeout, missing).await;
     };
-    // Admitted before the body is read: a tenant holds at most `concurrency` + `queue`
-    // request bodies at once, however many connections it opens (a refused one is read and
-    // dropped, never kept).
+    // Admitted before the body is read: a tenant holds at most `concurrency` request bodies at
+    // once, however many connections it opens (one waiting in the queue holds none; a refused
+    // one is read and dropped, never kept). The body timeout runs from the admission.
     let Some(permit) = host.admission(&tenant).admit().await else {
         return extract::refuse(body, MAX_INVOKE_BODY, timeout, ApiError::busy(&tenant)).await;
     };

@@ -224,7 +224,8 @@ where
     let _ = rt.block_on(producer);
     let until = Instant::now() + std::time::Duration::from_secs(10);
     while live.load(std::sync::atomic::Ordering::SeqCst) > 0 && Instant::now() < until {
-        rt.block_on(tokio::time::sleep(std::time::Duration::from_millis(1)));
+        // Built inside the runtime (a timer needs its context), which runs the tasks meanwhile.
+        rt.block_on(async { tokio::time::sleep(std::time::Duration::from_millis(1)).await });
     }
     result.map(|()| times)
 }

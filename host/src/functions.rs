@@ -11,16 +11,19 @@
 //! be learnt from another's timings) and removed with the last function that used it.
 
 use crate::account::text::quote;
+use crate::metrics::Metrics;
 use crate::policy::{Policy, Tenant, hash_bytes, valid_name};
 use crate::wasm::compile::{self, DeployError};
 use crate::wasm::invoke::{Prepared, Runtime, allowed_imports};
 use cap_std::ambient_authority;
 use cap_std::fs::Dir;
+use hapi_wire::ErrorCode;
 use std::collections::{BTreeMap, HashSet};
 use std::hash::{Hash, Hasher};
 use std::io::Write;
 use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::time::Instant;
 
 /// Uploads waiting to be compiled, all tenants together; past this, 429.
 pub const MAX_COMPILE_QUEUE: usize = 8;
@@ -60,6 +63,21 @@ pub enum FunctionError {
     /// The host could not store or compile it (its own fault).
     #[error("{0}")]
     Host(String),
+}
+
+impl FunctionError {
+    /// The wire code of this error.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            Self::BadName(_) => ErrorCode::BadName,
+            Self::NotFound { .. } => ErrorCode::FunctionNotFound,
+            Self::Managed(_) => ErrorCode::FunctionManagedByPolicy,
+            Self::Quota(_) => ErrorCode::QuotaExceeded,
+            Self::Busy(_) => ErrorCode::DeployBusy,
+            Self::Bad { .. } => ErrorCode::BadComponent,
+            Self::Host(_) => ErrorCode::HostFault,
+        }
+    }
 }
 
 type Table = BTreeMap<String, BTreeMap<String, Arc<Function>>>;
@@ -230,6 +248,57 @@ impl Functions {
         }
     }
 
+    /// Removes what no loaded function can use from the state directory of each tenant in the
+    /// table: compiled code of other engine versions or of functions no longer there, and
+    /// files a crash left half written (`*.tmp`). Run at start, before any upload: a compile in
+    /// progress writes code that is not in the table yet.
+    pub fn sweep(&self, runtime: &Runtime) {
+        let table = self.table.read().unwrap_or_else(PoisonError::into_inner);
+        let (mut files, mut bytes) = (0usize, 0u64);
+        for (tenant, fns) in table.iter() {
+            let keep: HashSet<String> = fns
+                .values()
+                .map(|f| Self::cache_name(runtime, &f.sha256))
+                .collect();
+            for (n, b) in [
+                self.remove_files(&format!("compiled/{tenant}"), |f| !keep.contains(f)),
+                self.remove_files(&format!("functions/{tenant}"), |f| f.ends_with(".tmp")),
+            ] {
+                files += n;
+                bytes += b;
+            }
+        }
+        if files > 0 {
+            tracing::info!(
+                "removed {files} unused file(s) ({bytes} bytes) from the state directory: compiled code no function uses, half-written files"
+            );
+        }
+    }
+
+    /// Removes the files of `dir` (in the state directory) whose names are `unused`; returns how
+    /// many and their bytes.
+    fn remove_files(&self, dir: &str, unused: impl Fn(&str) -> bool) -> (usize, u64) {
+        let (mut files, mut bytes) = (0, 0);
+        let Ok(entries) = self.state.read_dir(dir) else {
+            return (0, 0);
+        };
+        for entry in entries.flatten() {
+            let file = entry.file_name().to_string_lossy().into_owned();
+            if !entry.file_type().is_ok_and(|t| t.is_file()) || !unused(&file) {
+                continue;
+            }
+            let size = entry.metadata().map_or(0, |m| m.len());
+            match self.state.remove_file(format!("{dir}/{file}")) {
+                Ok(()) => {
+                    files += 1;
+                    bytes += size;
+                }
+                Err(e) => tracing::warn!("not removing {dir}/{file}: {e}"),
+            }
+        }
+        (files, bytes)
+    }
+
     /// (Re)loads every tenant's functions: those it uploaded earlier (kept under the state
     /// directory; one that no longer builds is skipped with a warning), then those the policy
     /// names (an error: the operator must fix the policy).
@@ -320,34 +389,50 @@ impl Functions {
     }
 
     /// Deploys a reserved upload: checks the quota and the bytes, waits its turn in the
-    /// compile queue, compiles, stores and replaces any earlier function of that name.
+    /// compile queue, compiles, stores and replaces any earlier function of that name. An
+    /// upload refused before the compiler takes it is counted in `metrics` as refused; one it
+    /// takes, under its outcome with the time it took, even when its client has gone.
     pub async fn deploy(
         self: &Arc<Self>,
         runtime: &Arc<Runtime>,
         tenant: &Arc<Tenant>,
         reservation: Reservation,
         bytes: bytes::Bytes,
+        metrics: &Arc<Metrics>,
     ) -> Result<Arc<Function>, FunctionError> {
         let name = reservation.name.clone();
+        let refused = |e: FunctionError| {
+            metrics.refused(&tenant.name, "deploy", e.code().as_str());
+            e
+        };
         // At its real size (the reservation checked the declared one). The tenant has no other
         // upload in progress, so nothing else adds to its functions until this one is done.
-        self.check_quota(tenant, &name, bytes.len() as u64)?;
-        let queued = self.enqueue()?;
+        self.check_quota(tenant, &name, bytes.len() as u64)
+            .map_err(refused)?;
+        let queued = self.enqueue().map_err(refused)?;
         let turn = Arc::clone(&self.compiler)
             .acquire_owned()
             .await
             .map_err(|_| FunctionError::Host("the compiler stopped".into()))?;
-        let (me, rt, t, n) = (
+        let (me, rt, t, n, m) = (
             Arc::clone(self),
             Arc::clone(runtime),
             Arc::clone(tenant),
             name,
+            Arc::clone(metrics),
         );
         // The compile cannot be stopped once it runs; it keeps its place and turn until it ends,
         // whether or not anyone still waits for it.
         tokio::task::spawn_blocking(move || {
             let _held = (reservation, queued, turn);
-            let f = Arc::new(me.build(&rt, &t, &n, &bytes, false)?);
+            let started = Instant::now();
+            let built = me.build(&rt, &t, &n, &bytes, false);
+            m.uploaded(
+                &t.name,
+                built.as_ref().map_or_else(|e| e.code().as_str(), |_| "ok"),
+                started.elapsed(),
+            );
+            let f = Arc::new(built?);
             let dir = format!("functions/{}", t.name);
             me.write(&dir, &format!("{dir}/{n}.wasm"), &bytes)
                 .map_err(|e| FunctionError::Host(format!("saving function `{n}`: {e}")))?;

@@ -62,7 +62,7 @@ pub struct Host {
     device: Arc<Device>,
     functions: Arc<Functions>,
     admissions: Admissions,
-    pub metrics: Metrics,
+    pub metrics: Arc<Metrics>,
 }
 
 impl Host {
@@ -109,13 +109,14 @@ impl Host {
                 .with_context(|| format!("opening the state directory {}", h.state.display()))?,
         );
         functions.load_all(&runtime, &policy)?;
+        functions.sweep(&runtime);
         Ok(Arc::new(Self {
             policy: RwLock::new(Arc::new(policy)),
             runtime,
             device,
             functions,
             admissions: Admissions::default(),
-            metrics: Metrics::default(),
+            metrics: Arc::default(),
         }))
     }
 
@@ -240,7 +241,7 @@ impl Host {
         bytes: bytes::Bytes,
     ) -> Result<Arc<Function>, FunctionError> {
         self.functions
-            .deploy(&self.runtime, tenant, reservation, bytes)
+            .deploy(&self.runtime, tenant, reservation, bytes, &self.metrics)
             .await
     }
 

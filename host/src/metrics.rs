@@ -29,10 +29,16 @@ pub const CLIENT_CLOSED: &str = "client_closed";
 /// this name).
 pub const REMOVED: &str = "(removed)";
 
-/// Per tenant, function and outcome code.
+/// Per tenant, function and outcome code; and per tenant, what the host refused and what it
+/// compiled on the tenant's behalf.
 #[derive(Debug, Default)]
 pub struct Metrics {
     series: Mutex<BTreeMap<(String, String, String), Series>>,
+    /// Requests answered with an error before they ran, by tenant, endpoint and code.
+    refused: Mutex<BTreeMap<(String, &'static str, &'static str), u64>>,
+    /// Uploads taken to the compiler, by tenant and outcome code: how many, and the seconds
+    /// spent checking, compiling and preparing them.
+    uploads: Mutex<BTreeMap<(String, &'static str), (u64, f64)>>,
 }
 
 /// One finished invocation, as metrics see it.
@@ -68,6 +74,22 @@ impl Metrics {
         s.compute_seconds += o.compute.as_secs_f64();
         s.read_bytes += o.read_bytes;
         s.output_bytes += o.output_bytes;
+    }
+
+    /// A request of `tenant` to `endpoint` answered `code` before it ran (no slot, no such
+    /// function, a body that could not be read or parsed, a quota).
+    pub fn refused(&self, tenant: &str, endpoint: &'static str, code: &'static str) {
+        let mut map = self.refused.lock().unwrap_or_else(PoisonError::into_inner);
+        *map.entry((tenant.to_string(), endpoint, code)).or_default() += 1;
+    }
+
+    /// An upload of `tenant` that the compiler took, ending with `code` (`ok`, or why it was
+    /// rejected) after `spent` on the host's compile threads.
+    pub fn uploaded(&self, tenant: &str, code: &'static str, spent: Duration) {
+        let mut map = self.uploads.lock().unwrap_or_else(PoisonError::into_inner);
+        let e = map.entry((tenant.to_string(), code)).or_default();
+        e.0 += 1;
+        e.1 += spent.as_secs_f64();
     }
 
     /// Folds the series of `tenant`'s `function` into the tenant's [`REMOVED`] series, when
@@ -142,6 +164,42 @@ impl Metrics {
                     escape(function),
                     escape(code),
                     value(s)
+                );
+            }
+        }
+        let refused = self.refused.lock().unwrap_or_else(PoisonError::into_inner);
+        let _ = writeln!(
+            out,
+            "# HELP hapi_refused_total Requests answered with an error before they ran, by tenant, endpoint and code.\n# TYPE hapi_refused_total counter"
+        );
+        for ((tenant, endpoint, code), n) in refused.iter() {
+            let _ = writeln!(
+                out,
+                "hapi_refused_total{{tenant=\"{}\",endpoint=\"{endpoint}\",code=\"{code}\"}} {n}",
+                escape(tenant)
+            );
+        }
+        let uploads = self.uploads.lock().unwrap_or_else(PoisonError::into_inner);
+        let upload_families: [(&str, &str, fn(&(u64, f64)) -> String); 2] = [
+            (
+                "hapi_uploads_total",
+                "Uploads taken to the compiler, by tenant and outcome code.",
+                |u| u.0.to_string(),
+            ),
+            (
+                "hapi_compile_seconds_total",
+                "Time the host spent checking, compiling and preparing a tenant's uploads.",
+                |u| u.1.to_string(),
+            ),
+        ];
+        for (name, help, value) in upload_families {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+            for ((tenant, code), u) in uploads.iter() {
+                let _ = writeln!(
+                    out,
+                    "{name}{{tenant=\"{}\",code=\"{code}\"}} {}",
+                    escape(tenant),
+                    value(u)
                 );
             }
         }

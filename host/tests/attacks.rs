@@ -883,6 +883,8 @@ async fn a_hostile_tenant_cannot_break_isolation() {
         64 * MIB,
         Some(places * BODY_TIMEOUT),
         async {
+            let refused = "hapi_refused_total{tenant=\"attacker\",endpoint=\"invoke\"";
+            let refused_before = s.metric(refused).await;
             let conns = hold(&addr, &sources, 300, withheld.as_bytes()).await;
             let health = s
                 .client
@@ -897,6 +899,10 @@ async fn a_hostile_tenant_cannot_break_isolation() {
             let (gone, longest) =
                 closed(conns, places * BODY_TIMEOUT + LATE + Duration::from_secs(1)).await;
             assert_eq!(gone, n, "{gone} of {n} closed");
+            // Every one of them is charged to the attacker as refused (busy, or its body
+            // timeout), none as an invocation.
+            let charged = s.metric(refused).await - refused_before;
+            assert_eq!(charged as usize, n, "refusals charged to the attacker");
             (
                 Outcome::of(408, "request_timeout", longest).note(format!(
                     "{gone}/{n} closed; all but the tenant's {places} (1 running, 8 queued) refused (429) at their body timeout, those {places} in turn"

@@ -6,6 +6,8 @@ mod common;
 
 use common::components::{component, guest_with, module, variant};
 use common::{ALICE, BOB, TestHost, error_code, guest, raw, start_tenants, tenant_token};
+use hapi_host::Host;
+use hapi_host::policy::Policy;
 use hapi_host::wasm::compile::{self, DeployError};
 use serde_json::json;
 use std::path::Path;
@@ -73,6 +75,33 @@ async fn uploads_that_are_not_granted_components_are_rejected_before_compiling()
     // A tenant without the deploy right cannot upload at all.
     let (code, _) = error_code(h.put_function(BOB, "mine", wasm("hostile")).await, 403).await;
     assert_eq!(code, "deploy_not_allowed");
+    // The operator sees all of it, charged to the tenant that sent it: six uploads the
+    // compiler took and rejected, with the time it spent on them, and one refused at the door.
+    let metrics = h.metrics().await;
+    for line in [
+        "hapi_uploads_total{tenant=\"alice\",code=\"bad_component\"} 6",
+        "hapi_refused_total{tenant=\"bob\",endpoint=\"deploy\",code=\"deploy_not_allowed\"} 1",
+    ] {
+        assert!(metrics.lines().any(|l| l == line), "{line}\n{metrics}");
+    }
+    assert!(
+        compile_seconds(&metrics, "alice", "bad_component") > 0.0,
+        "{metrics}"
+    );
+    assert!(
+        !metrics.contains("hapi_uploads_total{tenant=\"bob\""),
+        "{metrics}"
+    );
+}
+
+/// The `hapi_compile_seconds_total` of `tenant`'s uploads that ended with `code`.
+fn compile_seconds(metrics: &str, tenant: &str, code: &str) -> f64 {
+    let series = format!("hapi_compile_seconds_total{{tenant=\"{tenant}\",code=\"{code}\"}} ");
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(&series))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {series}in\n{metrics}"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -149,10 +178,59 @@ async fn a_deployed_function_is_invoked_listed_and_removed_with_its_code() {
     // Its metrics are kept in the tenant's series of removed functions.
     let metrics = h.metrics().await;
     assert!(!metrics.contains("function=\"mine\""), "{metrics}");
+    // Two uploads compiled and one rejected, and each tenant's call to a function it does
+    // not have, counted as refused (the name it asked for is not a label).
+    for line in [
+        "hapi_invocations_total{tenant=\"alice\",function=\"(removed)\",code=\"ok\"} 1",
+        "hapi_uploads_total{tenant=\"alice\",code=\"ok\"} 2",
+        "hapi_uploads_total{tenant=\"alice\",code=\"bad_component\"} 1",
+        "hapi_refused_total{tenant=\"alice\",endpoint=\"invoke\",code=\"function_not_found\"} 1",
+        "hapi_refused_total{tenant=\"bob\",endpoint=\"invoke\",code=\"function_not_found\"} 1",
+    ] {
+        assert!(metrics.lines().any(|l| l == line), "{line}\n{metrics}");
+    }
+    assert!(compile_seconds(&metrics, "alice", "ok") > 0.0, "{metrics}");
+}
+
+/// At start the host removes what no function can use from the state directory: compiled code
+/// of another engine version or of a function no longer there, and files a crash left half
+/// written. The code of the functions it loads stays, and they still run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_removes_compiled_code_that_no_function_uses() {
+    let h = TestHost::start().await;
+    let state = h.policy_path.with_file_name("state");
+    let resp = h
+        .put_function(ALICE, "mine", variant("hostile", "mine"))
+        .await;
+    assert_eq!(resp.status(), 201);
+    let info: serde_json::Value = resp.json().await.expect("json");
+    let sha = info["sha256"].as_str().expect("sha256").to_string();
+    let kept = files(&state.join("compiled/alice"));
+    assert_eq!(
+        kept.len(),
+        3,
+        "the policy's two functions and mine: {kept:?}"
+    );
+    let planted = [
+        format!("compiled/alice/{sha}-0000000000000000.cwasm"),
+        format!("compiled/alice/{}-0123456789abcdef.cwasm", "0".repeat(64)),
+        format!("compiled/alice/{sha}-0123456789abcdef.cwasm.tmp"),
+        "functions/alice/other.wasm.tmp".to_string(),
+    ];
+    for p in &planted {
+        std::fs::write(state.join(p), b"left over").expect("plant");
+    }
+    let policy = Policy::load(&h.policy_path).expect("policy");
+    let again = tokio::task::spawn_blocking(move || Host::start(policy))
+        .await
+        .expect("join")
+        .expect("the host starts again");
+    assert_eq!(files(&state.join("compiled/alice")), kept);
+    assert_eq!(files(&state.join("functions/alice")), ["mine.wasm"]);
+    let mine = again.functions("alice");
     assert!(
-        metrics.lines().any(|l| l
-            == "hapi_invocations_total{tenant=\"alice\",function=\"(removed)\",code=\"ok\"} 1"),
-        "{metrics}"
+        mine.iter().any(|f| f.name == "mine" && f.sha256 == sha),
+        "mine is loaded again"
     );
 }
 

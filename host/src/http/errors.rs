@@ -121,16 +121,10 @@ impl From<DeviceError> for ApiError {
 
 impl From<FunctionError> for ApiError {
     fn from(e: FunctionError) -> Self {
-        let code = match &e {
-            FunctionError::BadName(_) => ErrorCode::BadName,
-            FunctionError::NotFound { .. } => ErrorCode::FunctionNotFound,
-            FunctionError::Managed(_) => ErrorCode::FunctionManagedByPolicy,
-            FunctionError::Quota(_) => ErrorCode::QuotaExceeded,
-            FunctionError::Busy(_) => ErrorCode::DeployBusy,
-            FunctionError::Bad { .. } => ErrorCode::BadComponent,
-            FunctionError::Host(detail) => return ApiError::fault(detail.clone()),
-        };
-        ApiError::new(code, e.to_string())
+        match e {
+            FunctionError::Host(detail) => ApiError::fault(detail),
+            e => ApiError::new(e.code(), e.to_string()),
+        }
     }
 }
 

@@ -60,20 +60,31 @@ pub async fn deploy(
     headers: HeaderMap,
     body: Body,
 ) -> Result<impl IntoResponse, ApiError> {
-    require_deploy(&tenant)?;
+    let refused = |e: ApiError| {
+        host.metrics
+            .refused(&tenant.name, "deploy", e.code.as_str());
+        e
+    };
+    require_deploy(&tenant).map_err(refused)?;
     let http = host.policy().host.http.clone();
     // Nothing larger than the request limit or the tenant's whole quota is read.
     let limit = http
         .max_request
         .min(usize::try_from(tenant.limits.max_function_bytes).unwrap_or(usize::MAX));
-    let declared = extract::declared_within(&headers, limit)?;
+    let declared = extract::declared_within(&headers, limit).map_err(refused)?;
     // The tenant's one upload in progress, taken before a byte of it is read: a tenant holds at
     // most one upload's bytes at once however many connections it opens.
     let reservation = match host.reserve_deploy(&tenant, &name, declared.unwrap_or(0)) {
         Ok(r) => r,
-        Err(e) => return extract::refuse(body, limit, http.body_timeout, e.into()).await,
+        Err(e) => {
+            return extract::refuse(body, limit, http.body_timeout, e.into())
+                .await
+                .map_err(refused);
+        }
     };
-    let bytes = extract::body(body, limit, http.body_timeout).await?;
+    let bytes = extract::body(body, limit, http.body_timeout)
+        .await
+        .map_err(refused)?;
     let f = host.deploy(&tenant, reservation, bytes).await?;
     Ok((StatusCode::CREATED, Json(info(&f))))
 }

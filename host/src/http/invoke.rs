@@ -23,23 +23,37 @@ pub async fn invoke(
     body: Body,
 ) -> Result<Response, ApiError> {
     let started = Instant::now();
-    extract::declared_within(&headers, MAX_INVOKE_BODY)?;
+    // An invocation answered before it runs is counted as refused (its function's name is
+    // the client's, so it is not a label).
+    let refused = |e: ApiError| {
+        host.metrics
+            .refused(&tenant.name, "invoke", e.code.as_str());
+        e
+    };
+    extract::declared_within(&headers, MAX_INVOKE_BODY).map_err(refused)?;
     let timeout = host.policy().host.http.body_timeout;
     let Some(f) = host.function(&tenant.name, &function) else {
         let missing = ApiError::new(
             ErrorCode::FunctionNotFound,
             format!("tenant `{}` has no function `{function}`", tenant.name),
         );
-        return extract::refuse(body, MAX_INVOKE_BODY, timeout, missing).await;
+        return extract::refuse(body, MAX_INVOKE_BODY, timeout, missing)
+            .await
+            .map_err(refused);
     };
     // Admitted before the body is read: a tenant holds at most `concurrency` request bodies at
     // once, however many connections it opens (one waiting in the queue holds none; a refused
     // one is read and dropped, never kept). The body timeout runs from the admission.
     let Some(permit) = host.admission(&tenant).admit().await else {
-        return extract::refuse(body, MAX_INVOKE_BODY, timeout, ApiError::busy(&tenant)).await;
+        return extract::refuse(body, MAX_INVOKE_BODY, timeout, ApiError::busy(&tenant))
+            .await
+            .map_err(refused);
     };
-    let body = extract::body(body, MAX_INVOKE_BODY, timeout).await?;
-    let req = InvokeRequest::parse(&body).map_err(|e| ApiError::new(ErrorCode::BadJson, e))?;
+    let body = extract::body(body, MAX_INVOKE_BODY, timeout)
+        .await
+        .map_err(refused)?;
+    let req =
+        InvokeRequest::parse(&body).map_err(|e| refused(ApiError::new(ErrorCode::BadJson, e)))?;
     drop(body);
     let usage = Arc::new(Usage::default());
     let mut abandoned = Abandoned {

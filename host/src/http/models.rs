@@ -48,11 +48,16 @@ pub async fn profile(
     Authed(tenant): Authed,
     Name(name): Name,
 ) -> Result<impl IntoResponse, ApiError> {
+    let refused = |e: ApiError| {
+        host.metrics
+            .refused(&tenant.name, "profile", e.code.as_str());
+        e
+    };
     let Some(model) = host.runtime().models().resolve(&tenant, &name) else {
-        return Err(ApiError::new(
+        return Err(refused(ApiError::new(
             ErrorCode::ModelNotFound,
             format!("no model `{name}` for tenant `{}`", tenant.name),
-        ));
+        )));
     };
     // A profile may load the model and run it: it takes one of the tenant's slots, as an
     // invocation does, so that profiles cannot be called past the tenant's concurrency.
@@ -60,6 +65,6 @@ pub async fn profile(
         .admission(&tenant)
         .admit()
         .await
-        .ok_or_else(|| ApiError::busy(&tenant))?;
+        .ok_or_else(|| refused(ApiError::busy(&tenant)))?;
     Ok(Json(host.profile(&model.id, &name).await?))
 }

@@ -29,16 +29,25 @@ pub const CLIENT_CLOSED: &str = "client_closed";
 /// this name).
 pub const REMOVED: &str = "(removed)";
 
+/// A refused request's tenant, endpoint and code.
+type Refusal = (String, &'static str, &'static str);
+
+/// Uploads a tenant made: how many, and the compiler's seconds.
+type Uploads = (u64, f64);
+
+/// A metric family of uploads: name, help and how to read it.
+type UploadFamily = (&'static str, &'static str, fn(&Uploads) -> String);
+
 /// Per tenant, function and outcome code; and per tenant, what the host refused and what it
 /// compiled on the tenant's behalf.
 #[derive(Debug, Default)]
 pub struct Metrics {
     series: Mutex<BTreeMap<(String, String, String), Series>>,
     /// Requests answered with an error before they ran, by tenant, endpoint and code.
-    refused: Mutex<BTreeMap<(String, &'static str, &'static str), u64>>,
+    refused: Mutex<BTreeMap<Refusal, u64>>,
     /// Uploads taken to the compiler, by tenant and outcome code: how many, and the seconds
     /// spent checking, compiling and preparing them.
-    uploads: Mutex<BTreeMap<(String, &'static str), (u64, f64)>>,
+    uploads: Mutex<BTreeMap<(String, &'static str), Uploads>>,
 }
 
 /// One finished invocation, as metrics see it.
@@ -180,7 +189,7 @@ impl Metrics {
             );
         }
         let uploads = self.uploads.lock().unwrap_or_else(PoisonError::into_inner);
-        let upload_families: [(&str, &str, fn(&(u64, f64)) -> String); 2] = [
+        let upload_families: [UploadFamily; 2] = [
             (
                 "hapi_uploads_total",
                 "Uploads taken to the compiler, by tenant and outcome code.",

@@ -275,8 +275,8 @@ async fn every_route_checks_names_and_nothing_outside_a_tenants_files_is_touched
     assert_eq!(code, "function_managed_by_policy");
     // Everything is where it was; the host starts again from the same state.
     assert_eq!(files(&state.join("functions/alice")), ["mine.wasm"]);
-    let policy = hapi_host::policy::Policy::load(&h.policy_path).expect("policy");
-    let again = tokio::task::spawn_blocking(move || hapi_host::Host::start(policy))
+    let policy = Policy::load(&h.policy_path).expect("policy");
+    let again = tokio::task::spawn_blocking(move || Host::start(policy))
         .await
         .expect("join")
         .expect("the host starts again");

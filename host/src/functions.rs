@@ -18,7 +18,7 @@ use crate::wasm::invoke::{Prepared, Runtime, allowed_imports};
 use cap_std::ambient_authority;
 use cap_std::fs::Dir;
 use hapi_wire::ErrorCode;
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::hash::{Hash, Hasher};
 use std::io::Write;
 use std::path::Path;
@@ -88,6 +88,37 @@ struct Queue {
     waiting: usize,
     /// Tenants with an upload in progress.
     tenants: HashSet<String>,
+    /// Compile time each tenant has not yet paid back.
+    owed: HashMap<String, Owed>,
+}
+
+/// Compile time a tenant owes: what its compiles took, less its `compile_share` of the wall
+/// time since. Past its `compile_burst`, its uploads are refused until it is paid back.
+#[derive(Debug, Clone, Copy)]
+struct Owed {
+    seconds: f64,
+    at: Instant,
+}
+
+impl Queue {
+    /// What `tenant` owes at `now`.
+    fn owed(&mut self, tenant: &Tenant, now: Instant) -> f64 {
+        let share = f64::from(tenant.limits.compile_share) / 100.0;
+        self.owed.get_mut(&tenant.name).map_or(0.0, |o| {
+            let paid = share * now.saturating_duration_since(o.at).as_secs_f64();
+            o.seconds = (o.seconds - paid).max(0.0);
+            o.at = now;
+            o.seconds
+        })
+    }
+
+    /// Charges `tenant` a compile of `spent`.
+    fn charge(&mut self, tenant: &Tenant, spent: std::time::Duration) {
+        let now = Instant::now();
+        let seconds = self.owed(tenant, now) + spent.as_secs_f64();
+        self.owed
+            .insert(tenant.name.clone(), Owed { seconds, at: now });
+    }
 }
 
 /// The functions of every tenant.
@@ -375,6 +406,16 @@ impl Functions {
         }
         self.check_quota(tenant, name, declared)?;
         let mut q = lock(&self.queue);
+        let owed = q.owed(tenant, Instant::now());
+        let burst = tenant.limits.compile_burst.as_secs_f64();
+        if owed >= burst {
+            let share = tenant.limits.compile_share;
+            let wait = (owed - burst) / (f64::from(share) / 100.0);
+            return Err(FunctionError::Busy(format!(
+                "tenant `{}` has used its compile time: {owed:.2} s of compiling not yet paid back at {share}% of one compile thread, past its burst of {burst:.2} s; retry in {wait:.1} s",
+                tenant.name
+            )));
+        }
         if !q.tenants.insert(tenant.name.clone()) {
             return Err(FunctionError::Busy(format!(
                 "tenant `{}` has an upload in progress; retry when it is done",
@@ -427,10 +468,12 @@ impl Functions {
             let _held = (reservation, queued, turn);
             let started = Instant::now();
             let built = me.build(&rt, &t, &n, &bytes, false);
+            let spent = started.elapsed();
+            lock(&me.queue).charge(&t, spent);
             m.uploaded(
                 &t.name,
                 built.as_ref().map_or_else(|e| e.code().as_str(), |_| "ok"),
-                started.elapsed(),
+                spent,
             );
             let f = Arc::new(built?);
             let dir = format!("functions/{}", t.name);

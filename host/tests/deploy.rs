@@ -284,6 +284,60 @@ async fn every_route_checks_names_and_nothing_outside_a_tenants_files_is_touched
     assert!(again.function("bob", "feature-extract").is_some());
 }
 
+/// Past its `compile_burst`, a tenant's uploads use at most its `compile_share` of one compile
+/// thread: its next upload is refused (429 `deploy_busy`, counted as refused) until the compile
+/// time is paid back, and another tenant's uploads are not held back by it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenants_uploads_are_held_to_its_share_of_the_compiler() {
+    let h = start_tenants(|store, state| {
+        common::tenants_policy(store, state, "", 2, &["resnet18"], |t| match t {
+            0 => "deploy = true\ncompile_share = 100\ncompile_burst = \"1ms\"".into(),
+            _ => "deploy = true".into(),
+        })
+    })
+    .await;
+    let (t0, t1) = (tenant_token(0), tenant_token(1));
+    async fn put(h: &TestHost, token: &str, name: &str, tag: &str) -> reqwest::Response {
+        h.put_function(token, name, variant("hostile", tag)).await
+    }
+    assert_eq!(put(&h, &t0, "a", "a").await.status(), 201);
+    // Its compile took longer than the burst: owed until as long again has passed (100%).
+    let (code, message) = error_code(put(&h, &t0, "b", "b").await, 429).await;
+    assert_eq!(code, "deploy_busy", "{message}");
+    assert!(
+        message.contains("compile time") && message.contains("retry in"),
+        "{message}"
+    );
+    assert_eq!(
+        put(&h, &t1, "b", "b").await.status(),
+        201,
+        "t1 is not held back"
+    );
+    let until = Instant::now() + Duration::from_secs(60);
+    let mut refused = 1;
+    loop {
+        let resp = put(&h, &t0, "b", "b").await;
+        if resp.status() == 201 {
+            break;
+        }
+        let (code, message) = error_code(resp, 429).await;
+        assert_eq!(code, "deploy_busy", "{message}");
+        refused += 1;
+        assert!(Instant::now() < until, "not taken again within 60 s");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let metrics = h.metrics().await;
+    for line in [
+        format!(
+            "hapi_refused_total{{tenant=\"t0\",endpoint=\"deploy\",code=\"deploy_busy\"}} {refused}"
+        ),
+        "hapi_uploads_total{tenant=\"t0\",code=\"ok\"} 2".to_string(),
+        "hapi_uploads_total{tenant=\"t1\",code=\"ok\"} 1".to_string(),
+    ] {
+        assert!(metrics.lines().any(|l| l == line), "{line}\n{metrics}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn function_quotas_obeyed_and_violated() {
     // t0 may keep 2 functions (of 1 MiB in all); t1 any number, of 200 KiB in all.

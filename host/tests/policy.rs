@@ -190,6 +190,14 @@ fn values_outside_their_ranges_are_named_with_key_and_line() {
             "tenants.alice.max_function_bytes: must be 0B..=4GiB",
         ),
         ("weight = 0", "tenants.alice.weight = 0: must be 1..=1000"),
+        (
+            "compile_share = 0",
+            "tenants.alice.compile_share = 0: must be 1..=100",
+        ),
+        (
+            "compile_burst = \"2h\"",
+            "tenants.alice.compile_burst: must be 1ms..=3600s",
+        ),
     ] {
         let e = parse(&with_tenant(extra)).expect_err(extra);
         assert!(e.contains("policy.toml line 8"), "{extra}: {e}");

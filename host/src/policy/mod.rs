@@ -47,6 +47,8 @@
 //! deploy = true          # may upload its own functions
 //! max_functions = 16     # uploaded functions kept at once
 //! max_function_bytes = "64MiB"  # their bytes together
+//! compile_share = 50     # percent of one compile thread its uploads may use over time
+//! compile_burst = "60s"  # compile time it may use at once before `compile_share` applies
 //! capabilities = []      # extra WASI interfaces: "clocks", "random"
 //! [tenants.alice.functions]
 //! feature-extract = "/opt/hapi/feature_extract.wasm"   # deployed at start
@@ -94,6 +96,8 @@ pub const MAX_READ_CAP: u64 = 1 << 40;
 pub const MAX_FUNCTIONS: u64 = 1024;
 /// Largest total of a tenant's uploaded functions.
 pub const MAX_FUNCTION_BYTES: u64 = 4 << 30;
+/// Most compile time a tenant may use at once (`compile_burst`).
+pub const MAX_COMPILE_BURST: Duration = Duration::from_secs(3600);
 /// Most open connections a policy may allow (each costs a file descriptor).
 pub const MAX_CONNECTIONS: u64 = 65_536;
 /// Range of the header, body and idle timeouts.
@@ -264,6 +268,10 @@ pub struct Limits {
     pub max_functions: usize,
     /// Bytes of uploaded functions together.
     pub max_function_bytes: u64,
+    /// Percent of one compile thread the tenant's uploads may use over time.
+    pub compile_share: u32,
+    /// Compile time the tenant may use at once before [`Limits::compile_share`] applies.
+    pub compile_burst: Duration,
 }
 
 impl Default for Limits {
@@ -279,6 +287,8 @@ impl Default for Limits {
             weight: 1,
             max_functions: 16,
             max_function_bytes: 64 << 20,
+            compile_share: 50,
+            compile_burst: Duration::from_secs(60),
         }
     }
 }

@@ -125,6 +125,8 @@ struct RawTenant {
     deploy: Option<bool>,
     max_functions: Option<Spanned<i64>>,
     max_function_bytes: Option<Spanned<String>>,
+    compile_share: Option<Spanned<i64>>,
+    compile_burst: Option<Spanned<String>>,
     #[serde(default)]
     capabilities: Vec<Spanned<String>>,
     #[serde(default)]
@@ -652,6 +654,18 @@ fn tenant(
             d.max_function_bytes,
             (0, MAX_FUNCTION_BYTES),
         )?,
+        compile_share: ctx.int(
+            &key("compile_share"),
+            &t.compile_share,
+            u64::from(d.compile_share),
+            (1, 100),
+        )? as u32,
+        compile_burst: ctx.duration(
+            &key("compile_burst"),
+            &t.compile_burst,
+            d.compile_burst,
+            (Duration::from_millis(1), MAX_COMPILE_BURST),
+        )?,
     };
     let mut capabilities = Capabilities::default();
     for c in &t.capabilities {
@@ -719,7 +733,8 @@ mod tests {
         fn arbitrary_values_are_in_range_or_named(
             key in prop::sample::select(vec![
                 "memory", "timeout", "max_output", "max_object", "max_read", "concurrency",
-                "queue", "weight", "max_functions", "max_function_bytes",
+                "queue", "weight", "max_functions", "max_function_bytes", "compile_share",
+                "compile_burst",
             ]),
             host_key in prop::sample::select(vec![
                 "memory_budget", "batch_window", "max_batch", "slice", "batch_time", "max_request",
@@ -760,8 +775,8 @@ mod tests {
                     prop_assert_eq!(e.line, Some(if on_host { 5 } else { 7 }), "{}", e);
                     let named = if on_host { format!("host.{host_key}") } else { format!("tenants.a.{key}") };
                     // Values of the right type are named by key; others get TOML's own words.
-                    const INTEGER_KEYS: [&str; 9] = ["concurrency", "queue", "weight",
-                        "max_functions", "max_batch", "max_connections",
+                    const INTEGER_KEYS: [&str; 10] = ["concurrency", "queue", "weight",
+                        "max_functions", "compile_share", "max_batch", "max_connections",
                         "max_connections_per_client", "workers", "device_workers"];
                     let integer = INTEGER_KEYS.contains(&if on_host { host_key } else { key });
                     let typed = value.starts_with('"') != integer;

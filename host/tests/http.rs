@@ -177,3 +177,67 @@ async fn health_and_metrics() {
         "{text}"
     );
 }
+
+/// A request refused before its handler reads the body (a bad token, a bad name, no route) is
+/// answered while its body is still being sent: the host reads and drops the body before it
+/// answers, so the client can send all of it, gets the answer, and keeps the connection (before,
+/// the host answered at once and closed the connection under the client, which got a broken
+/// pipe or a reset).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_refused_by_its_token_or_name_is_answered_while_its_body_is_sent() {
+    use std::time::Duration;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let h = TestHost::start().await;
+    let addr = h.url.trim_start_matches("http://").to_string();
+    const CHUNK: usize = 256 << 10;
+    const CHUNKS: usize = 16;
+    for (request, token, status, code) in [
+        ("PUT /v1/functions/mine", "not-a-token", 401, "bad_token"),
+        ("PUT /v1/functions/a%00b", ALICE, 400, "bad_name"),
+        ("POST /v1/invoke/..%2Fx", ALICE, 400, "bad_name"),
+        ("POST /v1/nowhere", ALICE, 404, "no_route"),
+    ] {
+        let mut conn = tokio::net::TcpStream::connect(&addr)
+            .await
+            .expect("connect");
+        let (mut rd, mut wr) = conn.split();
+        let head = format!(
+            "{request} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\nContent-Length: {}\r\n\r\n",
+            CHUNK * CHUNKS
+        );
+        // The body trickles in over about 0.3 s, long after the answer is known.
+        let write = async {
+            wr.write_all(head.as_bytes()).await?;
+            for _ in 0..CHUNKS {
+                wr.write_all(&[7u8; CHUNK]).await?;
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            std::io::Result::Ok(())
+        };
+        let read = async {
+            let mut answer = Vec::new();
+            let mut buf = [0u8; 4096];
+            // Until the JSON body's end: the connection stays open.
+            while !answer.ends_with(b"}") {
+                match rd.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => answer.extend_from_slice(&buf[..n]),
+                }
+            }
+            String::from_utf8_lossy(&answer).into_owned()
+        };
+        let (written, answer) =
+            tokio::time::timeout(Duration::from_secs(30), async { tokio::join!(write, read) })
+                .await
+                .expect("answered within 30 s");
+        assert!(
+            written.is_ok(),
+            "{request}: the body could not be sent: {written:?}; answer {answer:?}"
+        );
+        assert!(
+            answer.starts_with(&format!("HTTP/1.1 {status} "))
+                && answer.contains(&format!("\"code\":\"{code}\"")),
+            "{request}: {answer}"
+        );
+    }
+}

@@ -112,25 +112,39 @@ pub async fn refuse<T>(
     timeout: Duration,
     refusal: ApiError,
 ) -> Result<T, ApiError> {
+    match drain(body, limit, timeout).await {
+        Drained::OverLimit => Err(ApiError::new(
+            ErrorCode::BodyTooLarge,
+            format!("the request body is over this endpoint's limit of {limit} bytes"),
+        )),
+        Drained::All | Drained::TimedOut => Err(refusal),
+    }
+}
+
+/// How reading and dropping a body ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Drained {
+    All,
+    OverLimit,
+    TimedOut,
+}
+
+/// Reads and drops `body`: at most `limit` bytes, within `timeout`; none of it kept.
+async fn drain(mut body: Body, limit: usize, timeout: Duration) -> Drained {
     use http_body_util::BodyExt;
-    let drain = async {
-        let mut body = body;
+    let read = async {
         let mut seen = 0usize;
         while let Some(Ok(frame)) = body.frame().await {
             seen += frame.data_ref().map_or(0, |d| d.len());
             if seen > limit {
-                return false;
+                return Drained::OverLimit;
             }
         }
-        true
+        Drained::All
     };
-    match tokio::time::timeout(timeout, drain).await {
-        Ok(false) => Err(ApiError::new(
-            ErrorCode::BodyTooLarge,
-            format!("the request body is over this endpoint's limit of {limit} bytes"),
-        )),
-        _ => Err(refusal),
-    }
+    tokio::time::timeout(timeout, read)
+        .await
+        .unwrap_or(Drained::TimedOut)
 }
 
 /// Reads a request body of at most `limit` bytes within `timeout`.
@@ -176,4 +190,73 @@ pub fn declared_within(
         )),
         other => Ok(other),
     }
+}
+
+/// What is left of a request body, shared between its handler and [`unread_bodies`].
+#[derive(Default)]
+struct Unread {
+    body: Option<Body>,
+    /// The handler read some of it (and so decided on its own limit and time).
+    polled: bool,
+}
+
+/// Middleware: a body its handler did not touch (a request refused by an extractor: a bad
+/// token, a bad name, no route) is read and dropped before the answer goes out, within the
+/// host's `max_request` and `body_timeout`, so that a client still sending it gets the answer
+/// rather than a broken connection. A body left half read (the handler stopped at its limit or
+/// time), or one that cannot be drained, closes the connection after the answer
+/// (`Connection: close`), so that no client sends its next request on a connection the server
+/// is about to drop.
+pub async fn unread_bodies(
+    axum::extract::State(host): axum::extract::State<Arc<Host>>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::body::HttpBody;
+    let (parts, body) = req.into_parts();
+    let declared = declared_within(&parts.headers, usize::MAX).ok().flatten();
+    let shared = Arc::new(std::sync::Mutex::new(Unread {
+        body: Some(body),
+        polled: false,
+    }));
+    let reader = Arc::clone(&shared);
+    let frames = futures::stream::poll_fn(move |cx| {
+        let mut u = reader
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        u.polled = true;
+        let Some(body) = u.body.as_mut() else {
+            return std::task::Poll::Ready(None);
+        };
+        let frame = std::pin::Pin::new(body).poll_frame(cx);
+        if matches!(frame, std::task::Poll::Ready(None)) {
+            u.body = None;
+        }
+        frame
+    });
+    let req = axum::extract::Request::from_parts(
+        parts,
+        Body::new(http_body_util::StreamBody::new(frames)),
+    );
+    let mut resp = next.run(req).await;
+    let (left, polled) = {
+        let mut u = shared
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        (u.body.take(), u.polled)
+    };
+    let Some(body) = left.filter(|b| !b.is_end_stream()) else {
+        return resp;
+    };
+    let http = host.policy().host.http.clone();
+    let drained = !polled
+        && declared.is_none_or(|n| n <= http.max_request as u64)
+        && drain(body, http.max_request, http.body_timeout).await == Drained::All;
+    if !drained {
+        resp.headers_mut().insert(
+            header::CONNECTION,
+            axum::http::HeaderValue::from_static("close"),
+        );
+    }
+    resp
 }

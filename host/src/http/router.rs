@@ -142,6 +142,10 @@ pub fn router(host: Arc<Host>, conns: Arc<Connections>) -> Router {
             )
         })
         .layer(DefaultBodyLimit::disable())
+        .layer(middleware::from_fn_with_state(
+            Arc::clone(&host),
+            crate::http::extract::unread_bodies,
+        ))
         .layer(Extension(conns))
         .layer(middleware::from_fn(request_id))
         .with_state(host)

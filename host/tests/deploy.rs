@@ -104,16 +104,21 @@ fn compile_seconds(metrics: &str, tenant: &str, code: &str) -> f64 {
         .unwrap_or_else(|| panic!("no {series}in\n{metrics}"))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_deployed_function_is_invoked_listed_and_removed_with_its_code() {
-    let h = TestHost::start().await;
-    let state = h.policy_path.with_file_name("state");
+/// Deploys alice's own function `mine` (a variant of `hostile`); gives its sha256.
+async fn deploy_mine(h: &TestHost) -> String {
     let resp = h
         .put_function(ALICE, "mine", variant("hostile", "mine"))
         .await;
     assert_eq!(resp.status(), 201);
     let info: serde_json::Value = resp.json().await.expect("json");
-    let sha = info["sha256"].as_str().expect("sha256").to_string();
+    info["sha256"].as_str().expect("sha256").to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deployed_function_is_invoked_listed_and_removed_with_its_code() {
+    let h = TestHost::start().await;
+    let state = h.policy_path.with_file_name("state");
+    let sha = deploy_mine(&h).await;
     // Compiled once, kept in the tenant's own cache for restarts.
     let cached = || {
         files(&state.join("compiled/alice"))
@@ -199,12 +204,7 @@ async fn a_deployed_function_is_invoked_listed_and_removed_with_its_code() {
 async fn a_restart_removes_compiled_code_that_no_function_uses() {
     let h = TestHost::start().await;
     let state = h.policy_path.with_file_name("state");
-    let resp = h
-        .put_function(ALICE, "mine", variant("hostile", "mine"))
-        .await;
-    assert_eq!(resp.status(), 201);
-    let info: serde_json::Value = resp.json().await.expect("json");
-    let sha = info["sha256"].as_str().expect("sha256").to_string();
+    let sha = deploy_mine(&h).await;
     let kept = files(&state.join("compiled/alice"));
     assert_eq!(
         kept.len(),

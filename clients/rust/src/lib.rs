@@ -315,12 +315,7 @@ impl StorageClient {
                     anyhow::anyhow!("{host}: profile of `{model}`: {}", error_chain(&e))
                 })?;
             let status = resp.status();
-            let after = resp
-                .headers()
-                .get(reqwest::header::RETRY_AFTER)
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.parse::<u64>().ok())
-                .map(Duration::from_secs);
+            let after = retry_after(&resp);
             let body = resp.bytes().await?;
             // 429: the tenant's slots are all taken (a profile takes one, as an invocation
             // does) or the model is being loaded; it is asked again as the host says.
@@ -525,12 +520,7 @@ impl StorageClient {
             }
         };
         let status = resp.status();
-        let retry_after = resp
-            .headers()
-            .get(reqwest::header::RETRY_AFTER)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse::<u64>().ok())
-            .map(Duration::from_secs);
+        let retry_after = retry_after(&resp);
         let timing = resp
             .headers()
             .get("server-timing")
@@ -649,6 +639,15 @@ pub fn f16_to_f32(h: u16) -> f32 {
 /// A bfloat16 as f32 (exact: it is an f32's upper half).
 pub fn bf16_to_f32(h: u16) -> f32 {
     f32::from_bits(u32::from(h) << 16)
+}
+
+/// The seconds of a response's `Retry-After` header, when it gives them.
+fn retry_after(resp: &reqwest::Response) -> Option<Duration> {
+    resp.headers()
+        .get(reqwest::header::RETRY_AFTER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+        .map(Duration::from_secs)
 }
 
 /// An error with its sources, which is where reqwest says "connection refused".

@@ -50,6 +50,19 @@ impl ApiError {
         )
     }
 
+    /// Counts, as `tenant`'s refusal at `endpoint`, each error it is given (one answered before
+    /// the request ran), and gives it back.
+    pub fn counted<'a>(
+        metrics: &'a crate::metrics::Metrics,
+        tenant: &'a str,
+        endpoint: &'static str,
+    ) -> impl Fn(ApiError) -> ApiError + Copy + 'a {
+        move |e| {
+            metrics.refused(tenant, endpoint, e.code.as_str());
+            e
+        }
+    }
+
     /// The host's own fault: the client learns only that it happened.
     pub fn fault(internal: impl Into<String>) -> Self {
         Self {

@@ -60,11 +60,7 @@ pub async fn deploy(
     headers: HeaderMap,
     body: Body,
 ) -> Result<impl IntoResponse, ApiError> {
-    let refused = |e: ApiError| {
-        host.metrics
-            .refused(&tenant.name, "deploy", e.code.as_str());
-        e
-    };
+    let refused = ApiError::counted(&host.metrics, &tenant.name, "deploy");
     require_deploy(&tenant).map_err(refused)?;
     let http = host.policy().host.http.clone();
     // Nothing larger than the request limit or the tenant's whole quota is read.

@@ -25,11 +25,7 @@ pub async fn invoke(
     let started = Instant::now();
     // An invocation answered before it runs is counted as refused (its function's name is
     // the client's, so it is not a label).
-    let refused = |e: ApiError| {
-        host.metrics
-            .refused(&tenant.name, "invoke", e.code.as_str());
-        e
-    };
+    let refused = ApiError::counted(&host.metrics, &tenant.name, "invoke");
     extract::declared_within(&headers, MAX_INVOKE_BODY).map_err(refused)?;
     let timeout = host.policy().host.http.body_timeout;
     let Some(f) = host.function(&tenant.name, &function) else {

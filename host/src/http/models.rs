@@ -48,11 +48,7 @@ pub async fn profile(
     Authed(tenant): Authed,
     Name(name): Name,
 ) -> Result<impl IntoResponse, ApiError> {
-    let refused = |e: ApiError| {
-        host.metrics
-            .refused(&tenant.name, "profile", e.code.as_str());
-        e
-    };
+    let refused = ApiError::counted(&host.metrics, &tenant.name, "profile");
     let Some(model) = host.runtime().models().resolve(&tenant, &name) else {
         return Err(refused(ApiError::new(
             ErrorCode::ModelNotFound,

@@ -58,6 +58,9 @@ pub enum FunctionError {
     Quota(String),
     #[error("{0}")]
     Busy(String),
+    /// A reload while the upload compiled took the tenant's right to deploy (or the tenant).
+    #[error("{0}")]
+    NotAllowed(String),
     #[error("function `{name}`: {error}")]
     Bad { name: String, error: DeployError },
     /// The host could not store or compile it (its own fault).
@@ -74,6 +77,7 @@ impl FunctionError {
             Self::Managed(_) => ErrorCode::FunctionManagedByPolicy,
             Self::Quota(_) => ErrorCode::QuotaExceeded,
             Self::Busy(_) => ErrorCode::DeployBusy,
+            Self::NotAllowed(_) => ErrorCode::DeployNotAllowed,
             Self::Bad { .. } => ErrorCode::BadComponent,
             Self::Host(_) => ErrorCode::HostFault,
         }
@@ -128,6 +132,12 @@ pub struct Functions {
     table: RwLock<Table>,
     queue: Arc<Mutex<Queue>>,
     compiler: Arc<tokio::sync::Semaphore>,
+    /// The tenants of the policy the table was last loaded from. Whoever changes the table
+    /// holds it: a reload for its whole run, a deploy from its check against the policy to its
+    /// entry in the table, an undeploy. So an upload that compiled under a policy reloaded since
+    /// is held to the new one, and no deploy or removal is undone by a reload that read the
+    /// state directory before it.
+    writers: Mutex<BTreeMap<String, Arc<Tenant>>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -175,6 +185,7 @@ impl Functions {
             table: RwLock::default(),
             queue: Arc::default(),
             compiler: Arc::new(tokio::sync::Semaphore::new(COMPILES_AT_ONCE)),
+            writers: Mutex::default(),
         })
     }
 
@@ -334,6 +345,7 @@ impl Functions {
     /// directory; one that no longer builds is skipped with a warning), then those the policy
     /// names (an error: the operator must fix the policy).
     pub fn load_all(&self, runtime: &Runtime, policy: &Policy) -> anyhow::Result<()> {
+        let mut writers = lock(&self.writers);
         let mut table = Table::new();
         for tenant in policy.tenants.values() {
             let mut fns = BTreeMap::new();
@@ -385,6 +397,7 @@ impl Functions {
             table.insert(tenant.name.clone(), fns);
         }
         *self.table.write().unwrap_or_else(PoisonError::into_inner) = table;
+        writers.clone_from(&policy.tenants);
         Ok(())
     }
 
@@ -470,27 +483,59 @@ impl Functions {
             let built = me.build(&rt, &t, &n, &bytes, false);
             let spent = started.elapsed();
             lock(&me.queue).charge(&t, spent);
+            let deployed = built.and_then(|f| me.commit(&rt, &t, &n, &bytes, f));
             m.uploaded(
                 &t.name,
-                built.as_ref().map_or_else(|e| e.code().as_str(), |_| "ok"),
+                deployed.as_ref().map_or_else(|e| e.code().as_str(), |_| "ok"),
                 spent,
             );
-            let f = Arc::new(built?);
-            let dir = format!("functions/{}", t.name);
-            me.write(&dir, &format!("{dir}/{n}.wasm"), &bytes)
-                .map_err(|e| FunctionError::Host(format!("saving function `{n}`: {e}")))?;
-            let mut table = me.table.write().unwrap_or_else(PoisonError::into_inner);
-            let old = table
-                .entry(t.name.clone())
-                .or_default()
-                .insert(n.clone(), Arc::clone(&f));
-            if let Some(old) = old.filter(|o| o.sha256 != f.sha256) {
-                me.forget_code(&rt, &t.name, &old.sha256, &table);
-            }
-            Ok(f)
+            deployed
         })
         .await
         .map_err(|e| FunctionError::Host(format!("compile worker: {e}")))?
+    }
+
+    /// Saves a compiled upload and enters it in the table, under the policy in force now (`t`
+    /// is the tenant as the upload found it): a reload while it compiled may have removed the
+    /// tenant, taken its right to deploy, made the name the operator's or lowered its quota
+    /// (the upload is refused), or changed its capabilities (the code is checked and prepared
+    /// again for them, from the compiled code the build kept).
+    fn commit(
+        &self,
+        runtime: &Runtime,
+        t: &Tenant,
+        name: &str,
+        bytes: &[u8],
+        built: Function,
+    ) -> Result<Arc<Function>, FunctionError> {
+        let writers = lock(&self.writers);
+        let now = writers.get(&t.name).filter(|now| now.deploy).ok_or_else(|| {
+            FunctionError::NotAllowed(format!(
+                "the policy was reloaded while function `{name}` compiled, and tenant `{}` may no longer deploy functions: nothing was deployed",
+                t.name
+            ))
+        })?;
+        if now.functions.contains_key(name) {
+            return Err(FunctionError::Managed(name.to_string()));
+        }
+        self.check_quota(now, name, bytes.len() as u64)?;
+        let f = Arc::new(if now.capabilities == t.capabilities {
+            built
+        } else {
+            self.build(runtime, now, name, bytes, false)?
+        });
+        let dir = format!("functions/{}", t.name);
+        self.write(&dir, &format!("{dir}/{name}.wasm"), bytes)
+            .map_err(|e| FunctionError::Host(format!("saving function `{name}`: {e}")))?;
+        let mut table = self.table.write().unwrap_or_else(PoisonError::into_inner);
+        let old = table
+            .entry(t.name.clone())
+            .or_default()
+            .insert(name.to_string(), Arc::clone(&f));
+        if let Some(old) = old.filter(|o| o.sha256 != f.sha256) {
+            self.forget_code(runtime, &t.name, &old.sha256, &table);
+        }
+        Ok(f)
     }
 
     fn check_quota(&self, tenant: &Tenant, name: &str, size: u64) -> Result<(), FunctionError> {
@@ -543,15 +588,17 @@ impl Functions {
         if !valid_name(name) {
             return Err(FunctionError::BadName(quote(name)));
         }
+        // After a reload in progress, which may have read the function from the state
+        // directory already.
+        let _writers = lock(&self.writers);
         let mut table = self.table.write().unwrap_or_else(PoisonError::into_inner);
-        let fns = table.entry(tenant.name.clone()).or_default();
+        let not_found = || FunctionError::NotFound {
+            tenant: tenant.name.clone(),
+            name: name.to_string(),
+        };
+        let fns = table.get_mut(&tenant.name).ok_or_else(not_found)?;
         match fns.get(name) {
-            None => {
-                return Err(FunctionError::NotFound {
-                    tenant: tenant.name.clone(),
-                    name: name.to_string(),
-                });
-            }
+            None => return Err(not_found()),
             Some(f) if f.managed => return Err(FunctionError::Managed(name.to_string())),
             Some(_) => {}
         }

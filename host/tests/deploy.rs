@@ -613,3 +613,84 @@ async fn a_tenant_has_one_upload_in_progress_from_before_its_bytes_are_read() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// A policy reload while an upload compiles holds the upload to the new policy: a tenant that
+/// may no longer deploy gets nothing deployed, and a name the operator's policy now manages
+/// stays the operator's. Neither upload leaves its file behind. (Before, the upload was entered
+/// in the table the reload had just built, whatever the new policy said.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upload_that_compiles_across_a_reload_is_held_to_the_new_policy() {
+    let h = TestHost::start().await;
+    let uploads = h.policy_path.with_file_name("state").join("functions/alice");
+    let original = std::fs::read_to_string(&h.policy_path).expect("policy");
+    let reload = |text: String| {
+        std::fs::write(&h.policy_path, text).expect("write the policy");
+        let policy = Policy::load(&h.policy_path).expect("policy");
+        let host = std::sync::Arc::clone(&h.host);
+        tokio::task::spawn_blocking(move || host.reload(policy))
+    };
+    // Seconds of compiling on this machine.
+    let bytes = guest_with("hostile", &[module(16, 400_000)]);
+    let managed = format!(
+        "[tenants.alice.functions]\nbig = \"{}\"\n",
+        guest("hostile").display()
+    );
+    let cases = [
+        (
+            original.replacen("deploy = true", "deploy = false", 1),
+            403,
+            "deploy_not_allowed",
+            "reloaded while function `big` compiled",
+        ),
+        (
+            original.replacen("[tenants.alice.functions]\n", &managed, 1),
+            409,
+            "function_managed_by_policy",
+            "deployed by the operator's policy",
+        ),
+    ];
+    for (changed, status, expected, says) in cases {
+        reload(original.clone())
+            .await
+            .expect("join")
+            .expect("reloaded");
+        let put = {
+            let (client, url, body) = (h.client.clone(), h.url.clone(), bytes.clone());
+            tokio::spawn(async move {
+                client
+                    .put(format!("{url}/v1/functions/big"))
+                    .bearer_auth(ALICE)
+                    .body(body)
+                    .send()
+                    .await
+                    .expect("request")
+            })
+        };
+        let until = Instant::now() + Duration::from_secs(60);
+        while h.host.uploads_compiling() == 0 {
+            assert!(
+                Instant::now() < until,
+                "the upload never reached the compiler"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        reload(changed).await.expect("join").expect("reloaded");
+        assert!(
+            h.host.uploads_compiling() > 0,
+            "compiled before the reload: the test needs a larger upload"
+        );
+        let (code, message) = error_code(put.await.expect("join"), status).await;
+        assert_eq!(code, expected, "{message}");
+        assert!(message.contains(says), "{message}");
+        let big = h.host.functions("alice").into_iter().find(|f| f.name == "big");
+        assert!(
+            big.as_ref().is_none_or(|f| f.managed),
+            "the upload was deployed: {message}"
+        );
+        assert!(
+            !files(&uploads).contains(&"big.wasm".to_string()),
+            "{:?}",
+            files(&uploads)
+        );
+    }
+}

@@ -91,6 +91,9 @@ pub async fn undeploy(
     Name(name): Name,
 ) -> Result<StatusCode, ApiError> {
     require_deploy(&tenant)?;
-    host.undeploy(&tenant, &name)?;
+    // It waits for a policy reload in progress, which may compile.
+    tokio::task::spawn_blocking(move || host.undeploy(&tenant, &name))
+        .await
+        .map_err(|e| ApiError::fault(format!("undeploy worker: {e}")))??;
     Ok(StatusCode::NO_CONTENT)
 }

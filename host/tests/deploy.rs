@@ -175,6 +175,8 @@ async fn a_deployed_function_is_invoked_listed_and_removed_with_its_code() {
     );
     assert_eq!(cached(), 0, "the replaced version's code is removed");
     assert_eq!(delete(&h, ALICE, "mine").await.status(), 204);
+    assert_eq!(delete(&h, ALICE, "mine").await.status(), 404);
+    assert_eq!(delete(&h, ALICE, "hostile").await.status(), 409);
     let (code, _) = error_code(h.invoke(ALICE, "mine", body).await, 404).await;
     assert_eq!(code, "function_not_found");
     assert!(files(&state.join("functions/alice")).is_empty());
@@ -191,6 +193,8 @@ async fn a_deployed_function_is_invoked_listed_and_removed_with_its_code() {
         "hapi_uploads_total{tenant=\"alice\",code=\"bad_component\"} 1",
         "hapi_refused_total{tenant=\"alice\",endpoint=\"invoke\",code=\"function_not_found\"} 1",
         "hapi_refused_total{tenant=\"bob\",endpoint=\"invoke\",code=\"function_not_found\"} 1",
+        "hapi_refused_total{tenant=\"alice\",endpoint=\"undeploy\",code=\"function_not_found\"} 1",
+        "hapi_refused_total{tenant=\"alice\",endpoint=\"undeploy\",code=\"function_managed_by_policy\"} 1",
     ] {
         assert!(metrics.lines().any(|l| l == line), "{line}\n{metrics}");
     }

@@ -90,10 +90,14 @@ pub async fn undeploy(
     Authed(tenant): Authed,
     Name(name): Name,
 ) -> Result<StatusCode, ApiError> {
-    require_deploy(&tenant)?;
+    let metrics = Arc::clone(&host.metrics);
+    let refused = ApiError::counted(&metrics, &tenant.name, "undeploy");
+    require_deploy(&tenant).map_err(refused)?;
     // It waits for a policy reload in progress, which may compile.
-    tokio::task::spawn_blocking(move || host.undeploy(&tenant, &name))
+    let t = Arc::clone(&tenant);
+    tokio::task::spawn_blocking(move || host.undeploy(&t, &name))
         .await
-        .map_err(|e| ApiError::fault(format!("undeploy worker: {e}")))??;
+        .map_err(|e| ApiError::fault(format!("undeploy worker: {e}")))?
+        .map_err(|e| refused(e.into()))?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -1,6 +1,6 @@
 //! `--sweep`: every split measured for a fixed number of iterations (or until it is clearly
-//! slow), the fastest few again for the whole run, then `--split auto`'s online adaptation for
-//! that run on the same batches (the split-choice evaluation).
+//! slow), the fastest few again for the whole run, each followed by a run of `--split auto`'s
+//! online adaptation on the same batches (the split-choice evaluation).
 
 use crate::adapt::{Choice, Move};
 use crate::pipeline::{Iteration, Until};
@@ -8,14 +8,28 @@ use crate::plan::{Costs, Estimate, Split};
 use anyhow::Context;
 use serde::{Deserialize, Serialize};
 
-use super::config::PlanReport;
+use super::config::{EpochResult, PlanReport};
 use super::report::{ms, print_plan};
 use super::train::Job;
 
 /// Fixed splits run again for all of the adaptive run's iterations: the fastest of the short
 /// runs. The best of some 30 short, noisy runs is biased low (the luckiest one); the best fixed
-/// split is judged on runs as long as the adaptive one.
+/// split is judged on runs as long as the adaptive one. The adaptive run runs as many times,
+/// each after one of them, and is judged on its faster run: the faster of two noisy runs is
+/// biased low too, by about half their spread, and both sides get the same estimator (and the
+/// same stretch of this machine's drifting speed).
 pub const FINALISTS: usize = 2;
+
+/// One of the adaptive runs.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct AutoRun {
+    /// Wall time to the end of its last iteration.
+    pub seconds: f64,
+    /// The split it used most.
+    pub split: Split,
+    /// Iterations it spent exploring.
+    pub explored: usize,
+}
 
 /// A short run stops once its wall time passes this many times the fastest complete short run
 /// so far (the splits run in the model's order, fastest predicted first): such a split is
@@ -90,13 +104,16 @@ pub struct SweepResults {
     /// The fastest short run, extrapolated to `adaptive_iterations`.
     #[serde(default)]
     pub screen_best: Option<(Split, f64)>,
-    /// The split the adaptive run settled on (most of its iterations), and its wall time
+    /// The split the faster adaptive run settled on (most of its iterations), and its wall time
     /// (measuring the tiers before it is in `plan.plan_s`).
     pub auto: Split,
     pub auto_s: f64,
+    /// Every adaptive run, in the order they ran (one per finalist).
+    #[serde(default)]
+    pub auto_runs: Vec<AutoRun>,
     /// Where exploration started: the model's best split.
     pub first_candidate: Split,
-    /// Iterations the adaptive run spent exploring.
+    /// Iterations the faster adaptive run spent exploring.
     pub explored: usize,
     pub moves: Vec<Move>,
     pub auto_trace: Vec<Iteration>,
@@ -129,7 +146,7 @@ impl Job {
     /// read before; runs `none` and every split 0..=freeze on `--max-iters` of those batches
     /// spread evenly over them, in the model's order, stopping a split past [`SCREEN_CUTOFF`]
     /// times the fastest so far; the [`FINALISTS`] fastest of those again on all
-    /// `adaptive_iters`; then `auto`'s online adaptation on all `adaptive_iters`.
+    /// `adaptive_iters`, each followed by a run of `auto`'s online adaptation on all of them.
     pub fn sweep(mut self, adaptive_iters: usize) -> anyhow::Result<SweepResults> {
         let k = self.iterations();
         let all = self.epoch_batches(0, adaptive_iters);
@@ -244,6 +261,9 @@ impl Job {
         let screen_best = order
             .first()
             .map(|&i| (cases[i].split, cases[i].seconds_at_adaptive));
+        // Each finalist's long run, then an adaptive run from a fresh chooser seeded with the
+        // same plan: interleaved, so that both sides see the same stretches of this machine.
+        let mut autos: Vec<(AutoRun, EpochResult)> = Vec::new();
         for &i in order.iter().take(FINALISTS) {
             let split = cases[i].split;
             let start = crate::pipeline::now_unix();
@@ -260,21 +280,36 @@ impl Job {
                 ms(full.pace_s)
             );
             cases[i].full = Some(full);
+            let choice = self.adaptive(&plan.costs);
+            let start = crate::pipeline::now_unix();
+            let r = self.train_until(1, &choice, batches.clone(), whole)?;
+            let seconds = r
+                .trace
+                .get(adaptive_iters - 1)
+                .map_or(f64::NAN, |i| i.end_unix - start);
+            let Choice::Adaptive(a) = &choice else {
+                unreachable!("Job::adaptive gives an adaptive choice")
+            };
+            let (explored, _) = a
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .explored();
+            eprintln!(
+                "sweep: auto on all {adaptive_iters} batches: {seconds:.2} s, mostly at split {} ({explored} it exploring)",
+                r.split
+            );
+            let run = AutoRun {
+                seconds,
+                split: r.split,
+                explored,
+            };
+            autos.push((run, r));
         }
-        let choice = self.adaptive(&plan.costs);
-        let start = crate::pipeline::now_unix();
-        let r = self.train_until(1, &choice, batches, whole)?;
-        let auto_s = r
-            .trace
-            .get(adaptive_iters - 1)
-            .map_or(f64::NAN, |i| i.end_unix - start);
-        let Choice::Adaptive(a) = &choice else {
-            unreachable!("Job::adaptive gives an adaptive choice")
-        };
-        let (explored, _) = a
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .explored();
+        let auto_runs: Vec<AutoRun> = autos.iter().map(|(a, _)| a.clone()).collect();
+        let (auto, r) = autos
+            .into_iter()
+            .min_by(|a, b| a.0.seconds.total_cmp(&b.0.seconds))
+            .context("no adaptive run")?;
         let best = cases
             .iter()
             .filter(|c| c.full.is_some())
@@ -290,10 +325,11 @@ impl Job {
             best: best.split,
             best_s: best.seconds_measured(),
             screen_best,
-            auto: r.split,
-            auto_s,
+            auto: auto.split,
+            auto_s: auto.seconds,
+            auto_runs,
             first_candidate: plan.chosen,
-            explored,
+            explored: auto.explored,
             moves: r.moves,
             auto_trace: r.trace,
             none_s,

@@ -498,8 +498,8 @@ impl Functions {
     /// Saves a compiled upload and enters it in the table, under the policy in force now (`t`
     /// is the tenant as the upload found it): a reload while it compiled may have removed the
     /// tenant, taken its right to deploy, made the name the operator's or lowered its quota
-    /// (the upload is refused), or changed its capabilities (the code is checked and prepared
-    /// again for them, from the compiled code the build kept).
+    /// (the upload is refused, and the compiled code its build kept is removed), or changed its
+    /// capabilities (the code is checked and prepared again for them, from that code).
     fn commit(
         &self,
         runtime: &Runtime,
@@ -509,6 +509,26 @@ impl Functions {
         built: Function,
     ) -> Result<Arc<Function>, FunctionError> {
         let writers = lock(&self.writers);
+        let sha256 = built.sha256.clone();
+        let entered = self.enter(runtime, &writers, t, name, bytes, built);
+        if entered.is_err() {
+            // The compiled code the build kept, unless a function of the tenant uses it.
+            let table = self.table.read().unwrap_or_else(PoisonError::into_inner);
+            self.forget_code(runtime, &t.name, &sha256, &table);
+        }
+        entered
+    }
+
+    /// [`Self::commit`]'s checks and writes, under `writers`.
+    fn enter(
+        &self,
+        runtime: &Runtime,
+        writers: &BTreeMap<String, Arc<Tenant>>,
+        t: &Tenant,
+        name: &str,
+        bytes: &[u8],
+        built: Function,
+    ) -> Result<Arc<Function>, FunctionError> {
         let now = writers.get(&t.name).filter(|now| now.deploy).ok_or_else(|| {
             FunctionError::NotAllowed(format!(
                 "the policy was reloaded while function `{name}` compiled, and tenant `{}` may no longer deploy functions: nothing was deployed",

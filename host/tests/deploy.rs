@@ -625,7 +625,8 @@ async fn a_tenant_has_one_upload_in_progress_from_before_its_bytes_are_read() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upload_that_compiles_across_a_reload_is_held_to_the_new_policy() {
     let h = TestHost::start().await;
-    let uploads = h.policy_path.with_file_name("state").join("functions/alice");
+    let state = h.policy_path.with_file_name("state");
+    let (uploads, compiled) = (state.join("functions/alice"), state.join("compiled/alice"));
     let original = std::fs::read_to_string(&h.policy_path).expect("policy");
     let reload = |text: String| {
         std::fs::write(&h.policy_path, text).expect("write the policy");
@@ -658,6 +659,7 @@ async fn an_upload_that_compiles_across_a_reload_is_held_to_the_new_policy() {
             .await
             .expect("join")
             .expect("reloaded");
+        let code_before = files(&compiled);
         let put = {
             let (client, url, body) = (h.client.clone(), h.url.clone(), bytes.clone());
             tokio::spawn(async move {
@@ -696,5 +698,6 @@ async fn an_upload_that_compiles_across_a_reload_is_held_to_the_new_policy() {
             "{:?}",
             files(&uploads)
         );
+        assert_eq!(files(&compiled), code_before, "its compiled code is not kept");
     }
 }

@@ -486,7 +486,9 @@ impl Functions {
             let deployed = built.and_then(|f| me.commit(&rt, &t, &n, &bytes, f));
             m.uploaded(
                 &t.name,
-                deployed.as_ref().map_or_else(|e| e.code().as_str(), |_| "ok"),
+                deployed
+                    .as_ref()
+                    .map_or_else(|e| e.code().as_str(), |_| "ok"),
                 spent,
             );
             deployed

@@ -688,7 +688,11 @@ async fn an_upload_that_compiles_across_a_reload_is_held_to_the_new_policy() {
         let (code, message) = error_code(put.await.expect("join"), status).await;
         assert_eq!(code, expected, "{message}");
         assert!(message.contains(says), "{message}");
-        let big = h.host.functions("alice").into_iter().find(|f| f.name == "big");
+        let big = h
+            .host
+            .functions("alice")
+            .into_iter()
+            .find(|f| f.name == "big");
         assert!(
             big.as_ref().is_none_or(|f| f.managed),
             "the upload was deployed: {message}"
@@ -698,6 +702,10 @@ async fn an_upload_that_compiles_across_a_reload_is_held_to_the_new_policy() {
             "{:?}",
             files(&uploads)
         );
-        assert_eq!(files(&compiled), code_before, "its compiled code is not kept");
+        assert_eq!(
+            files(&compiled),
+            code_before,
+            "its compiled code is not kept"
+        );
     }
 }

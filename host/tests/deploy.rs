@@ -104,6 +104,18 @@ fn compile_seconds(metrics: &str, tenant: &str, code: &str) -> f64 {
         .unwrap_or_else(|| panic!("no {series}in\n{metrics}"))
 }
 
+/// Waits (up to 60 s) until an upload is being compiled.
+async fn until_compiling(h: &TestHost) {
+    let until = Instant::now() + Duration::from_secs(60);
+    while h.host.uploads_compiling() == 0 {
+        assert!(
+            Instant::now() < until,
+            "the upload never reached the compiler"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 /// Deploys alice's own function `mine` (a variant of `hostile`); gives its sha256.
 async fn deploy_mine(h: &TestHost) -> String {
     let resp = h
@@ -506,14 +518,7 @@ async fn an_upload_whose_client_hangs_up_keeps_its_place_until_its_compile_ends(
         .expect("connect");
     conn.write_all(head.as_bytes()).await.expect("head");
     conn.write_all(&bytes).await.expect("body");
-    let until = Instant::now() + Duration::from_secs(60);
-    while h.host.uploads_compiling() == 0 {
-        assert!(
-            Instant::now() < until,
-            "the upload never reached the compiler"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    until_compiling(&h).await;
     drop(conn);
     // Until the function is deployed, its compile holds its place.
     let deployed = || h.host.functions("alice").iter().any(|f| f.name == "big");
@@ -672,14 +677,7 @@ async fn an_upload_that_compiles_across_a_reload_is_held_to_the_new_policy() {
                     .expect("request")
             })
         };
-        let until = Instant::now() + Duration::from_secs(60);
-        while h.host.uploads_compiling() == 0 {
-            assert!(
-                Instant::now() < until,
-                "the upload never reached the compiler"
-            );
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        until_compiling(&h).await;
         reload(changed).await.expect("join").expect("reloaded");
         assert!(
             h.host.uploads_compiling() > 0,

@@ -258,15 +258,42 @@ impl Host {
         let deadline = Deadline::new(PROFILE_TIMEOUT);
         let pin = self.device.acquire(id, &deadline).await?;
         let models = Arc::clone(self.runtime.models());
+        // Measuring runs every layer on the device outside the dispatcher: the memory it takes
+        // is held in the budget while it runs, at the largest batch (up to PROFILE_BATCH) that
+        // the budget can ever hold beside the weights.
+        let held = if models.profiled(id).is_some() {
+            None
+        } else {
+            let cost = pin.memory.segment(0..pin.memory.layers.len());
+            let ceiling = self.device.ceiling(pin.memory.weights());
+            let batch = (1..=models::PROFILE_BATCH)
+                .rev()
+                .find(|&b| cost.run_bytes(b as u64) <= ceiling)
+                .ok_or_else(|| {
+                    DeviceError::TooLarge(format!(
+                        "profiling model `{model}` needs {} bytes of device memory for one \
+                         sample, and at most {ceiling} can ever be free beside its weights",
+                        cost.run_bytes(1)
+                    ))
+                })?;
+            let what = format!("profiling model `{model}` at batch {batch}");
+            let need = cost.run_bytes(batch as u64);
+            Some((batch, self.device.reserve(need, &deadline, &what).await?))
+        };
+        let batch = held.as_ref().map_or(models::PROFILE_BATCH, |h| h.0);
         let (id, package) = (id.to_string(), Arc::clone(&pin.model));
-        let layers = tokio::task::spawn_blocking(move || models.profile(&id, &package))
-            .await
-            .map_err(|e| DeviceError::Failed(format!("profile worker: {e}")))?
-            .map_err(DeviceError::Failed)?;
+        let layers = tokio::task::spawn_blocking(move || {
+            let layers = models.profile(&id, &package, batch);
+            drop(held);
+            layers
+        })
+        .await
+        .map_err(|e| DeviceError::Failed(format!("profile worker: {e}")))?
+        .map_err(DeviceError::Failed)?;
         Ok(ModelProfile {
             model: model.to_string(),
             device: format!("{:?}", self.runtime.models().device()),
-            batch: models::PROFILE_BATCH,
+            batch: layers.first().map_or(batch, |l| l.batch),
             layers: layers.as_ref().clone(),
             memory: pin.memory.as_ref().clone(),
             device_memory: self.device.memory(),

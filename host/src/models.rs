@@ -16,6 +16,8 @@
 //! tenant's first call waits for it. It is kept on disk (`<state>/memory/`), keyed by the
 //! package's manifest and the device, and shared within the process: a restarted host, or a
 //! second host in the same process, plans with the same model instead of measuring again.
+//! A failed measurement (memory model or profile) is not kept: calls in the next
+//! [`FAILURE_KEPT`] get its error, the first call after it measures again.
 
 use crate::memory;
 use crate::policy::packages::{Found, PolicyModels};
@@ -26,15 +28,87 @@ use hapi_wire::profile::{LayerProfile, ModelMemory};
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 use tch::Device;
 
-/// Batch size of the profile endpoint's measurements.
+/// Batch size of the profile endpoint's measurements, where the device budget holds it.
 pub const PROFILE_BATCH: i64 = 8;
 /// Timed repetitions per layer (median reported).
 pub const PROFILE_REPS: usize = 3;
 
-type Slot<T> = Arc<OnceLock<Result<Arc<T>, String>>>;
+type Slot<T> = Arc<Memo<T>>;
+
+/// How long a failed measurement is answered from memory before a call measures again.
+pub const FAILURE_KEPT: Duration = Duration::from_secs(60);
+
+/// A measurement made once and kept. Callers that arrive while it runs wait for it. A failure
+/// is kept only for a while ([`FAILURE_KEPT`]): one that passes (the device out of memory while
+/// other tenants' batches ran, a file being replaced) is measured again by a later call instead
+/// of failing every use until the host restarts, and one that lasts (a package that cannot run)
+/// is not measured again on every call that names it.
+#[derive(Debug)]
+pub(crate) struct Memo<T> {
+    state: Mutex<Option<Made<T>>>,
+    failure_kept: Duration,
+}
+
+#[derive(Debug)]
+enum Made<T> {
+    Done(Arc<T>),
+    Failed { error: String, at: Instant },
+}
+
+impl<T> Default for Memo<T> {
+    fn default() -> Self {
+        Self::keeping_failures(FAILURE_KEPT)
+    }
+}
+
+impl<T> Memo<T> {
+    pub(crate) fn keeping_failures(failure_kept: Duration) -> Self {
+        Self {
+            state: Mutex::new(None),
+            failure_kept,
+        }
+    }
+
+    /// The value, if it was made.
+    pub(crate) fn done(&self) -> Option<Arc<T>> {
+        match &*self.state.lock().unwrap_or_else(PoisonError::into_inner) {
+            Some(Made::Done(v)) => Some(Arc::clone(v)),
+            _ => None,
+        }
+    }
+
+    /// The value, made by `make` unless it was made before or failed less than the period ago
+    /// (that failure's error then, with its age).
+    pub(crate) fn get_or_make(
+        &self,
+        make: impl FnOnce() -> Result<Arc<T>, String>,
+    ) -> Result<Arc<T>, String> {
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        match &*state {
+            Some(Made::Done(v)) => return Ok(Arc::clone(v)),
+            Some(Made::Failed { error, at }) if at.elapsed() < self.failure_kept => {
+                return Err(format!(
+                    "{error} (failed {:.0} s ago; tried again {:.0} s after a failure)",
+                    at.elapsed().as_secs_f64(),
+                    self.failure_kept.as_secs_f64()
+                ));
+            }
+            _ => {}
+        }
+        let made = make();
+        *state = Some(match &made {
+            Ok(v) => Made::Done(Arc::clone(v)),
+            Err(e) => Made::Failed {
+                error: e.clone(),
+                at: Instant::now(),
+            },
+        });
+        made
+    }
+}
 
 /// Bumped when the measurement changes, so that kept models of an older one are not used.
 const MEMORY_MODEL_VERSION: u32 = 1;
@@ -164,8 +238,9 @@ impl Models {
     }
 
     /// Makes the memory model of every model in `ids` that is neither in this process nor kept
-    /// on disk, logging progress. A model that fails to load or measure is logged and left to
-    /// fail at first use with the same error (the others still get measured).
+    /// on disk, logging progress. A model that fails to load or measure is logged (the others
+    /// still get measured); calls that use it in the next [`FAILURE_KEPT`] fail with that error,
+    /// a later one loads and measures it again.
     pub fn measure_ahead(&self, ids: &[String]) {
         let catalog = self.catalog();
         let mut todo = Vec::new();
@@ -176,10 +251,10 @@ impl Models {
             if self.kept_model(e).is_some() {
                 continue;
             }
-            match measured(&e.memory_key).get() {
+            match measured(&e.memory_key).done() {
                 // Measured by another host of this process: kept here too.
-                Some(Ok(m)) => self.keep(e, m),
-                _ => todo.push(id),
+                Some(m) => self.keep(e, &m),
+                None => todo.push(id),
             }
         }
         if todo.is_empty() {
@@ -304,9 +379,7 @@ impl Models {
             .entries
             .get(name)
             .ok_or_else(|| format!("no model `{name}` on this host"))?;
-        measured(&entry.memory_key)
-            .get_or_init(|| self.kept_or_measured(name, entry, pkg))
-            .clone()
+        measured(&entry.memory_key).get_or_make(|| self.kept_or_measured(name, entry, pkg))
     }
 
     /// The memory model kept on disk under `key`, else measured and kept there.
@@ -367,19 +440,85 @@ impl Models {
         Ok(Arc::new(m))
     }
 
-    /// Per-layer time per sample and output bytes on this host's device, measured on `pkg`
-    /// the first time.
+    /// The profile of `name`, if it was measured.
+    pub fn profiled(&self, name: &str) -> Option<Arc<Vec<LayerProfile>>> {
+        Self::slot(&self.profiles, name).done()
+    }
+
+    /// Per-layer time per sample and output bytes on this host's device, measured on `pkg` at
+    /// batch `batch` the first time (the caller holds the memory that takes).
     pub fn profile(
         &self,
         name: &str,
         pkg: &ModelPackage,
+        batch: i64,
     ) -> Result<Arc<Vec<LayerProfile>>, String> {
-        Self::slot(&self.profiles, name)
-            .get_or_init(|| {
-                profile_layers(pkg, PROFILE_BATCH, PROFILE_REPS)
-                    .map(Arc::new)
-                    .map_err(|e| e.to_string())
+        Self::slot(&self.profiles, name).get_or_make(|| {
+            profile_layers(pkg, batch, PROFILE_REPS)
+                .map(Arc::new)
+                .map_err(|e| e.to_string())
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    #[test]
+    fn a_failure_is_answered_for_its_period_and_then_made_again() {
+        let memo: Memo<u32> = Memo::keeping_failures(Duration::from_millis(300));
+        let calls = AtomicUsize::new(0);
+        let fail = || {
+            calls.fetch_add(1, Ordering::SeqCst);
+            Err::<Arc<u32>, _>("device out of memory".to_string())
+        };
+        assert_eq!(memo.get_or_make(fail), Err("device out of memory".into()));
+        let kept = memo.get_or_make(fail).expect_err("kept failure");
+        assert!(
+            kept.starts_with("device out of memory (failed 0 s ago; tried again 0 s after"),
+            "{kept}"
+        );
+        assert_eq!(
+            calls.load(Ordering::SeqCst),
+            1,
+            "not made again within the period"
+        );
+        assert!(memo.done().is_none());
+        std::thread::sleep(Duration::from_millis(350));
+        let made = memo.get_or_make(|| {
+            calls.fetch_add(1, Ordering::SeqCst);
+            Ok(Arc::new(7))
+        });
+        assert_eq!(made.map(|v| *v), Ok(7));
+        assert_eq!(calls.load(Ordering::SeqCst), 2);
+        // Kept for good once made.
+        let again = memo.get_or_make(fail);
+        assert_eq!(again.map(|v| *v), Ok(7));
+        assert_eq!(memo.done().map(|v| *v), Some(7));
+        assert_eq!(calls.load(Ordering::SeqCst), 2);
+    }
+
+    #[test]
+    fn callers_that_arrive_while_it_is_made_wait_for_it() {
+        let memo: Arc<Memo<u32>> = Arc::new(Memo::default());
+        let calls = Arc::new(AtomicUsize::new(0));
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                let (memo, calls) = (Arc::clone(&memo), Arc::clone(&calls));
+                std::thread::spawn(move || {
+                    memo.get_or_make(|| {
+                        calls.fetch_add(1, Ordering::SeqCst);
+                        std::thread::sleep(Duration::from_millis(100));
+                        Ok(Arc::new(3))
+                    })
+                })
             })
-            .clone()
+            .collect();
+        for t in threads {
+            assert_eq!(t.join().expect("no panic").map(|v| *v), Ok(3));
+        }
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
     }
 }

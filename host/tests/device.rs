@@ -110,6 +110,35 @@ async fn the_profile_reports_a_measured_memory_model() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_profile_runs_in_memory_held_from_the_budget_at_a_batch_the_budget_holds() {
+    let _one = serial().lock().await;
+    let probe = start("").await;
+    let m = memory_model(&probe).await;
+    drop(probe);
+    // Room beside the weights for the whole model at batch 3, not 4.
+    let whole = m.segment(0..m.layers.len());
+    let budget = m.weights() + whole.run_bytes(3) + whole.per_sample / 2;
+    let h = start(&format!("memory_budget = \"{budget}B\"")).await;
+    let p = common::profile_at(&h.client, &h.url, MODEL).await;
+    assert_eq!(p.batch, 3, "measured at the largest batch the budget holds");
+    assert!(p.layers.iter().all(|l| l.batch == 3), "{:?}", p.layers);
+    let d = &p.device_memory;
+    assert!(
+        d.peak_bytes >= m.weights() + whole.run_bytes(3) && d.peak_bytes <= budget,
+        "the measurement's memory was held in the budget: peak {} bytes, weights {}, batch 3 \
+         of the model {}, budget {budget}",
+        d.peak_bytes,
+        m.weights(),
+        whole.run_bytes(3)
+    );
+    assert_eq!(d.reserved, 0, "and given back: {d:?}");
+    // Measured once: the next profile holds nothing and gives the same layers.
+    let again = common::profile_at(&h.client, &h.url, MODEL).await;
+    assert_eq!(again.batch, 3);
+    assert_eq!(again.layers, p.layers);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn pooled_and_adapted_features_equal_whole_unpooled_ones_for_eight_tenants() {
     let _one = serial().lock().await;
     let reference = start("pool = false\nadapt_batch = false").await;

@@ -372,6 +372,36 @@ impl Budget {
         })
     }
 
+    /// Reserves `need` bytes (unloading idle models if that makes room), waiting while other
+    /// calls hold the memory, until `deadline`. `what` names the work in the errors.
+    pub async fn reserve(
+        self: &Arc<Self>,
+        need: u64,
+        deadline: &Deadline,
+        what: &str,
+    ) -> Result<Reservation, DeviceError> {
+        if need > self.total {
+            return Err(DeviceError::TooLarge(format!(
+                "{what} needs {need} bytes of device memory; the device budget is {}",
+                self.total
+            )));
+        }
+        loop {
+            let notified = self.notify.notified();
+            let mut notified = std::pin::pin!(notified);
+            notified.as_mut().enable();
+            if let Some(r) = self.reserve_now(need) {
+                return Ok(r);
+            }
+            if deadline.run(notified).await.is_err() {
+                return Err(DeviceError::Busy(format!(
+                    "{what} found no room for {need} bytes of device memory within the time \
+                     limit: it is held by other calls; retry later"
+                )));
+            }
+        }
+    }
+
     /// Waits (blocking) until the budget changes or `timeout` passes.
     pub fn wait_changed(&self, timeout: Duration) {
         let s = lock(&self.state);

@@ -7,7 +7,7 @@
 
 use crate::account::Deadline;
 use crate::device::batch::{self, Dest};
-use crate::device::budget::{Budget, Pin};
+use crate::device::budget::{Budget, Pin, Reservation};
 use crate::device::dispatcher::{Call, Progress, Shared, lock};
 use crate::device::job::{Job, Ran};
 use crate::device::types::{DeviceConfig, DeviceError};
@@ -101,6 +101,22 @@ impl Device {
             .budget
             .acquire(&self.models, name, deadline)
             .await
+    }
+
+    /// Holds `need` bytes of the device's budget for work outside the dispatcher (a model's
+    /// profile), waiting for room until `deadline`.
+    pub async fn reserve(
+        &self,
+        need: u64,
+        deadline: &Deadline,
+        what: &str,
+    ) -> Result<Reservation, DeviceError> {
+        self.shared.budget.reserve(need, deadline, what).await
+    }
+
+    /// The most the budget could ever hold for a run of a model with `weights` loaded.
+    pub fn ceiling(&self, weights: u64) -> u64 {
+        self.shared.budget.ceiling(weights)
     }
 
     fn refused(&self, tenant: &str, e: DeviceError) -> DeviceError {

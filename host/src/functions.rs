@@ -38,6 +38,9 @@ pub struct Function {
     pub name: String,
     pub sha256: String,
     pub size: usize,
+    /// Bytes of its compiled code (kept in the state directory; functions of a tenant with the
+    /// same bytes share it).
+    pub code_size: u64,
     /// Deployed by the operator's policy: the API cannot replace or remove it.
     pub managed: bool,
     pub prepared: Prepared,
@@ -240,12 +243,14 @@ impl Functions {
             unsafe { wasmtime::component::Component::deserialize(runtime.engine(), &code) }
                 .map_err(|e| tracing::warn!("ignoring compiled code {cached}: {e}"))
                 .ok()
+                .map(|c| (c, code.len() as u64))
         });
-        let (component, fresh) = match from_cache {
-            Some(c) => (c, false),
+        let (component, fresh, mut code_size) = match from_cache {
+            Some((c, size)) => (c, false, size),
             None => (
                 compile::compile(runtime.engine(), bytes).map_err(bad)?,
                 true,
+                0,
             ),
         };
         let prepared = runtime.prepare(caps, &component).map_err(bad)?;
@@ -255,7 +260,10 @@ impl Functions {
             let written = component
                 .serialize()
                 .map_err(|e| std::io::Error::other(e.to_string()))
-                .and_then(|code| self.write(&dir, &cached, &code));
+                .and_then(|code| {
+                    code_size = code.len() as u64;
+                    self.write(&dir, &cached, &code)
+                });
             if let Err(e) = written {
                 tracing::warn!("not caching compiled code of `{name}` at {cached}: {e}");
             }
@@ -264,6 +272,7 @@ impl Functions {
             name: name.to_string(),
             sha256,
             size: bytes.len(),
+            code_size,
             managed,
             prepared,
         })
@@ -417,7 +426,7 @@ impl Functions {
         if previous.as_ref().is_some_and(|f| f.managed) || tenant.functions.contains_key(name) {
             return Err(FunctionError::Managed(name.to_string()));
         }
-        self.check_quota(tenant, name, declared)?;
+        self.check_quota(tenant, name, declared, None)?;
         let mut q = lock(&self.queue);
         let owed = q.owed(tenant, Instant::now());
         let burst = tenant.limits.compile_burst.as_secs_f64();
@@ -461,7 +470,7 @@ impl Functions {
         };
         // At its real size (the reservation checked the declared one). The tenant has no other
         // upload in progress, so nothing else adds to its functions until this one is done.
-        self.check_quota(tenant, &name, bytes.len() as u64)
+        self.check_quota(tenant, &name, bytes.len() as u64, None)
             .map_err(refused)?;
         let queued = self.enqueue().map_err(refused)?;
         let turn = Arc::clone(&self.compiler)
@@ -540,7 +549,12 @@ impl Functions {
         if now.functions.contains_key(name) {
             return Err(FunctionError::Managed(name.to_string()));
         }
-        self.check_quota(now, name, bytes.len() as u64)?;
+        self.check_quota(
+            now,
+            name,
+            bytes.len() as u64,
+            Some((&built.sha256, built.code_size)),
+        )?;
         let f = Arc::new(if now.capabilities == t.capabilities {
             built
         } else {
@@ -560,7 +574,16 @@ impl Functions {
         Ok(f)
     }
 
-    fn check_quota(&self, tenant: &Tenant, name: &str, size: u64) -> Result<(), FunctionError> {
+    /// Checks that the tenant's uploaded functions stay within its quota with `name` at `size`
+    /// bytes of Wasm and, once it is compiled, `code` (its digest and compiled bytes, counted
+    /// once for functions with the same bytes).
+    fn check_quota(
+        &self,
+        tenant: &Tenant,
+        name: &str,
+        size: u64,
+        code: Option<(&str, u64)>,
+    ) -> Result<(), FunctionError> {
         let uploaded: Vec<Arc<Function>> = self
             .list(&tenant.name)
             .into_iter()
@@ -575,11 +598,27 @@ impl Functions {
                 uploaded.len()
             )));
         }
-        let bytes: u64 = uploaded.iter().map(|f| f.size as u64).sum::<u64>() + size;
+        let wasm: u64 = uploaded.iter().map(|f| f.size as u64).sum::<u64>() + size;
+        let mut codes: HashMap<&str, u64> = uploaded
+            .iter()
+            .map(|f| (f.sha256.as_str(), f.code_size))
+            .collect();
+        if let Some((sha256, bytes)) = code {
+            codes.insert(sha256, bytes);
+        }
+        let compiled: u64 = codes.values().sum();
+        let bytes = wasm + compiled;
         if bytes > limits.max_function_bytes {
             return Err(FunctionError::Quota(format!(
-                "tenant `{}`'s uploaded functions would take {bytes} bytes; its quota is {}",
-                tenant.name, limits.max_function_bytes
+                "tenant `{}`'s uploaded functions would take {bytes} bytes ({wasm} of Wasm and \
+                 {compiled} of compiled code{}); its quota is {}",
+                tenant.name,
+                if code.is_none() {
+                    ", before this one is compiled"
+                } else {
+                    ""
+                },
+                limits.max_function_bytes
             )));
         }
         Ok(())

@@ -356,11 +356,11 @@ async fn a_tenants_uploads_are_held_to_its_share_of_the_compiler() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn function_quotas_obeyed_and_violated() {
-    // t0 may keep 2 functions (of 1 MiB in all); t1 any number, of 200 KiB in all.
+    // t0 may keep 2 functions; t1 any number, of 5 MiB in all until the test lowers it.
     let h = start_tenants(|store, state| {
         common::tenants_policy(store, state, "", 2, &["resnet18"], |t| match t {
-            0 => "deploy = true\nmax_functions = 2\nmax_function_bytes = \"1MiB\"".into(),
-            _ => "deploy = true\nmax_function_bytes = \"200KiB\"".into(),
+            0 => "deploy = true\nmax_functions = 2\nmax_function_bytes = \"4MiB\"".into(),
+            _ => "deploy = true\nmax_function_bytes = \"5MiB\"".into(),
         })
     })
     .await;
@@ -380,16 +380,68 @@ async fn function_quotas_obeyed_and_violated() {
     assert!(message.contains("may keep 2"), "{message}");
     assert_eq!(delete(&h, &t0, "b").await.status(), 204);
     assert_eq!(h.put_function(&t0, "c", hostile("c")).await.status(), 201);
-    // Bytes: two fit in 200 KiB, a third does not; one larger than the quota is not even read.
+
+    // Bytes count the compiled code the host keeps beside the Wasm. With room for two uploads'
+    // Wasm and one and a half of their code, a second different upload is refused, the same
+    // bytes under a second name (sharing the first's code) are not.
     let t1 = tenant_token(1);
     assert_eq!(h.put_function(&t1, "a", hostile("a")).await.status(), 201);
-    assert_eq!(h.put_function(&t1, "b", hostile("b")).await.status(), 201);
-    let (code, message) = error_code(h.put_function(&t1, "c", hostile("c")).await, 403).await;
-    assert_eq!(code, "quota_exceeded", "{message}");
-    assert!(message.contains("quota is 204800"), "{message}");
-    let (code, message) =
-        error_code(h.put_function(&t1, "d", wasm("feature-extract")).await, 413).await;
-    assert_eq!(code, "body_too_large", "{message}");
+    let listed = list(&h, &t1).await;
+    let a = &listed[0];
+    let (wasm, code) = (
+        a["size"].as_u64().expect("size"),
+        a["compiled_size"].as_u64().expect("compiled_size"),
+    );
+    eprintln!("hostile: {wasm} bytes of Wasm, {code} bytes of compiled code");
+    assert!(code > wasm / 2, "{a}");
+    let quota = 2 * wasm + code + code / 2;
+    let policy = std::fs::read_to_string(&h.policy_path).expect("policy");
+    let lowered = policy.replacen(
+        "max_function_bytes = \"5MiB\"",
+        &format!("max_function_bytes = \"{quota}B\""),
+        1,
+    );
+    std::fs::write(&h.policy_path, lowered).expect("write the policy");
+    let policy = Policy::load(&h.policy_path).expect("policy");
+    let host = std::sync::Arc::clone(&h.host);
+    tokio::task::spawn_blocking(move || host.reload(policy))
+        .await
+        .expect("join")
+        .expect("reloaded");
+    let (code_, message) = error_code(h.put_function(&t1, "b", hostile("b")).await, 403).await;
+    assert_eq!(code_, "quota_exceeded", "{message}");
+    assert!(
+        message.contains(&format!("of compiled code); its quota is {quota}")),
+        "{message}"
+    );
+    assert_eq!(h.put_function(&t1, "a2", hostile("a")).await.status(), 201);
+    let names: Vec<String> = list(&h, &t1)
+        .await
+        .iter()
+        .map(|f| f["name"].as_str().expect("name").to_string())
+        .collect();
+    assert_eq!(names, ["a", "a2"]);
+    // One larger than the quota is not even read.
+    let too_big = vec![0u8; usize::try_from(quota).expect("quota") + 1];
+    let (code_, message) = error_code(h.put_function(&t1, "d", too_big).await, 413).await;
+    assert_eq!(code_, "body_too_large", "{message}");
+}
+
+/// The tenant's uploaded functions as the API lists them, by name.
+async fn list(h: &TestHost, token: &str) -> Vec<serde_json::Value> {
+    let mut v: Vec<serde_json::Value> = h
+        .client
+        .get(format!("{}/v1/functions", h.url))
+        .bearer_auth(token)
+        .send()
+        .await
+        .expect("request")
+        .json()
+        .await
+        .expect("a list");
+    v.retain(|f| f["managed"] == false);
+    v.sort_by_key(|f| f["name"].as_str().unwrap_or_default().to_string());
+    v
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

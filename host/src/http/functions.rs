@@ -20,6 +20,9 @@ struct FunctionInfo {
     name: String,
     sha256: String,
     size: usize,
+    /// Bytes of its compiled code, which count against the tenant's quota beside `size`
+    /// (once for functions with the same bytes).
+    compiled_size: u64,
     /// Deployed by the operator's policy (cannot be replaced or removed through the API).
     managed: bool,
 }
@@ -29,6 +32,7 @@ fn info(f: &Function) -> FunctionInfo {
         name: f.name.clone(),
         sha256: f.sha256.clone(),
         size: f.size,
+        compiled_size: f.code_size,
         managed: f.managed,
     }
 }

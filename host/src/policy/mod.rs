@@ -46,7 +46,7 @@
 //! weight = 1             # share of the device's time
 //! deploy = true          # may upload its own functions
 //! max_functions = 16     # uploaded functions kept at once
-//! max_function_bytes = "64MiB"  # their bytes together
+//! max_function_bytes = "64MiB"  # their bytes together, with their compiled code
 //! compile_share = 50     # percent of one compile thread its uploads may use over time
 //! compile_burst = "60s"  # compile time it may use at once before `compile_share` applies
 //! capabilities = []      # extra WASI interfaces: "clocks", "random"
@@ -266,7 +266,7 @@ pub struct Limits {
     pub weight: u32,
     /// Uploaded functions kept at once.
     pub max_functions: usize,
-    /// Bytes of uploaded functions together.
+    /// Bytes of uploaded functions together, with their compiled code.
     pub max_function_bytes: u64,
     /// Percent of one compile thread the tenant's uploads may use over time.
     pub compile_share: u32,

@@ -299,29 +299,60 @@ impl Functions {
         }
     }
 
-    /// Removes what no loaded function can use from the state directory of each tenant in the
-    /// table: compiled code of other engine versions or of functions no longer there, and
-    /// files a crash left half written (`*.tmp`). Run at start, before any upload: a compile in
-    /// progress writes code that is not in the table yet.
+    /// Removes what no loaded function can use from the state directory: compiled code of
+    /// other engine versions, of functions no longer there and of tenants the policy no longer
+    /// has, and files a crash left half written (`*.tmp`). The uploads of a tenant the policy no
+    /// longer has are kept (they come back if the tenant is added again) and logged with their
+    /// size. Run at start, before any upload: a compile in progress writes code that is not in
+    /// the table yet.
     pub fn sweep(&self, runtime: &Runtime) {
+        let tenants = lock(&self.writers);
         let table = self.table.read().unwrap_or_else(PoisonError::into_inner);
         let (mut files, mut bytes) = (0usize, 0u64);
+        let mut count = |(n, b): (usize, u64)| {
+            files += n;
+            bytes += b;
+        };
         for (tenant, fns) in table.iter() {
             let keep: HashSet<String> = fns
                 .values()
                 .map(|f| Self::cache_name(runtime, &f.sha256))
                 .collect();
-            for (n, b) in [
-                self.remove_files(&format!("compiled/{tenant}"), |f| !keep.contains(f)),
-                self.remove_files(&format!("functions/{tenant}"), |f| f.ends_with(".tmp")),
-            ] {
-                files += n;
-                bytes += b;
-            }
+            count(self.remove_files(&format!("compiled/{tenant}"), |f| !keep.contains(f)));
+            count(self.remove_files(&format!("functions/{tenant}"), |f| f.ends_with(".tmp")));
+        }
+        let gone = |dir: &str| -> Vec<String> {
+            let Ok(entries) = self.state.read_dir(dir) else {
+                return Vec::new();
+            };
+            entries
+                .flatten()
+                .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|t| valid_name(t) && !tenants.contains_key(t))
+                .collect()
+        };
+        for tenant in gone("compiled") {
+            let dir = format!("compiled/{tenant}");
+            count(self.remove_files(&dir, |_| true));
+            let _ = self.state.remove_dir(&dir);
         }
         if files > 0 {
             tracing::info!(
                 "removed {files} unused file(s) ({bytes} bytes) from the state directory: compiled code no function uses, half-written files"
+            );
+        }
+        for tenant in gone("functions") {
+            let dir = format!("functions/{tenant}");
+            let (mut n, mut b) = (0usize, 0u64);
+            for e in self.state.read_dir(&dir).into_iter().flatten().flatten() {
+                if e.file_name().to_string_lossy().ends_with(".wasm") {
+                    n += 1;
+                    b += e.metadata().map_or(0, |m| m.len());
+                }
+            }
+            tracing::info!(
+                "tenant `{tenant}` is not in the policy: its {n} uploaded function(s) ({b} bytes) stay under {dir} in the state directory, and are loaded again if the tenant is added back; remove the directory to free them"
             );
         }
     }

@@ -214,8 +214,9 @@ async fn a_deployed_function_is_invoked_listed_and_removed_with_its_code() {
 }
 
 /// At start the host removes what no function can use from the state directory: compiled code
-/// of another engine version or of a function no longer there, and files a crash left half
-/// written. The code of the functions it loads stays, and they still run.
+/// of another engine version, of a function no longer there or of a tenant no longer in the
+/// policy, and files a crash left half written. The code of the functions it loads stays, and
+/// they still run; a removed tenant's uploads stay too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restart_removes_compiled_code_that_no_function_uses() {
     let h = TestHost::start().await;
@@ -232,9 +233,14 @@ async fn a_restart_removes_compiled_code_that_no_function_uses() {
         format!("compiled/alice/{}-0123456789abcdef.cwasm", "0".repeat(64)),
         format!("compiled/alice/{sha}-0123456789abcdef.cwasm.tmp"),
         "functions/alice/other.wasm.tmp".to_string(),
+        // A tenant the policy no longer has: its code goes, its upload stays.
+        "compiled/gone/code.cwasm".to_string(),
+        "functions/gone/theirs.wasm".to_string(),
     ];
     for p in &planted {
-        std::fs::write(state.join(p), b"left over").expect("plant");
+        let p = state.join(p);
+        std::fs::create_dir_all(p.parent().expect("a directory")).expect("mkdir");
+        std::fs::write(p, b"left over").expect("plant");
     }
     let policy = Policy::load(&h.policy_path).expect("policy");
     let again = tokio::task::spawn_blocking(move || Host::start(policy))
@@ -243,6 +249,8 @@ async fn a_restart_removes_compiled_code_that_no_function_uses() {
         .expect("the host starts again");
     assert_eq!(files(&state.join("compiled/alice")), kept);
     assert_eq!(files(&state.join("functions/alice")), ["mine.wasm"]);
+    assert!(!state.join("compiled/gone").exists());
+    assert_eq!(files(&state.join("functions/gone")), ["theirs.wasm"]);
     let mine = again.functions("alice");
     assert!(
         mine.iter().any(|f| f.name == "mine" && f.sha256 == sha),

@@ -140,8 +140,10 @@ struct Cli {
     #[arg(long, value_name = "SIZE", value_parser = hapi_wire::units::parse_size, requires = "feature_store")]
     feature_store_cap: Option<u64>,
     /// Element type of pushed-down features on the network: f32, f16 or bf16 (half the bytes;
-    /// narrowed on the storage tier's device, widened here), or auto (f16 where a few objects'
-    /// features fit its range with 16x to spare, else bf16). Split 0 and `none` stay f32.
+    /// narrowed on the storage tier's device, widened here), int8 (about a quarter: the storage
+    /// host quantizes the f32 output with per-channel scales), or auto (f16 where a few
+    /// objects' features fit its range with 16x to spare, else bf16). Split 0 and `none` stay
+    /// f32.
     #[arg(long, default_value = "f32", value_parser = parse_wire_dtype)]
     wire_dtype: DtypeArg,
     /// Directory for per-epoch checkpoints.

@@ -258,7 +258,7 @@ impl Costs {
 }
 
 /// Bytes per sample sent at each split 0..=freeze of `pkg` (split 0 in f32, the others in
-/// `wire`).
+/// `wire`, int8's scales included).
 pub fn bytes_at(
     pkg: &hapi_model::ModelPackage,
     freeze: usize,
@@ -267,11 +267,14 @@ pub fn bytes_at(
     let m = pkg.manifest();
     let input: i64 = m.input.shape.iter().product();
     std::iter::once(input as u64 * 4)
-        .chain(
-            m.layers[..freeze]
+        .chain(m.layers[..freeze].iter().map(|l| {
+            let shape: Vec<u64> = l
+                .output_shape
                 .iter()
-                .map(|l| l.output_bytes_per_sample() / 4 * wire.size()),
-        )
+                .map(|&d| u64::try_from(d).unwrap_or(0))
+                .collect();
+            wire.sample_bytes(&shape)
+        }))
         .collect()
 }
 

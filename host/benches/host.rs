@@ -238,6 +238,7 @@ async fn main() {
             ("mode".into(), "output".into()),
             ("bytes".into(), "1".into()),
         ]),
+        quantize: None,
     };
     let host = &h.host;
     for _ in 0..100 {
@@ -271,6 +272,7 @@ async fn main() {
         model: Some(model.into()),
         split: Some(split as u32),
         options: BTreeMap::new(),
+        quantize: None,
     };
     let pkg = ModelPackage::load(&models_dir().join(model), tch::Device::Cpu).expect("package");
     let i = &pkg.manifest().input;
@@ -379,6 +381,7 @@ async fn main() {
             model: Some(model.into()),
             split: Some(0),
             options: BTreeMap::from([("reps".into(), timed.to_string())]),
+            quantize: None,
         };
         // Per round: `p50s` of the guest, of native code, and (`--decode-against`) of the other
         // build.
@@ -410,6 +413,7 @@ async fn main() {
             model: Some(model.into()),
             split: Some(0),
             options: BTreeMap::new(),
+            quantize: None,
         };
         let mut in_call = Vec::new();
         for r in 0..reps + 2 {

@@ -217,8 +217,12 @@ impl Host {
             split: req.split,
             options: req.options.into_iter().collect(),
         };
+        let reply = wasm::invoke::Reply {
+            meta,
+            quantize: req.quantize,
+        };
         self.runtime
-            .invoke(tenant, &function.prepared, invocation, meta, usage)
+            .invoke(tenant, &function.prepared, invocation, reply, usage)
             .await
     }
 

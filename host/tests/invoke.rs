@@ -243,6 +243,90 @@ async fn without_a_split_features_stop_at_the_freeze_index_and_without_a_model_t
     assert!(message.contains("needs `model`"), "{message}");
 }
 
+/// `"quantize": "int8"`: the host sends the function's f32 output as int8 with per-channel
+/// scales, every value within half a step of the f32 one, in about a quarter of the bytes; a
+/// function that answers in another type is refused with a message that says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn int8_features_are_the_f32_ones_within_half_a_step_in_a_quarter_of_the_bytes() {
+    let h = TestHost::start().await;
+    let keys: Vec<String> = SAMPLES.iter().map(|&i| sample_key(i)).collect();
+    // At split 25 (pooled, [n, 1280]: one scale per sample) and 6 ([n, 40, 28, 28]: one per
+    // channel).
+    for split in [25, 6] {
+        let body = |quantize: bool| {
+            let mut b = json!({"bucket": "datasets", "keys": keys,
+                               "model": "efficientnet_lite0", "split": split});
+            if quantize {
+                b["quantize"] = json!("int8");
+            }
+            b
+        };
+        let wide = h.warm(ALICE, "feature-extract", body(false)).await;
+        assert!(wide.status().is_success(), "{}", wide.status());
+        let wide = wide.bytes().await.expect("body");
+        let (shape, f32s) = hapi_client::parse_features(&wide).expect("f32 features");
+        let resp = h.warm(ALICE, "feature-extract", body(true)).await;
+        assert!(resp.status().is_success(), "{}", resp.status());
+        let bytes = resp.bytes().await.expect("body");
+        let st = safetensors::SafeTensors::deserialize(&bytes).expect("safetensors");
+        let t = st.tensor("features").expect("features");
+        let s = st.tensor("features_scale").expect("scales");
+        assert_eq!(t.dtype(), safetensors::Dtype::I8);
+        assert_eq!(s.dtype(), safetensors::Dtype::F32);
+        let dims: Vec<u64> = shape.iter().map(|&d| d as u64).collect();
+        let (n, groups, per_group) = hapi_wire::quantize::groups(&dims).expect("groups");
+        assert_eq!(s.shape(), [n as usize, groups as usize]);
+        assert_eq!(groups, if split == 25 { 1 } else { shape[1] as u64 });
+        let scales: Vec<f32> = s
+            .data()
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        let (client_shape, widened) = hapi_client::parse_features(&bytes).expect("widened");
+        assert_eq!(client_shape, shape);
+        for (k, (a, b)) in f32s.iter().zip(&widened).enumerate() {
+            let step = scales[k / per_group as usize];
+            assert!(
+                (a - b).abs() <= step * 0.5001,
+                "split {split}, value {k}: {a} sent as {b} (step {step})"
+            );
+        }
+        println!(
+            "int8 at split {split}: {} bytes against {} for f32 ({:.3}x)",
+            bytes.len(),
+            wide.len(),
+            bytes.len() as f64 / wide.len() as f64
+        );
+        assert!(
+            bytes.len() as u64 <= wide.len() as u64 / 4 + 4 * n * groups + 512,
+            "{} bytes",
+            bytes.len()
+        );
+    }
+    // The function's output must be f32.
+    let resp = h
+        .invoke(
+            ALICE,
+            "feature-extract",
+            json!({"bucket": "datasets", "keys": keys, "model": "efficientnet_lite0",
+                   "split": 25, "options": {"dtype": "f16"}, "quantize": "int8"}),
+        )
+        .await;
+    let (code, message) = common::error_code(resp, 400).await;
+    assert_eq!(code, "bad_request");
+    assert!(message.contains("applies to f32 outputs"), "{message}");
+    let resp = h
+        .invoke(
+            ALICE,
+            "feature-extract",
+            json!({"bucket": "datasets", "keys": keys, "quantize": "int4"}),
+        )
+        .await;
+    let (code, message) = common::error_code(resp, 400).await;
+    assert_eq!(code, "bad_json");
+    assert!(message.contains("`int4`, expected `int8`"), "{message}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn f16_and_bf16_features_are_the_f32_ones_narrowed_on_the_device_in_half_the_bytes() {
     let h = TestHost::start().await;

@@ -40,6 +40,17 @@ pub struct InvokeRequest {
     /// Function-specific options (a function rejects those it does not know).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub options: BTreeMap<String, String>,
+    /// `"int8"`: the host sends the function's f32 output as int8 with per-channel scales
+    /// ([`crate::quantize`]); absent, as the function returned it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quantize: Option<Quantize>,
+}
+
+/// What the host may turn a function's output into before sending it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Quantize {
+    Int8,
 }
 
 /// `split`, with an error that names it (serde's own would only say "expected u32").
@@ -133,6 +144,7 @@ mod tests {
             model: Some("resnet18".into()),
             split: Some(3),
             options: BTreeMap::new(),
+            quantize: None,
         };
         let json = serde_json::to_vec(&r).expect("json");
         assert_eq!(InvokeRequest::parse(&json).expect("parse"), r);
@@ -167,6 +179,7 @@ mod tests {
                 model: Some("m".into()),
                 split: Some(0),
                 options: BTreeMap::new(),
+                quantize: None,
             };
             f(&mut r);
             r.check()

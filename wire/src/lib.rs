@@ -15,6 +15,7 @@
 pub mod error;
 pub mod invoke;
 pub mod profile;
+pub mod quantize;
 pub mod tensor;
 pub mod timing;
 pub mod units;

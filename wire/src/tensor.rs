@@ -23,13 +23,15 @@ pub enum Dtype {
     F16,
     /// bfloat16 (an f32's upper 16 bits).
     BF16,
+    /// Signed bytes (int8 features, with their scales: [`crate::quantize`]).
+    I8,
 }
 
 impl Dtype {
     pub fn size(self) -> u64 {
         match self {
             Dtype::F32 => 4,
-            Dtype::U8 => 1,
+            Dtype::U8 | Dtype::I8 => 1,
             Dtype::I64 => 8,
             Dtype::F16 | Dtype::BF16 => 2,
         }
@@ -43,13 +45,16 @@ impl Dtype {
             Dtype::I64 => "I64",
             Dtype::F16 => "F16",
             Dtype::BF16 => "BF16",
+            Dtype::I8 => "I8",
         }
     }
 }
 
-/// The element type float features travel in (`feature-extract`'s `dtype` option, the graph
-/// name's `@f16`/`@bf16`): the host's device narrows to it, the client widens back to f32;
-/// f16 and bf16 halve the bytes on the network.
+/// The element type float features travel in. f16 and bf16 (`feature-extract`'s `dtype`
+/// option, the graph name's `@f16`/`@bf16`): the host's device narrows to it, the client widens
+/// back to f32; they halve the bytes on the network. int8: the function answers in f32 and the
+/// host quantizes its output with per-channel scales (the invocation's `quantize`,
+/// [`crate::quantize`]): about a quarter of the bytes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum WireDtype {
@@ -57,14 +62,24 @@ pub enum WireDtype {
     F32,
     F16,
     Bf16,
+    Int8,
 }
 
 impl WireDtype {
-    /// Bytes per element on the wire.
+    /// Bytes per element on the wire (int8's scales aside: [`WireDtype::sample_bytes`]).
     pub fn size(self) -> u64 {
         match self {
             WireDtype::F32 => 4,
             WireDtype::F16 | WireDtype::Bf16 => 2,
+            WireDtype::Int8 => 1,
+        }
+    }
+
+    /// Bytes one sample of `per_sample` shape (no batch dimension) takes on the wire.
+    pub fn sample_bytes(self, per_sample: &[u64]) -> u64 {
+        match self {
+            WireDtype::Int8 => crate::quantize::sample_bytes(per_sample),
+            other => other.size() * per_sample.iter().product::<u64>(),
         }
     }
 
@@ -74,6 +89,7 @@ impl WireDtype {
             WireDtype::F32 => Dtype::F32,
             WireDtype::F16 => Dtype::F16,
             WireDtype::Bf16 => Dtype::BF16,
+            WireDtype::Int8 => Dtype::I8,
         }
     }
 
@@ -82,6 +98,7 @@ impl WireDtype {
             WireDtype::F32 => "f32",
             WireDtype::F16 => "f16",
             WireDtype::Bf16 => "bf16",
+            WireDtype::Int8 => "int8",
         }
     }
 }
@@ -93,7 +110,8 @@ impl std::str::FromStr for WireDtype {
             "f32" => Ok(Self::F32),
             "f16" => Ok(Self::F16),
             "bf16" => Ok(Self::Bf16),
-            other => Err(format!("`{other}`: expected f32, f16 or bf16")),
+            "int8" => Ok(Self::Int8),
+            other => Err(format!("`{other}`: expected f32, f16, bf16 or int8")),
         }
     }
 }

@@ -61,7 +61,7 @@ commands:
                      extracts, the others train from the store, each checked against the
                      same job without it (table, target/eval-sweep/summary.json)
   eval-dtype [--model M] [--train-limit N] [--test-limit N] [--epochs N]
-                     the same linear probe with features sent as f32, f16 and bf16: bytes
+                     the same linear probe with features sent as f32, f16, bf16 and int8: bytes
                      per sample and test accuracy (table, target/eval-dtype/summary.json)
   layout [crate]     the module graph of host/src (or the crate's src/); fails on an import
                      cycle (part of `test`, for host/ and compute/)

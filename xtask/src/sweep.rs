@@ -275,8 +275,8 @@ pub fn run(args: &[String]) -> Result<(), String> {
 }
 
 /// `cargo xtask eval-dtype`: the same linear probe (EfficientNet-Lite0's frozen layers pushed
-/// down, a new classifier trained) with features sent as f32, f16 and bf16: bytes per sample
-/// on the network and test accuracy.
+/// down, a new classifier trained) with features sent as f32, f16, bf16 and int8: bytes per
+/// sample on the network and test accuracy.
 pub fn dtype(args: &[String]) -> Result<(), String> {
     let o = options("eval-dtype", args, defaults("5000", "2000", "10", &[]))?;
     let env = setup::run()?;
@@ -285,7 +285,7 @@ pub fn dtype(args: &[String]) -> Result<(), String> {
     let (host, store) = fashion_mnist_host(&env, &bins, &out, &o.model, true)?;
     let common = common_args(&host.url, &store, &o);
     let mut rows = Vec::new();
-    for dtype in ["f32", "f16", "bf16"] {
+    for dtype in ["f32", "f16", "bf16", "int8"] {
         sh::step(&format!("--wire-dtype {dtype}"));
         let mut args: Vec<&str> = common.iter().map(String::as_str).collect();
         args.extend(["--cache-features", "--wire-dtype", dtype]);

@@ -364,11 +364,15 @@ impl StorageClient {
             keys: keys.to_vec(),
             model: Some(model.to_string()),
             split: Some(u32::try_from(split).unwrap_or(u32::MAX)),
-            options: if split > 0 && self.dtype != WireDtype::F32 {
+            // f16 and bf16: the function's output type; int8: the host's quantization of its
+            // f32 output.
+            options: if split > 0 && matches!(self.dtype, WireDtype::F16 | WireDtype::Bf16) {
                 [("dtype".to_string(), self.dtype.name().to_string())].into()
             } else {
                 Default::default()
             },
+            quantize: (split > 0 && self.dtype == WireDtype::Int8)
+                .then_some(hapi_wire::invoke::Quantize::Int8),
         };
         self.call_preferring(&body, prefer).await
     }
@@ -591,7 +595,8 @@ impl StorageClient {
     }
 }
 
-/// The `features` tensor of a safetensors body as f32s (F16 and BF16 widened exactly).
+/// The `features` tensor of a safetensors body as f32s (F16 and BF16 widened exactly, I8 with
+/// its `features_scale`: [`hapi_wire::quantize::dequantize`]).
 pub fn parse_features(body: &[u8]) -> Result<(Vec<i64>, Vec<f32>), String> {
     let st = safetensors::SafeTensors::deserialize(body)
         .map_err(|e| format!("response is not safetensors: {e:?}"))?;
@@ -599,6 +604,30 @@ pub fn parse_features(body: &[u8]) -> Result<(Vec<i64>, Vec<f32>), String> {
         .tensor("features")
         .map_err(|e| format!("response has no `features` tensor: {e:?}"))?;
     let shape: Vec<i64> = t.shape().iter().map(|&d| d as i64).collect();
+    if t.dtype() == safetensors::Dtype::I8 {
+        let s = st.tensor(hapi_wire::quantize::SCALES).map_err(|e| {
+            format!(
+                "`features` is I8 but the response has no `{}` tensor: {e:?}",
+                hapi_wire::quantize::SCALES
+            )
+        })?;
+        if s.dtype() != safetensors::Dtype::F32 {
+            return Err(format!(
+                "`{}` is {:?}, expected F32",
+                hapi_wire::quantize::SCALES,
+                s.dtype()
+            ));
+        }
+        let scales: Vec<f32> = s
+            .data()
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        let values: Vec<i8> = t.data().iter().map(|&b| b as i8).collect();
+        let dims: Vec<u64> = t.shape().iter().map(|&d| d as u64).collect();
+        let data = hapi_wire::quantize::dequantize(&dims, &scales, &values)?;
+        return Ok((shape, data));
+    }
     let halves = || {
         t.data()
             .chunks_exact(2)
@@ -614,7 +643,7 @@ pub fn parse_features(body: &[u8]) -> Result<(Vec<i64>, Vec<f32>), String> {
         safetensors::Dtype::BF16 => halves().map(bf16_to_f32).collect(),
         other => {
             return Err(format!(
-                "`features` is {other:?}, expected F32, F16 or BF16"
+                "`features` is {other:?}, expected F32, F16, BF16 or I8 (with scales)"
             ));
         }
     };

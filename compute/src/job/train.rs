@@ -145,7 +145,7 @@ impl Job {
             } else {
                 anyhow::ensure!(
                     !cfg.hosts.is_empty(),
-                    "--wire-dtype auto looks at features on the storage tier: give --host, or a dtype (f32, f16, bf16)"
+                    "--wire-dtype auto looks at features on the storage tier: give --host, or a dtype (f32, f16, bf16, int8)"
                 );
                 let probe = StorageClient::new(
                     cfg.hosts.clone(),

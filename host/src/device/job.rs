@@ -34,6 +34,9 @@ pub fn torch_kind(d: WireDtype) -> tch::Kind {
         WireDtype::F32 => tch::Kind::Float,
         WireDtype::F16 => tch::Kind::Half,
         WireDtype::Bf16 => tch::Kind::BFloat16,
+        // Not a graph output type (graph names refuse `@int8`: the host quantizes f32 outputs
+        // when it sends them); the size agrees with `WireDtype::size` all the same.
+        WireDtype::Int8 => tch::Kind::Int8,
     }
 }
 

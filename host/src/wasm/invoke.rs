@@ -20,6 +20,7 @@ use crate::store::Store as ObjectStore;
 use crate::wasm::compile::DeployError;
 use crate::wasm::errors::{InvokeError, Witness, classify_trap, guest_error};
 use crate::wasm::limits::{Limiter, MAX_HANDLES, MAX_RANDOM_BYTES};
+use hapi_wire::invoke::Quantize;
 use hapi_wire::tensor::Dtype;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -290,15 +291,15 @@ impl Runtime {
         Ok(Prepared { pre })
     }
 
-    /// Runs `function` for `tenant` on the invocation workers; `meta` goes into the response
-    /// header, what it reads and computes into `usage` as it goes. Dropping the returned future
+    /// Runs `function` for `tenant` on the invocation workers; `reply` says how its output is
+    /// sent, what it reads and computes into `usage` as it goes. Dropping the returned future
     /// stops the invocation.
     pub async fn invoke(
         &self,
         tenant: &Arc<Tenant>,
         function: &Prepared,
         invocation: Invocation,
-        meta: BTreeMap<String, String>,
+        reply: Reply,
         usage: Arc<Usage>,
     ) -> Finished {
         let started = Instant::now();
@@ -306,7 +307,7 @@ impl Runtime {
             Arc::clone(tenant),
             function.pre.clone(),
             invocation,
-            meta,
+            reply,
             usage,
             Arc::clone(&self.models),
             Arc::clone(&self.objects),
@@ -346,7 +347,7 @@ async fn run(
     tenant: Arc<Tenant>,
     pre: PushdownPre<State>,
     invocation: Invocation,
-    meta: BTreeMap<String, String>,
+    reply: Reply,
     usage: Arc<Usage>,
     models: Arc<Models>,
     objects: Arc<ObjectStore>,
@@ -418,7 +419,7 @@ async fn run(
             },
         ),
         Ok(Ok(Err(guest))) => Err(guest_error(guest, witness)),
-        Ok(Ok(Ok(out))) => encode(out, limits.max_output, &meta),
+        Ok(Ok(Ok(out))) => encode(out, limits.max_output, &reply, &account),
     };
     let timings = Timings {
         instantiate: instantiated,
@@ -437,13 +438,53 @@ async fn run(
     }
 }
 
+/// How an invocation's output is sent.
+#[derive(Debug, Default, Clone)]
+pub struct Reply {
+    /// The safetensors header's metadata.
+    pub meta: BTreeMap<String, String>,
+    /// The caller asked for int8 features (an f32 output quantized by the host).
+    pub quantize: Option<Quantize>,
+}
+
 /// The guest's output as a safetensors response, checked: its shape against its data, its
-/// rank, and the encoded size against the tenant's output limit.
+/// rank, and the encoded size against the tenant's output limit. Quantized on request: the
+/// int8 copy is charged to `account` while both exist.
 fn encode(
     out: TensorOut,
     limit: u64,
-    meta: &BTreeMap<String, String>,
+    reply: &Reply,
+    account: &Arc<Account>,
 ) -> Result<Output, InvokeError> {
+    let meta = &reply.meta;
+    if let Some(Quantize::Int8) = reply.quantize {
+        if out.ty != ElementType::F32 {
+            return Err(InvokeError::Guest {
+                code: hapi_wire::ErrorCode::BadRequest,
+                message: format!(
+                    "quantize `int8` applies to f32 outputs, and the function returned {:?}; \
+                     ask it for f32 (feature-extract: no `dtype` option)",
+                    out.ty
+                ),
+                key: None,
+            });
+        }
+        let shape: Vec<u64> = out.dimensions.iter().map(|&d| u64::from(d)).collect();
+        let (n, g, v) = hapi_wire::quantize::groups(&shape)
+            .map_err(|e| InvokeError::BadOutput(crate::account::text::bounded(e)))?;
+        let quantized = (n * g).saturating_mul(4 + v);
+        let _held = account
+            .charge(quantized, "int8 output")
+            .map_err(|e| InvokeError::Stopped(Stop::Memory(e.to_string())))?;
+        let (header, data) = hapi_wire::quantize::quantize(&shape, &out.data, meta)
+            .map_err(|e| InvokeError::BadOutput(crate::account::text::bounded(e)))?;
+        drop(out);
+        let size = (header.len() + data.len()) as u64;
+        if size > limit {
+            return Err(InvokeError::OutputTooLarge { size, limit });
+        }
+        return Ok(Output { header, data });
+    }
     let dtype = match out.ty {
         ElementType::F32 => Dtype::F32,
         ElementType::U8 => Dtype::U8,

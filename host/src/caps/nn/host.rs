@@ -364,6 +364,8 @@ impl inference::HostGraphExecutionContext for NnView<'_> {
                 WireDtype::F32 => ElemType::Fp32,
                 WireDtype::F16 => ElemType::Fp16,
                 WireDtype::Bf16 => ElemType::Bf16,
+                // Never a graph's output type (see `split_out_kind`).
+                WireDtype::Int8 => ElemType::U8,
             },
             data: ran.output,
             charge: ran.charge.absorb(handle),

@@ -87,13 +87,18 @@ pub fn split_out_kind(name: &str) -> Result<(&str, WireDtype), String> {
     let Some((graph, kind)) = name.rsplit_once('@') else {
         return Ok((name, WireDtype::F32));
     };
-    let kind = kind.parse::<WireDtype>().map_err(|_| {
-        format!(
-            "graph name `{}`: output type `@{}` is not one of @f32, @f16, @bf16",
-            quote(name),
-            quote(kind)
-        )
-    })?;
+    let kind = kind
+        .parse::<WireDtype>()
+        .ok()
+        .filter(|k| *k != WireDtype::Int8)
+        .ok_or_else(|| {
+            format!(
+                "graph name `{}`: output type `@{}` is not one of @f32, @f16, @bf16 (int8 is the \
+                 host's quantization of an f32 output: the invocation's `quantize`)",
+                quote(name),
+                quote(kind)
+            )
+        })?;
     Ok((graph, kind))
 }
 

@@ -89,6 +89,8 @@ async fn the_python_client_and_its_dataset_deliver_the_hosts_features() {
             .contains(&json!("feature-extract"))
     );
     assert_eq!(found["shape"], json!(shape));
+    assert_eq!(found["int8_dtype"], "torch.float32", "{found}");
+    assert_eq!(found["int8_within_half_a_step"], true, "{found}");
     assert_eq!(found["metadata"]["model"], "resnet18");
     assert_eq!(found["metadata"]["split"], "2");
     assert_eq!(found["metadata"]["function"], "feature-extract");

@@ -148,11 +148,12 @@ fn header(
 /// [`groups`] cuts the shape) back to f32.
 pub fn dequantize(shape: &[u64], scales: &[f32], values: &[i8]) -> Result<Vec<f32>, String> {
     let (n, g, v) = groups(shape)?;
-    if scales.len() as u64 != n * g || values.len() as u64 != n * g * v {
+    let want = n.checked_mul(g).and_then(|s| Some((s, s.checked_mul(v)?)));
+    if want != Some((scales.len() as u64, values.len() as u64)) {
         return Err(format!(
-            "int8 features of shape {shape:?} need {} scales and {} values; the response has {} and {}",
-            n * g,
-            n * g * v,
+            "int8 features of shape {shape:?} need {} scales of {} values; the response has {} and {}",
+            n.saturating_mul(g),
+            v,
             scales.len(),
             values.len()
         ));

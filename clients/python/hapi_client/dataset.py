@@ -42,6 +42,7 @@ class FeatureDataset(IterableDataset):
         model: Optional[str] = None,
         split: Optional[int] = None,
         options: Optional[Mapping[str, str]] = None,
+        quantize: Optional[str] = None,
         request_size: int = 8,
         in_flight: int = 4,
         shuffle: bool = False,
@@ -56,6 +57,7 @@ class FeatureDataset(IterableDataset):
         self.samples = list(samples)
         self.function, self.model, self.split = function, model, split
         self.options = dict(options or {})
+        self.quantize = quantize
         self.request_size, self.in_flight = request_size, in_flight
         self.shuffle, self.seed, self.epoch = shuffle, seed, 0
         self.skip_bad, self.retry_for = skip_bad, retry_for
@@ -90,6 +92,7 @@ class FeatureDataset(IterableDataset):
                     model=self.model,
                     split=self.split,
                     options=self.options,
+                    quantize=self.quantize,
                 )
             except HapiError as e:
                 bad = [s for s in chunk if s[0] == e.key]
@@ -131,7 +134,8 @@ class FeatureDataset(IterableDataset):
     def _rows(future: Future) -> Iterator[Tuple[torch.Tensor, int]]:
         features, labels = future.result()
         if features is not None and features.is_floating_point():
-            # f16/bf16 on the wire (options={"dtype": "f16"}) halve the bytes; training sees f32.
+            # f16/bf16 on the wire (options={"dtype": "f16"}) halve the bytes, int8
+            # (quantize="int8") quarters them; training sees f32.
             features = features.float()
         for i, label in enumerate(labels):
             yield features[i], label

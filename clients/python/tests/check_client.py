@@ -30,6 +30,14 @@ def main() -> None:
         found["metadata"] = inv.metadata
         found["timing_stages"] = sorted(inv.timing_ms)
         save_file({"features": inv.features.contiguous()}, f"{out}/features.safetensors")
+        # int8 on the wire: widened to f32, each sample within half its coarsest step.
+        q = c.invoke("feature-extract", bucket, keys, model="resnet18", split=2, quantize="int8")
+        found["int8_dtype"] = str(q.features.dtype)
+        found["int8_within_half_a_step"] = all(
+            (q.features[i] - inv.features[i]).abs().max().item()
+            <= inv.features[i].abs().max().item() / 254 * 1.001
+            for i in range(len(keys))
+        )
         try:
             c.invoke("feature-extract", bucket, keys[:1] + [spec["missing"]], model="resnet18", split=2)
             found["missing"] = None

@@ -470,8 +470,11 @@ fn encode(
             });
         }
         let shape: Vec<u64> = out.dimensions.iter().map(|&d| u64::from(d)).collect();
-        let (n, g, v) = hapi_wire::quantize::groups(&shape)
-            .map_err(|e| InvokeError::BadOutput(crate::account::text::bounded(e)))?;
+        let (n, g, v) = hapi_wire::quantize::groups(&shape).map_err(|e| InvokeError::Guest {
+            code: hapi_wire::ErrorCode::BadRequest,
+            message: crate::account::text::bounded(format!("quantize `int8`: {e}")),
+            key: None,
+        })?;
         let quantized = (n * g).saturating_mul(4 + v);
         let _held = account
             .charge(quantized, "int8 output")

@@ -25,6 +25,26 @@ use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Instant;
 
+/// What uploaded functions (the policy's left out) take: how many, their Wasm bytes, and their
+/// compiled code's bytes (once per distinct upload), with `extra` compiled code (a digest and
+/// its bytes) counted as well.
+fn footprint<'a>(
+    fns: impl Iterator<Item = &'a Function>,
+    extra: Option<(&'a str, u64)>,
+) -> (usize, u64, u64) {
+    let (mut count, mut wasm) = (0, 0u64);
+    let mut codes: HashMap<&str, u64> = HashMap::new();
+    for f in fns.filter(|f| !f.managed) {
+        count += 1;
+        wasm += f.size as u64;
+        codes.insert(&f.sha256, f.code_size);
+    }
+    if let Some((sha256, bytes)) = extra {
+        codes.insert(sha256, bytes);
+    }
+    (count, wasm, codes.values().sum())
+}
+
 /// Uploads waiting to be compiled, all tenants together; past this, 429.
 pub const MAX_COMPILE_QUEUE: usize = 8;
 /// Uploads compiled at once. With one tenant allowed one upload in the queue, two at once mean
@@ -434,6 +454,17 @@ impl Functions {
                     })?;
                 fns.insert(name.clone(), Arc::new(f));
             }
+            let (count, wasm, compiled) = footprint(fns.values().map(Arc::as_ref), None);
+            let limits = &tenant.limits;
+            if count > limits.max_functions || wasm + compiled > limits.max_function_bytes {
+                tracing::warn!(
+                    "tenant `{}`: its {count} uploaded functions take {} bytes ({wasm} of Wasm and {compiled} of compiled code), over its quota ({} functions, {} bytes): they keep running, and its uploads are refused until some are removed or the quota is raised",
+                    tenant.name,
+                    wasm + compiled,
+                    limits.max_functions,
+                    limits.max_function_bytes
+                );
+            }
             table.insert(tenant.name.clone(), fns);
         }
         *self.table.write().unwrap_or_else(PoisonError::into_inner) = table;
@@ -629,15 +660,8 @@ impl Functions {
                 uploaded.len()
             )));
         }
-        let wasm: u64 = uploaded.iter().map(|f| f.size as u64).sum::<u64>() + size;
-        let mut codes: HashMap<&str, u64> = uploaded
-            .iter()
-            .map(|f| (f.sha256.as_str(), f.code_size))
-            .collect();
-        if let Some((sha256, bytes)) = code {
-            codes.insert(sha256, bytes);
-        }
-        let compiled: u64 = codes.values().sum();
+        let (_, wasm, compiled) = footprint(uploaded.iter().map(Arc::as_ref), code);
+        let wasm = wasm + size;
         let bytes = wasm + compiled;
         if bytes > limits.max_function_bytes {
             return Err(FunctionError::Quota(format!(

@@ -265,8 +265,9 @@ impl Host {
         // Measuring runs every layer on the device outside the dispatcher: the memory it takes
         // is held in the budget while it runs, at the largest batch (up to PROFILE_BATCH) that
         // the budget can ever hold beside the weights.
-        let held = if models.profiled(id).is_some() {
-            None
+        let held = if let Some(done) = models.profiled(id) {
+            let layers = done.map_err(DeviceError::Failed)?;
+            return Ok(self.profile_reply(model, &layers, &pin));
         } else {
             let cost = pin.memory.segment(0..pin.memory.layers.len());
             let ceiling = self.device.ceiling(pin.memory.weights());
@@ -282,25 +283,36 @@ impl Host {
                 })?;
             let what = format!("profiling model `{model}` at batch {batch}");
             let need = cost.run_bytes(batch as u64);
-            Some((batch, self.device.reserve(need, &deadline, &what).await?))
+            (batch, self.device.reserve(need, &deadline, &what).await?)
         };
-        let batch = held.as_ref().map_or(models::PROFILE_BATCH, |h| h.0);
-        let (id, package) = (id.to_string(), Arc::clone(&pin.model));
-        let layers = tokio::task::spawn_blocking(move || {
-            let layers = models.profile(&id, &package, batch);
+        let (batch, held) = held;
+        // The model stays pinned, and the memory held, until the measurement ends, even when
+        // the caller goes away.
+        let id = id.to_string();
+        let (layers, pin) = tokio::task::spawn_blocking(move || {
+            let layers = models.profile(&id, &pin.model, batch);
             drop(held);
-            layers
+            (layers, pin)
         })
         .await
-        .map_err(|e| DeviceError::Failed(format!("profile worker: {e}")))?
-        .map_err(DeviceError::Failed)?;
-        Ok(ModelProfile {
+        .map_err(|e| DeviceError::Failed(format!("profile worker: {e}")))?;
+        let layers = layers.map_err(DeviceError::Failed)?;
+        Ok(self.profile_reply(model, &layers, &pin))
+    }
+
+    fn profile_reply(
+        &self,
+        model: &str,
+        layers: &[hapi_wire::profile::LayerProfile],
+        pin: &device::budget::Pin,
+    ) -> ModelProfile {
+        ModelProfile {
             model: model.to_string(),
             device: format!("{:?}", self.runtime.models().device()),
-            batch: layers.first().map_or(batch, |l| l.batch),
-            layers: layers.as_ref().clone(),
+            batch: layers.first().map_or(models::PROFILE_BATCH, |l| l.batch),
+            layers: layers.to_vec(),
             memory: pin.memory.as_ref().clone(),
             device_memory: self.device.memory(),
-        })
+        }
     }
 }

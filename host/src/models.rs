@@ -41,21 +41,18 @@ type Slot<T> = Arc<Memo<T>>;
 /// How long a failed measurement is answered from memory before a call measures again.
 pub const FAILURE_KEPT: Duration = Duration::from_secs(60);
 
-/// A measurement made once and kept. Callers that arrive while it runs wait for it. A failure
-/// is kept only for a while ([`FAILURE_KEPT`]): one that passes (the device out of memory while
-/// other tenants' batches ran, a file being replaced) is measured again by a later call instead
-/// of failing every use until the host restarts, and one that lasts (a package that cannot run)
+/// A measurement made once and kept. Callers that arrive while it runs wait for it (they run
+/// on blocking threads); [`Memo::done`] and [`Memo::failed`] never wait. A failure is kept only
+/// for a while ([`FAILURE_KEPT`]): one that passes (the device out of memory while other
+/// tenants' batches ran, a file being replaced) is measured again by a later call instead of
+/// failing every use until the host restarts, and one that lasts (a package that cannot run)
 /// is not measured again on every call that names it.
 #[derive(Debug)]
 pub(crate) struct Memo<T> {
-    state: Mutex<Option<Made<T>>>,
+    value: OnceLock<Arc<T>>,
+    /// Held while the value is made; the last failure and when it happened.
+    failure: Mutex<Option<(String, Instant)>>,
     failure_kept: Duration,
-}
-
-#[derive(Debug)]
-enum Made<T> {
-    Done(Arc<T>),
-    Failed { error: String, at: Instant },
 }
 
 impl<T> Default for Memo<T> {
@@ -67,45 +64,60 @@ impl<T> Default for Memo<T> {
 impl<T> Memo<T> {
     pub(crate) fn keeping_failures(failure_kept: Duration) -> Self {
         Self {
-            state: Mutex::new(None),
+            value: OnceLock::new(),
+            failure: Mutex::new(None),
             failure_kept,
         }
     }
 
     /// The value, if it was made.
     pub(crate) fn done(&self) -> Option<Arc<T>> {
-        match &*self.state.lock().unwrap_or_else(PoisonError::into_inner) {
-            Some(Made::Done(v)) => Some(Arc::clone(v)),
-            _ => None,
-        }
+        self.value.get().cloned()
+    }
+
+    /// The kept failure's error, when the last attempt failed less than the period ago and
+    /// no attempt runs now.
+    pub(crate) fn failed(&self) -> Option<String> {
+        let failure = self.failure.try_lock().ok()?;
+        self.kept(failure.as_ref())
+    }
+
+    fn kept(&self, failure: Option<&(String, Instant)>) -> Option<String> {
+        let (error, at) = failure?;
+        (at.elapsed() < self.failure_kept).then(|| {
+            format!(
+                "{error} (failed {:.0} s ago; tried again {:.0} s after a failure)",
+                at.elapsed().as_secs_f64(),
+                self.failure_kept.as_secs_f64()
+            )
+        })
     }
 
     /// The value, made by `make` unless it was made before or failed less than the period ago
-    /// (that failure's error then, with its age).
+    /// (that failure's error then, with its age). Blocks while another caller makes it.
     pub(crate) fn get_or_make(
         &self,
         make: impl FnOnce() -> Result<Arc<T>, String>,
     ) -> Result<Arc<T>, String> {
-        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        match &*state {
-            Some(Made::Done(v)) => return Ok(Arc::clone(v)),
-            Some(Made::Failed { error, at }) if at.elapsed() < self.failure_kept => {
-                return Err(format!(
-                    "{error} (failed {:.0} s ago; tried again {:.0} s after a failure)",
-                    at.elapsed().as_secs_f64(),
-                    self.failure_kept.as_secs_f64()
-                ));
-            }
-            _ => {}
+        if let Some(v) = self.done() {
+            return Ok(v);
+        }
+        let mut failure = self.failure.lock().unwrap_or_else(PoisonError::into_inner);
+        // Made while this caller waited.
+        if let Some(v) = self.done() {
+            return Ok(v);
+        }
+        if let Some(e) = self.kept(failure.as_ref()) {
+            return Err(e);
         }
         let made = make();
-        *state = Some(match &made {
-            Ok(v) => Made::Done(Arc::clone(v)),
-            Err(e) => Made::Failed {
-                error: e.clone(),
-                at: Instant::now(),
-            },
-        });
+        match &made {
+            Ok(v) => {
+                let _ = self.value.set(Arc::clone(v));
+                *failure = None;
+            }
+            Err(e) => *failure = Some((e.clone(), Instant::now())),
+        }
         made
     }
 }
@@ -239,8 +251,8 @@ impl Models {
 
     /// Makes the memory model of every model in `ids` that is neither in this process nor kept
     /// on disk, logging progress. A model that fails to load or measure is logged (the others
-    /// still get measured); calls that use it in the next [`FAILURE_KEPT`] fail with that error,
-    /// a later one loads and measures it again.
+    /// still get measured) and tried again at its first use (a failed measurement answers with
+    /// its error for [`FAILURE_KEPT`] first).
     pub fn measure_ahead(&self, ids: &[String]) {
         let catalog = self.catalog();
         let mut todo = Vec::new();
@@ -440,9 +452,11 @@ impl Models {
         Ok(Arc::new(m))
     }
 
-    /// The profile of `name`, if it was measured.
-    pub fn profiled(&self, name: &str) -> Option<Arc<Vec<LayerProfile>>> {
-        Self::slot(&self.profiles, name).done()
+    /// The profile of `name`, if it was measured; or the error of a measurement that failed
+    /// less than [`FAILURE_KEPT`] ago. Never waits.
+    pub fn profiled(&self, name: &str) -> Option<Result<Arc<Vec<LayerProfile>>, String>> {
+        let slot = Self::slot(&self.profiles, name);
+        slot.done().map(Ok).or_else(|| slot.failed().map(Err))
     }
 
     /// Per-layer time per sample and output bytes on this host's device, measured on `pkg` at
@@ -486,7 +500,13 @@ mod tests {
             "not made again within the period"
         );
         assert!(memo.done().is_none());
+        let failed = memo.failed().expect("a kept failure");
+        assert!(
+            failed.starts_with("device out of memory (failed"),
+            "{failed}"
+        );
         std::thread::sleep(Duration::from_millis(350));
+        assert!(memo.failed().is_none(), "past its period");
         let made = memo.get_or_make(|| {
             calls.fetch_add(1, Ordering::SeqCst);
             Ok(Arc::new(7))
@@ -498,6 +518,32 @@ mod tests {
         assert_eq!(again.map(|v| *v), Ok(7));
         assert_eq!(memo.done().map(|v| *v), Some(7));
         assert_eq!(calls.load(Ordering::SeqCst), 2);
+    }
+
+    #[test]
+    fn done_and_failed_answer_while_it_is_made() {
+        let memo: Arc<Memo<u32>> = Arc::new(Memo::default());
+        let (asked, was_asked) = std::sync::mpsc::channel::<()>();
+        let (started, has_started) = std::sync::mpsc::channel::<()>();
+        let maker = {
+            let memo = Arc::clone(&memo);
+            std::thread::spawn(move || {
+                memo.get_or_make(|| {
+                    started.send(()).map_err(|e| e.to_string())?;
+                    // Made only once the other thread's done() and failed() have answered.
+                    was_asked
+                        .recv_timeout(Duration::from_secs(5))
+                        .map_err(|e| format!("not asked while making: {e}"))?;
+                    Ok(Arc::new(1))
+                })
+            })
+        };
+        has_started.recv().expect("started");
+        assert!(memo.done().is_none());
+        assert!(memo.failed().is_none());
+        asked.send(()).expect("asked");
+        assert_eq!(maker.join().expect("no panic").map(|v| *v), Ok(1));
+        assert_eq!(memo.done().map(|v| *v), Some(1));
     }
 
     #[test]

@@ -282,6 +282,11 @@ async fn int8_features_are_the_f32_ones_within_half_a_step_in_a_quarter_of_the_b
             .chunks_exact(4)
             .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
             .collect();
+        // Each group's scale is its largest magnitude over 127.
+        for (k, group) in f32s.chunks(per_group as usize).enumerate() {
+            let most = group.iter().fold(0.0f32, |m, a| m.max(a.abs()));
+            assert_eq!(scales[k], most / 127.0, "split {split}, group {k}");
+        }
         let (client_shape, widened) = hapi_client::parse_features(&bytes).expect("widened");
         assert_eq!(client_shape, shape);
         for (k, (a, b)) in f32s.iter().zip(&widened).enumerate() {

@@ -74,7 +74,7 @@ pub fn quantize(
             data.len()
         ));
     }
-    let scale_bytes = (n * g * 4) as usize;
+    let scale_bytes = usize::try_from(n * g * 4).map_err(|e| e.to_string())?;
     let mut out = vec![0u8; scale_bytes + count as usize];
     let (scales, values) = out.split_at_mut(scale_bytes);
     let group = (v * 4) as usize;
@@ -270,6 +270,10 @@ mod tests {
             let back = dequantize(&shape, &scales, &q).expect("widened");
             let (_, g, v) = groups(&shape).expect("groups");
             prop_assert_eq!(scales.len() as u64, n * g);
+            for (k, group) in x.chunks(v as usize).enumerate() {
+                let most = group.iter().fold(0.0f32, |m, a| m.max(a.abs()));
+                prop_assert_eq!(scales[k], most / 127.0);
+            }
             for (k, (a, b)) in x.iter().zip(&back).enumerate() {
                 let step = scales[k / v as usize];
                 prop_assert!((a - b).abs() <= step * 0.5001, "{}: {} {} step {}", k, a, b, step);

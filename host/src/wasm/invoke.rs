@@ -475,7 +475,23 @@ fn encode(
             message: crate::account::text::bounded(format!("quantize `int8`: {e}")),
             key: None,
         })?;
-        let quantized = (n * g).saturating_mul(4 + v);
+        // Checked against the data and the output limit before anything is allocated.
+        let count = n.checked_mul(g).and_then(|x| x.checked_mul(v));
+        if count.and_then(|c| c.checked_mul(4)) != Some(out.data.len() as u64) {
+            return Err(InvokeError::BadOutput(crate::account::text::bounded(
+                format!(
+                    "dimensions {shape:?} of F32 do not match its {} bytes of data",
+                    out.data.len()
+                ),
+            )));
+        }
+        let quantized = (n * g * 4).saturating_add(out.data.len() as u64 / 4);
+        if quantized > limit {
+            return Err(InvokeError::OutputTooLarge {
+                size: quantized,
+                limit,
+            });
+        }
         let _held = account
             .charge(quantized, "int8 output")
             .map_err(|e| InvokeError::Stopped(Stop::Memory(e.to_string())))?;

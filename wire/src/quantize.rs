@@ -12,7 +12,7 @@
 //! The response is a safetensors file with two tensors: [`crate::tensor::FEATURES`] (`I8`, the
 //! output's shape) and [`SCALES`] (`F32`, `[n, groups]`), the scales first in the data.
 
-use crate::tensor::{FEATURES, MAX_RANK};
+use crate::tensor::{Dtype, FEATURES, MAX_RANK, write_header};
 use std::collections::BTreeMap;
 
 /// Fewest values per channel for a sample to be quantized per channel.
@@ -122,26 +122,13 @@ fn header(
     metadata: &BTreeMap<String, String>,
 ) -> Result<Vec<u8>, String> {
     let scales = n * g * 4;
-    let mut json = serde_json::Map::new();
-    if !metadata.is_empty() {
-        json.insert("__metadata__".into(), serde_json::json!(metadata));
-    }
-    json.insert(
-        SCALES.into(),
-        serde_json::json!({"dtype": "F32", "shape": [n, g], "data_offsets": [0, scales]}),
-    );
-    json.insert(
-        FEATURES.into(),
-        serde_json::json!({"dtype": "I8", "shape": shape, "data_offsets": [scales, data_len]}),
-    );
-    let mut text = serde_json::to_vec(&json).map_err(|e| e.to_string())?;
-    while text.len() % 8 != 0 {
-        text.push(b' ');
-    }
-    let mut out = Vec::with_capacity(8 + text.len());
-    out.extend_from_slice(&(text.len() as u64).to_le_bytes());
-    out.extend_from_slice(&text);
-    Ok(out)
+    write_header(
+        metadata,
+        &[
+            (SCALES, Dtype::F32, &[n, g], [0, scales]),
+            (FEATURES, Dtype::I8, shape, [scales, data_len]),
+        ],
+    )
 }
 
 /// Widens int8 `values` of batch-first `shape` with their `scales` (`[n, groups]`, as

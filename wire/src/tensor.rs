@@ -151,14 +151,25 @@ pub fn header(
             dtype.name()
         ));
     }
+    write_header(metadata, &[(FEATURES, dtype, shape, [0, data_len])])
+}
+
+/// A safetensors header (length prefix and JSON, padded to 8 bytes) with string `metadata` and
+/// `tensors`: name, type, shape and where its bytes lie in the data.
+pub(crate) fn write_header(
+    metadata: &BTreeMap<String, String>,
+    tensors: &[(&str, Dtype, &[u64], [u64; 2])],
+) -> Result<Vec<u8>, String> {
     let mut json = serde_json::Map::new();
     if !metadata.is_empty() {
         json.insert("__metadata__".into(), serde_json::json!(metadata));
     }
-    json.insert(
-        FEATURES.into(),
-        serde_json::json!({"dtype": dtype.name(), "shape": shape, "data_offsets": [0, data_len]}),
-    );
+    for (name, dtype, shape, offsets) in tensors {
+        json.insert(
+            (*name).into(),
+            serde_json::json!({"dtype": dtype.name(), "shape": shape, "data_offsets": offsets}),
+        );
+    }
     let mut text = serde_json::to_vec(&json).map_err(|e| e.to_string())?;
     // Readers may map the data; keep it 8-byte aligned as the format's own writer does.
     while text.len() % 8 != 0 {

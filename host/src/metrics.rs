@@ -48,6 +48,9 @@ pub struct Metrics {
     /// Uploads taken to the compiler, by tenant and outcome code: how many, and the seconds
     /// spent checking, compiling and preparing them.
     uploads: Mutex<BTreeMap<(String, &'static str), Uploads>>,
+    /// Requests refused before a tenant was known (no token, a token of no tenant, not the
+    /// operator's), by code.
+    unauthenticated: Mutex<BTreeMap<&'static str, u64>>,
 }
 
 /// One finished invocation, as metrics see it.
@@ -90,6 +93,15 @@ impl Metrics {
     pub fn refused(&self, tenant: &str, endpoint: &'static str, code: &'static str) {
         let mut map = self.refused.lock().unwrap_or_else(PoisonError::into_inner);
         *map.entry((tenant.to_string(), endpoint, code)).or_default() += 1;
+    }
+
+    /// A request refused with `code` before a tenant (or the operator) was known.
+    pub fn unauthenticated(&self, code: &'static str) {
+        let mut map = self
+            .unauthenticated
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        *map.entry(code).or_default() += 1;
     }
 
     /// An upload of `tenant` that the compiler took, ending with `code` (`ok`, or why it was
@@ -188,6 +200,18 @@ impl Metrics {
                 escape(tenant)
             );
         }
+        let unauthenticated = self
+            .unauthenticated
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let _ = writeln!(
+            out,
+            "# HELP hapi_unauthenticated_total Requests refused before a tenant or the operator was known (no token, a token of no tenant, not the operator's), by code.\n# TYPE hapi_unauthenticated_total counter"
+        );
+        for (code, n) in unauthenticated.iter() {
+            let _ = writeln!(out, "hapi_unauthenticated_total{{code=\"{code}\"}} {n}");
+        }
+        drop(unauthenticated);
         let uploads = self.uploads.lock().unwrap_or_else(PoisonError::into_inner);
         let upload_families: [UploadFamily; 2] = [
             (

@@ -38,6 +38,14 @@ async fn missing_or_wrong_tokens_are_401() {
         .await
         .expect("request");
     assert_eq!(error_code(resp, 401).await.0, "unauthenticated");
+    // No tenant to charge them to: counted apart, by code.
+    let metrics = h.metrics().await;
+    for line in [
+        "hapi_unauthenticated_total{code=\"unauthenticated\"} 2",
+        "hapi_unauthenticated_total{code=\"bad_token\"} 1",
+    ] {
+        assert!(metrics.lines().any(|l| l == line), "{line}\n{metrics}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -39,16 +39,19 @@ impl FromRequestParts<Arc<Host>> for Authed {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, host: &Arc<Host>) -> Result<Self, ApiError> {
-        let digest = token_digest(bearer(parts)?);
-        host.policy()
-            .tenant_by_token_hash(&digest)
-            .map(|t| Authed(Arc::clone(t)))
-            .ok_or_else(|| {
-                ApiError::new(
-                    ErrorCode::BadToken,
-                    "the token does not belong to any tenant",
-                )
-            })
+        let found = bearer(parts).and_then(|token| {
+            host.policy()
+                .tenant_by_token_hash(&token_digest(token))
+                .map(|t| Authed(Arc::clone(t)))
+                .ok_or_else(|| {
+                    ApiError::new(
+                        ErrorCode::BadToken,
+                        "the token does not belong to any tenant",
+                    )
+                })
+        });
+        // No tenant to charge: counted apart, so that guessing and missing tokens show.
+        found.inspect_err(|e| host.metrics.unauthenticated(e.code.as_str()))
     }
 }
 
@@ -60,6 +63,12 @@ impl FromRequestParts<Arc<Host>> for Operator {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, host: &Arc<Host>) -> Result<Self, ApiError> {
+        Self::check(parts, host).inspect_err(|e| host.metrics.unauthenticated(e.code.as_str()))
+    }
+}
+
+impl Operator {
+    fn check(parts: &Parts, host: &Host) -> Result<Self, ApiError> {
         let policy = host.policy();
         if policy.host.operator_token_sha256.is_none() {
             return Err(ApiError::new(

@@ -262,30 +262,31 @@ impl Host {
         let deadline = Deadline::new(PROFILE_TIMEOUT);
         let pin = self.device.acquire(id, &deadline).await?;
         let models = Arc::clone(self.runtime.models());
+        // Measured before (or failed less than `models::FAILURE_KEPT` ago): nothing runs.
+        if let Some(done) = models.profiled(id) {
+            let layers = done.map_err(DeviceError::Failed)?;
+            return Ok(self.profile_reply(model, &layers, &pin));
+        }
         // Measuring runs every layer on the device outside the dispatcher: the memory it takes
         // is held in the budget while it runs, at the largest batch (up to PROFILE_BATCH) that
         // the budget can ever hold beside the weights.
-        let held = if let Some(done) = models.profiled(id) {
-            let layers = done.map_err(DeviceError::Failed)?;
-            return Ok(self.profile_reply(model, &layers, &pin));
-        } else {
-            let cost = pin.memory.segment(0..pin.memory.layers.len());
-            let ceiling = self.device.ceiling(pin.memory.weights());
-            let batch = (1..=models::PROFILE_BATCH)
-                .rev()
-                .find(|&b| cost.run_bytes(b as u64) <= ceiling)
-                .ok_or_else(|| {
-                    DeviceError::TooLarge(format!(
-                        "profiling model `{model}` needs {} bytes of device memory for one \
-                         sample, and at most {ceiling} can ever be free beside its weights",
-                        cost.run_bytes(1)
-                    ))
-                })?;
-            let what = format!("profiling model `{model}` at batch {batch}");
-            let need = cost.run_bytes(batch as u64);
-            (batch, self.device.reserve(need, &deadline, &what).await?)
-        };
-        let (batch, held) = held;
+        let cost = pin.memory.segment(0..pin.memory.layers.len());
+        let ceiling = self.device.ceiling(pin.memory.weights());
+        let batch = (1..=models::PROFILE_BATCH)
+            .rev()
+            .find(|&b| cost.run_bytes(b as u64) <= ceiling)
+            .ok_or_else(|| {
+                DeviceError::TooLarge(format!(
+                    "profiling model `{model}` needs {} bytes of device memory for one sample, \
+                     and at most {ceiling} can ever be free beside its weights",
+                    cost.run_bytes(1)
+                ))
+            })?;
+        let what = format!("profiling model `{model}` at batch {batch}");
+        let held = self
+            .device
+            .reserve(cost.run_bytes(batch as u64), &deadline, &what)
+            .await?;
         // The model stays pinned, and the memory held, until the measurement ends, even when
         // the caller goes away.
         let id = id.to_string();

@@ -646,21 +646,17 @@ impl Functions {
         size: u64,
         code: Option<(&str, u64)>,
     ) -> Result<(), FunctionError> {
-        let uploaded: Vec<Arc<Function>> = self
-            .list(&tenant.name)
-            .into_iter()
-            .filter(|f| !f.managed && f.name != name)
-            .collect();
+        let fns = self.list(&tenant.name);
+        // The others it keeps: one it replaces by name is not counted.
+        let others = fns.iter().map(Arc::as_ref).filter(|f| f.name != name);
+        let (count, wasm, compiled) = footprint(others, code);
         let limits = &tenant.limits;
-        if uploaded.len() + 1 > limits.max_functions {
+        if count + 1 > limits.max_functions {
             return Err(FunctionError::Quota(format!(
-                "tenant `{}` may keep {} uploaded functions and has {}; remove one first",
-                tenant.name,
-                limits.max_functions,
-                uploaded.len()
+                "tenant `{}` may keep {} uploaded functions and has {count}; remove one first",
+                tenant.name, limits.max_functions,
             )));
         }
-        let (_, wasm, compiled) = footprint(uploaded.iter().map(Arc::as_ref), code);
         let wasm = wasm + size;
         let bytes = wasm + compiled;
         if bytes > limits.max_function_bytes {

@@ -618,11 +618,7 @@ pub fn parse_features(body: &[u8]) -> Result<(Vec<i64>, Vec<f32>), String> {
                 s.dtype()
             ));
         }
-        let scales: Vec<f32> = s
-            .data()
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect();
+        let scales = f32s(s.data());
         let values: Vec<i8> = t.data().iter().map(|&b| b as i8).collect();
         let dims: Vec<u64> = t.shape().iter().map(|&d| d as u64).collect();
         let data = hapi_wire::quantize::dequantize(&dims, &scales, &values)?;
@@ -634,11 +630,7 @@ pub fn parse_features(body: &[u8]) -> Result<(Vec<i64>, Vec<f32>), String> {
             .map(|c| u16::from_le_bytes([c[0], c[1]]))
     };
     let data = match t.dtype() {
-        safetensors::Dtype::F32 => t
-            .data()
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect(),
+        safetensors::Dtype::F32 => f32s(t.data()),
         safetensors::Dtype::F16 => halves().map(f16_to_f32).collect(),
         safetensors::Dtype::BF16 => halves().map(bf16_to_f32).collect(),
         other => {
@@ -648,6 +640,13 @@ pub fn parse_features(body: &[u8]) -> Result<(Vec<i64>, Vec<f32>), String> {
         }
     };
     Ok((shape, data))
+}
+
+/// Little-endian f32s (a safetensors F32 tensor's data).
+fn f32s(data: &[u8]) -> Vec<f32> {
+    data.chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
 }
 
 /// An IEEE 754 half as f32 (exact: every half is an f32).

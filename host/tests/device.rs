@@ -138,6 +138,39 @@ async fn a_profile_runs_in_memory_held_from_the_budget_at_a_batch_the_budget_hol
     assert_eq!(again.layers, p.layers);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reservation_that_cannot_fit_unloads_no_model() {
+    use hapi_host::device::budget::Budget;
+    let _one = serial().lock().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let text = common::policy_text(&dir.path().join("store"), &dir.path().join("state"));
+    let policy =
+        hapi_host::policy::Policy::parse("policy.toml", &text, dir.path()).expect("policy");
+    let models = std::sync::Arc::new(
+        hapi_host::models::Models::open(&policy, tch::Device::Cpu, None).expect("models"),
+    );
+    let (idle, used) = ("efficientnet_lite0", "resnet18");
+    let weights = |m| models.weights(m).expect("a model of the test policy");
+    let free = 1 << 20;
+    let budget = Budget::new(weights(idle) + weights(used) + free);
+    let deadline = hapi_host::account::Deadline::new(std::time::Duration::from_secs(300));
+    drop(budget.acquire(&models, idle, &deadline).await.expect(idle));
+    let pinned = budget.acquire(&models, used, &deadline).await.expect(used);
+    let s = budget.snapshot();
+    assert_eq!((s.loaded, s.evictions), (2, 0), "{s:?}");
+    // Unloading the idle model would not make room: it stays.
+    assert!(budget.reserve_now(free + weights(idle) + 1).is_none());
+    let s = budget.snapshot();
+    assert_eq!((s.loaded, s.evictions), (2, 0), "{s:?}");
+    // Unloading it makes room: it goes.
+    let held = budget
+        .reserve_now(free + weights(idle))
+        .expect("room once it is unloaded");
+    let s = budget.snapshot();
+    assert_eq!((s.loaded, s.evictions), (1, 1), "{s:?}");
+    drop((held, pinned));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn pooled_and_adapted_features_equal_whole_unpooled_ones_for_eight_tenants() {
     let _one = serial().lock().await;

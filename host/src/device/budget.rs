@@ -65,9 +65,13 @@ impl State {
             .sum()
     }
 
-    /// Unloads idle models, least recently used first, until `need` bytes are free or none is
-    /// left; returns whether they are.
+    /// Unloads idle models, least recently used first, until `need` bytes are free; returns
+    /// whether they are. Unloads none when unloading every idle one would not free enough (a
+    /// waiter that cannot fit yet must not empty the device of others' models).
     fn make_room(&mut self, total: u64, need: u64) -> bool {
+        if total.saturating_sub(self.used()) + self.idle_weights() < need {
+            return false;
+        }
         while total.saturating_sub(self.used()) < need {
             let victim = self
                 .models

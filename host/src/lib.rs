@@ -47,7 +47,7 @@ use crate::wasm::invoke::{Finished, Runtime};
 use anyhow::Context;
 use hapi_wire::InvokeRequest;
 use hapi_wire::profile::ModelProfile;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
@@ -62,6 +62,9 @@ pub struct Host {
     device: Arc<Device>,
     functions: Arc<Functions>,
     admissions: Admissions,
+    /// Each model's measuring turn: two first profiles of a model wait for one measurement
+    /// rather than reserve memory for two (one entry per model on the host).
+    profiling: std::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     pub metrics: Arc<Metrics>,
 }
 
@@ -116,6 +119,7 @@ impl Host {
             device,
             functions,
             admissions: Admissions::default(),
+            profiling: std::sync::Mutex::default(),
             metrics: Arc::default(),
         }))
     }
@@ -263,9 +267,24 @@ impl Host {
         let pin = self.device.acquire(id, &deadline).await?;
         let models = Arc::clone(self.runtime.models());
         // Measured before (or failed less than `models::FAILURE_KEPT` ago): nothing runs.
-        if let Some(done) = models.profiled(id) {
-            let layers = done.map_err(DeviceError::Failed)?;
-            return Ok(self.profile_reply(model, &layers, &pin));
+        if let Some(kept) = self.kept_profile(id, model, &pin) {
+            return kept;
+        }
+        let turn = Arc::clone(
+            self.profiling
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .entry(id.to_string())
+                .or_default(),
+        );
+        let measuring = deadline.run(turn.lock_owned()).await.map_err(|_| {
+            DeviceError::Busy(format!(
+                "model `{model}` is being profiled by another call; retry shortly"
+            ))
+        })?;
+        // Measured while this one waited its turn.
+        if let Some(kept) = self.kept_profile(id, model, &pin) {
+            return kept;
         }
         // Measuring runs every layer on the device outside the dispatcher: the memory it takes
         // is held in the budget while it runs, at the largest batch (up to PROFILE_BATCH) that
@@ -287,18 +306,33 @@ impl Host {
             .device
             .reserve(cost.run_bytes(batch as u64), &deadline, &what)
             .await?;
-        // The model stays pinned, and the memory held, until the measurement ends, even when
-        // the caller goes away.
+        // The model stays pinned, and the memory and the turn held, until the measurement
+        // ends, even when the caller goes away.
         let id = id.to_string();
         let (layers, pin) = tokio::task::spawn_blocking(move || {
             let layers = models.profile(&id, &pin.model, batch);
             drop(held);
+            drop(measuring);
             (layers, pin)
         })
         .await
         .map_err(|e| DeviceError::Failed(format!("profile worker: {e}")))?;
         let layers = layers.map_err(DeviceError::Failed)?;
         Ok(self.profile_reply(model, &layers, &pin))
+    }
+
+    /// The reply from a kept measurement (or failure) of model `id`, if there is one.
+    fn kept_profile(
+        &self,
+        id: &str,
+        model: &str,
+        pin: &device::budget::Pin,
+    ) -> Option<Result<ModelProfile, DeviceError>> {
+        let done = self.runtime.models().profiled(id)?;
+        Some(
+            done.map(|layers| self.profile_reply(model, &layers, pin))
+                .map_err(DeviceError::Failed),
+        )
     }
 
     fn profile_reply(

@@ -110,13 +110,33 @@ async fn the_profile_reports_a_measured_memory_model() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_profile_runs_in_memory_held_from_the_budget_at_a_batch_the_budget_holds() {
+async fn a_profile_runs_once_in_memory_held_from_the_budget_at_a_batch_the_budget_holds() {
     let _one = serial().lock().await;
     let probe = start("").await;
-    let m = memory_model(&probe).await;
+    // Two first profiles at once: one measurement, its memory reserved once.
+    let (a, b) = tokio::join!(
+        common::profile_at(&probe.client, &probe.url, MODEL),
+        common::profile_at(&probe.client, &probe.url, MODEL)
+    );
     drop(probe);
-    // Room beside the weights for the whole model at batch 3, not 4.
+    assert_eq!(a.layers, b.layers, "one measurement");
+    let m = a.memory;
     let whole = m.segment(0..m.layers.len());
+    let one = m.weights() + whole.run_bytes(a.batch as u64);
+    let d = (&a.device_memory, &b.device_memory);
+    assert!(
+        d.0.budget >= one + whole.run_bytes(a.batch as u64),
+        "the budget ({}) holds two measurements' memory, so holding it twice would show",
+        d.0.budget
+    );
+    let peak = d.0.peak_bytes.max(d.1.peak_bytes);
+    assert!(
+        peak <= one,
+        "two first profiles at once reserved memory once: peak {peak} bytes, weights and one \
+         measurement at batch {} {one}",
+        a.batch
+    );
+    // Room beside the weights for the whole model at batch 3, not 4.
     let budget = m.weights() + whole.run_bytes(3) + whole.per_sample / 2;
     let h = start(&format!("memory_budget = \"{budget}B\"")).await;
     let p = common::profile_at(&h.client, &h.url, MODEL).await;

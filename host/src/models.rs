@@ -19,6 +19,7 @@
 //! A failed measurement (memory model or profile) is not kept: calls in the next
 //! [`FAILURE_KEPT`] get its error, the first call after it measures again.
 
+use crate::device::batch::panic_message;
 use crate::memory;
 use crate::policy::packages::{Found, PolicyModels};
 use crate::policy::{Policy, Tenant};
@@ -27,7 +28,7 @@ use hapi_model::{Manifest, ModelPackage};
 use hapi_wire::profile::{LayerProfile, ModelMemory};
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock, TryLockError};
 use std::time::{Duration, Instant};
 use tch::Device;
 
@@ -78,7 +79,11 @@ impl<T> Memo<T> {
     /// The kept failure's error, when the last attempt failed less than the period ago and
     /// no attempt runs now.
     pub(crate) fn failed(&self) -> Option<String> {
-        let failure = self.failure.try_lock().ok()?;
+        let failure = match self.failure.try_lock() {
+            Ok(f) => f,
+            Err(TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(TryLockError::WouldBlock) => return None,
+        };
         self.kept(failure.as_ref())
     }
 
@@ -110,7 +115,10 @@ impl<T> Memo<T> {
         if let Some(e) = self.kept(failure.as_ref()) {
             return Err(e);
         }
-        let made = make();
+        // A panic (libtorch's errors in tch's panicking calls, out of memory among them) is a
+        // failure like any other: kept, not lost with the lock poisoned.
+        let made = std::panic::catch_unwind(std::panic::AssertUnwindSafe(make))
+            .unwrap_or_else(|p| Err(format!("panicked: {}", panic_message(p.as_ref()))));
         match &made {
             Ok(v) => {
                 let _ = self.value.set(Arc::clone(v));
@@ -518,6 +526,20 @@ mod tests {
         assert_eq!(again.map(|v| *v), Ok(7));
         assert_eq!(memo.done().map(|v| *v), Some(7));
         assert_eq!(calls.load(Ordering::SeqCst), 2);
+    }
+
+    #[test]
+    fn a_panic_while_making_is_a_kept_failure() {
+        let memo: Memo<u32> = Memo::default();
+        let made = memo.get_or_make(|| panic!("CUDA out of memory"));
+        assert_eq!(made, Err("panicked: CUDA out of memory".into()));
+        let kept = memo.failed().expect("kept like any failure");
+        assert!(
+            kept.starts_with("panicked: CUDA out of memory (failed"),
+            "{kept}"
+        );
+        let again = memo.get_or_make(|| Ok(Arc::new(1)));
+        assert!(again.is_err(), "not made again within the period");
     }
 
     #[test]

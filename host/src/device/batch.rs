@@ -41,13 +41,20 @@ pub fn run(
         run_inner(model, range, shape, out_shape, inputs, dests)
     }));
     caught.unwrap_or_else(|panic| {
-        let what = panic
-            .downcast_ref::<String>()
-            .map(String::as_str)
-            .or_else(|| panic.downcast_ref::<&str>().copied())
-            .unwrap_or("(no message)");
-        Err(format!("panic while running a batch: {what}"))
+        Err(format!(
+            "panic while running a batch: {}",
+            panic_message(panic.as_ref())
+        ))
     })
+}
+
+/// A caught panic's message.
+pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> &str {
+    panic
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .or_else(|| panic.downcast_ref::<&str>().copied())
+        .unwrap_or("(no message)")
 }
 
 fn run_inner(

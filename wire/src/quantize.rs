@@ -49,9 +49,12 @@ pub fn sample_bytes(per_sample: &[u64]) -> u64 {
         .chain(per_sample.iter().copied())
         .collect();
     match groups(&shape) {
-        Ok((_, g, v)) => g * (4 + v),
+        Ok((_, g, v)) => g.saturating_mul(v.saturating_add(4)),
         // Rank 0 (a scalar per sample): one value and its scale.
-        Err(_) => per_sample.iter().product::<u64>() + 4,
+        Err(_) => per_sample
+            .iter()
+            .fold(1u64, |acc, &d| acc.saturating_mul(d))
+            .saturating_add(4),
     }
 }
 
@@ -74,7 +77,12 @@ pub fn quantize(
             data.len()
         ));
     }
-    let scale_bytes = usize::try_from(n * g * 4).map_err(|e| e.to_string())?;
+    // No more than the data's bytes unless a dimension is 0 (then `n` may be anything).
+    let scale_bytes = n
+        .checked_mul(g)
+        .and_then(|x| x.checked_mul(4))
+        .and_then(|x| usize::try_from(x).ok())
+        .ok_or_else(|| format!("dimensions {shape:?}: their scales overflow"))?;
     let mut out = vec![0u8; scale_bytes + count as usize];
     let (scales, values) = out.split_at_mut(scale_bytes);
     let group = (v * 4) as usize;
@@ -110,7 +118,13 @@ pub fn quantize(
             }
         }
     }
-    let header = header(shape, (n, g), out.len() as u64, metadata)?;
+    let header = header(
+        shape,
+        (n, g),
+        scale_bytes as u64,
+        out.len() as u64,
+        metadata,
+    )?;
     Ok((header, out))
 }
 
@@ -118,10 +132,10 @@ pub fn quantize(
 fn header(
     shape: &[u64],
     (n, g): (u64, u64),
+    scales: u64,
     data_len: u64,
     metadata: &BTreeMap<String, String>,
 ) -> Result<Vec<u8>, String> {
-    let scales = n * g * 4;
     write_header(
         metadata,
         &[
@@ -234,6 +248,10 @@ mod tests {
         let e = quantize(&[1, 3], &le(&[1.0]), &BTreeMap::new()).expect_err("short");
         assert!(e.contains("need 12 bytes"), "{e}");
         assert!(dequantize(&[1, 3], &[1.0], &[1, 2]).is_err());
+        // No values, but scales for 2^62 samples: refused, not overflowed.
+        let e = quantize(&[1 << 62, 4, 0], &[], &BTreeMap::new()).expect_err("overflow");
+        assert!(e.contains("scales overflow"), "{e}");
+        assert_eq!(sample_bytes(&[u64::MAX, 2]), u64::MAX);
     }
 
     proptest! {

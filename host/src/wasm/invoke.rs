@@ -470,10 +470,19 @@ fn encode(
             });
         }
         let shape: Vec<u64> = out.dimensions.iter().map(|&d| u64::from(d)).collect();
-        let (n, g, v) = hapi_wire::quantize::groups(&shape).map_err(|e| InvokeError::Guest {
-            code: hapi_wire::ErrorCode::BadRequest,
-            message: crate::account::text::bounded(format!("quantize `int8`: {e}")),
-            key: None,
+        let (n, g, v) = hapi_wire::quantize::groups(&shape).map_err(|e| {
+            let e = crate::account::text::bounded(format!("quantize `int8`: {e}"));
+            if shape.len() > hapi_wire::tensor::MAX_RANK {
+                // No tensor of that rank is a valid output: the function's fault.
+                InvokeError::BadOutput(e)
+            } else {
+                // A rank-1 output: valid, but not one int8 can cut; the caller asked for it.
+                InvokeError::Guest {
+                    code: hapi_wire::ErrorCode::BadRequest,
+                    message: e,
+                    key: None,
+                }
+            }
         })?;
         // Checked against the data and the output limit before anything is allocated.
         let count = n.checked_mul(g).and_then(|x| x.checked_mul(v));
@@ -485,7 +494,10 @@ fn encode(
                 ),
             )));
         }
-        let quantized = (n * g * 4).saturating_add(out.data.len() as u64 / 4);
+        let quantized = n
+            .saturating_mul(g)
+            .saturating_mul(4)
+            .saturating_add(out.data.len() as u64 / 4);
         if quantized > limit {
             return Err(InvokeError::OutputTooLarge {
                 size: quantized,

@@ -19,7 +19,7 @@
 //! A failed measurement (memory model or profile) is not kept: calls in the next
 //! [`FAILURE_KEPT`] get its error, the first call after it measures again.
 
-use crate::device::batch::panic_message;
+use crate::account::text::panic_message;
 use crate::memory;
 use crate::policy::packages::{Found, PolicyModels};
 use crate::policy::{Policy, Tenant};

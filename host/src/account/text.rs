@@ -6,6 +6,15 @@ pub const MAX_QUOTE: usize = 160;
 /// Longest message the host keeps or sends (a guest's error text included).
 pub const MAX_MESSAGE: usize = 4096;
 
+/// A caught panic's message.
+pub fn panic_message(panic: &(dyn std::any::Any + Send)) -> &str {
+    panic
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .or_else(|| panic.downcast_ref::<&str>().copied())
+        .unwrap_or("(no message)")
+}
+
 /// The longest prefix of `s` of at most `max` bytes that ends on a character boundary.
 fn prefix(s: &str, max: usize) -> &str {
     if s.len() <= max {

@@ -43,18 +43,9 @@ pub fn run(
     caught.unwrap_or_else(|panic| {
         Err(format!(
             "panic while running a batch: {}",
-            panic_message(panic.as_ref())
+            crate::account::text::panic_message(panic.as_ref())
         ))
     })
-}
-
-/// A caught panic's message.
-pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> &str {
-    panic
-        .downcast_ref::<String>()
-        .map(String::as_str)
-        .or_else(|| panic.downcast_ref::<&str>().copied())
-        .unwrap_or("(no message)")
 }
 
 fn run_inner(

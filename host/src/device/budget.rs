@@ -65,11 +65,16 @@ impl State {
             .sum()
     }
 
+    /// Bytes free now, or once every idle model is unloaded.
+    fn room(&self, total: u64) -> u64 {
+        total.saturating_sub(self.used()) + self.idle_weights()
+    }
+
     /// Unloads idle models, least recently used first, until `need` bytes are free; returns
     /// whether they are. Unloads none when unloading every idle one would not free enough (a
     /// waiter that cannot fit yet must not empty the device of others' models).
     fn make_room(&mut self, total: u64, need: u64) -> bool {
-        if total.saturating_sub(self.used()) + self.idle_weights() < need {
+        if self.room(total) < need {
             return false;
         }
         while total.saturating_sub(self.used()) < need {
@@ -358,8 +363,7 @@ impl Budget {
 
     /// Bytes a batch could reserve now, unloading idle models if need be.
     pub fn room(&self) -> u64 {
-        let s = lock(&self.state);
-        self.total.saturating_sub(s.used()) + s.idle_weights()
+        lock(&self.state).room(self.total)
     }
 
     /// Reserves `need` bytes now (unloading idle models if that makes room), or `None`.

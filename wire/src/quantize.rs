@@ -65,67 +65,160 @@ pub fn quantize(
     data: &[u8],
     metadata: &BTreeMap<String, String>,
 ) -> Result<(Vec<u8>, Vec<u8>), String> {
-    let (n, g, v) = groups(shape)?;
-    let count = n
-        .checked_mul(g)
-        .and_then(|x| x.checked_mul(v))
-        .ok_or_else(|| format!("dimensions {shape:?} overflow"))?;
-    if count.checked_mul(4) != Some(data.len() as u64) {
-        return Err(format!(
-            "dimensions {shape:?} of F32 need {} bytes; the data has {}",
-            count.saturating_mul(4),
-            data.len()
-        ));
+    let plan = Plan::new(shape, data.len() as u64, metadata)?;
+    let mut out = vec![0u8; plan.data_len()];
+    let mut at = Cursor::default();
+    while !plan.fill(data, &mut out, &mut at, u64::MAX)? {}
+    Ok((plan.header, out))
+}
+
+/// A quantization checked and sized before any value is converted: its header and the size of
+/// its data are known, and [`Plan::fill`] converts a bounded number of values per call, so that
+/// a host can charge the memory first, then yield and watch its deadline between slices (a
+/// single group may hold every value of the output).
+#[derive(Debug)]
+pub struct Plan {
+    /// Groups (samples x groups per sample) and values per group.
+    groups: u64,
+    per_group: u64,
+    /// Groups per sample.
+    per_sample: u64,
+    /// Bytes of the scales, which come first in the data.
+    scale_bytes: usize,
+    /// Bytes of the data: scales, then one byte per value.
+    data_len: usize,
+    header: Vec<u8>,
+}
+
+/// Where a [`Plan::fill`] stopped: the group, and within it the pass (finding its largest
+/// magnitude, then writing its values) and the value.
+#[derive(Debug, Default, Clone)]
+pub struct Cursor {
+    group: u64,
+    value: u64,
+    writing: bool,
+    most: f32,
+}
+
+impl Plan {
+    /// Checks `shape` against `data_len` bytes of f32 and lays the response out.
+    pub fn new(
+        shape: &[u64],
+        data_len: u64,
+        metadata: &BTreeMap<String, String>,
+    ) -> Result<Self, String> {
+        let (n, g, v) = groups(shape)?;
+        let count = n
+            .checked_mul(g)
+            .and_then(|x| x.checked_mul(v))
+            .ok_or_else(|| format!("dimensions {shape:?} overflow"))?;
+        if count.checked_mul(4) != Some(data_len) {
+            return Err(format!(
+                "dimensions {shape:?} of F32 need {} bytes; the data has {data_len}",
+                count.saturating_mul(4),
+            ));
+        }
+        // No more than the data's bytes unless a dimension is 0 (then `n` may be anything).
+        let scale_bytes = n
+            .checked_mul(g)
+            .and_then(|x| x.checked_mul(4))
+            .and_then(|x| usize::try_from(x).ok())
+            .ok_or_else(|| format!("dimensions {shape:?}: their scales overflow"))?;
+        let data_len = usize::try_from(count)
+            .ok()
+            .and_then(|c| c.checked_add(scale_bytes))
+            .ok_or_else(|| format!("dimensions {shape:?} overflow"))?;
+        let header = header(shape, (n, g), scale_bytes as u64, data_len as u64, metadata)?;
+        Ok(Self {
+            groups: n * g,
+            per_group: v,
+            per_sample: g,
+            scale_bytes,
+            data_len,
+            header,
+        })
     }
-    // No more than the data's bytes unless a dimension is 0 (then `n` may be anything).
-    let scale_bytes = n
-        .checked_mul(g)
-        .and_then(|x| x.checked_mul(4))
-        .and_then(|x| usize::try_from(x).ok())
-        .ok_or_else(|| format!("dimensions {shape:?}: their scales overflow"))?;
-    let mut out = vec![0u8; scale_bytes + count as usize];
-    let (scales, values) = out.split_at_mut(scale_bytes);
-    let group = (v * 4) as usize;
-    if group > 0 {
-        for (k, (x, (s, q))) in data
-            .chunks_exact(group)
-            .zip(
-                scales
-                    .chunks_exact_mut(4)
-                    .zip(values.chunks_exact_mut(v as usize)),
-            )
-            .enumerate()
-        {
-            let f = |c: &[u8]| f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-            let mut most = 0.0f32;
-            for c in x.chunks_exact(4) {
-                let a = f(c).abs();
-                if !a.is_finite() {
-                    return Err(format!(
-                        "sample {}: the output holds {}, which int8 cannot carry",
-                        k as u64 / g,
-                        f(c)
-                    ));
+
+    /// The response's safetensors header.
+    pub fn header(&self) -> &[u8] {
+        &self.header
+    }
+
+    pub fn into_header(self) -> Vec<u8> {
+        self.header
+    }
+
+    /// Bytes of the response's data (what [`Plan::fill`] writes into).
+    pub fn data_len(&self) -> usize {
+        self.data_len
+    }
+
+    /// Converts values of `data` into `out` (of [`Plan::data_len`] bytes, zeroed before the
+    /// first call: a group of zeros, and its scale, stay as they are) from `at`, reading
+    /// each value once to find its group's scale and once to write it, about `budget` reads in
+    /// all (at least one), and moves `at` on. True when every group is written.
+    pub fn fill(
+        &self,
+        data: &[u8],
+        out: &mut [u8],
+        at: &mut Cursor,
+        budget: u64,
+    ) -> Result<bool, String> {
+        assert_eq!(out.len(), self.data_len, "the plan's data size");
+        assert_eq!(
+            data.len() as u64,
+            self.groups * self.per_group * 4,
+            "the plan's input"
+        );
+        let (scales, values) = out.split_at_mut(self.scale_bytes);
+        let v = self.per_group;
+        let f = |c: &[u8]| f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+        let mut left = budget.max(1);
+        while at.group < self.groups && v > 0 {
+            let base = at.group * v;
+            let end = v.min(at.value.saturating_add(left));
+            left -= end - at.value;
+            let (from, to) = ((base + at.value) as usize, (base + end) as usize);
+            let xs = data[from * 4..to * 4].chunks_exact(4);
+            if !at.writing {
+                for c in xs {
+                    let a = f(c).abs();
+                    if !a.is_finite() {
+                        return Err(format!(
+                            "sample {}: the output holds {}, which int8 cannot carry",
+                            at.group / self.per_sample,
+                            f(c)
+                        ));
+                    }
+                    at.most = at.most.max(a);
                 }
-                most = most.max(a);
+            } else {
+                let scale = at.most / LEVELS;
+                if scale > 0.0 {
+                    for (c, q) in xs.zip(&mut values[from..to]) {
+                        *q = (f(c) / scale).round().clamp(-LEVELS, LEVELS) as i8 as u8;
+                    }
+                }
             }
-            let scale = most / LEVELS;
-            s.copy_from_slice(&scale.to_le_bytes());
-            if scale > 0.0 {
-                for (c, q) in x.chunks_exact(4).zip(q.iter_mut()) {
-                    *q = (f(c) / scale).round().clamp(-LEVELS, LEVELS) as i8 as u8;
+            at.value = end;
+            if end == v {
+                if at.writing {
+                    at.group += 1;
+                    at.most = 0.0;
+                    at.writing = false;
+                } else {
+                    let s = (at.group * 4) as usize;
+                    scales[s..s + 4].copy_from_slice(&(at.most / LEVELS).to_le_bytes());
+                    at.writing = true;
                 }
+                at.value = 0;
+            }
+            if left == 0 {
+                break;
             }
         }
+        Ok(at.group >= self.groups || v == 0)
     }
-    let header = header(
-        shape,
-        (n, g),
-        scale_bytes as u64,
-        out.len() as u64,
-        metadata,
-    )?;
-    Ok((header, out))
 }
 
 /// The header of a quantized response: [`SCALES`] then [`FEATURES`].
@@ -252,6 +345,43 @@ mod tests {
         let e = quantize(&[1 << 62, 4, 0], &[], &BTreeMap::new()).expect_err("overflow");
         assert!(e.contains("scales overflow"), "{e}");
         assert_eq!(sample_bytes(&[u64::MAX, 2]), u64::MAX);
+    }
+
+    #[test]
+    fn a_quantization_in_slices_is_the_same_as_in_one() {
+        let x: Vec<f32> = (0..3 * 2 * 64)
+            .map(|i| ((i * 7919) % 211) as f32 - 105.0)
+            .collect();
+        let (shape, bytes) = ([3, 2, 8, 8], le(&x));
+        let (header, whole) = quantize(&shape, &bytes, &BTreeMap::new()).expect("quantized");
+        for budget in [1, 7, 64, 65, 128, 1000] {
+            let plan = Plan::new(&shape, bytes.len() as u64, &BTreeMap::new()).expect("plan");
+            assert_eq!(plan.header(), &header[..]);
+            let (mut out, mut at, mut calls) = (vec![0; plan.data_len()], Cursor::default(), 1);
+            while !plan.fill(&bytes, &mut out, &mut at, budget).expect("fill") {
+                calls += 1;
+            }
+            assert_eq!(out, whole, "budget {budget}");
+            // Every value is read twice (its group's scale, then itself), `budget` per call.
+            let reads = 2 * x.len() as u64;
+            assert!(
+                calls >= reads.div_ceil(budget) && calls <= reads.div_ceil(budget) + 6,
+                "budget {budget}: {calls} calls"
+            );
+        }
+        // A value int8 cannot carry is reported with its sample, whatever the slicing.
+        let mut bad = x.clone();
+        bad[2 * 128 + 70] = f32::INFINITY;
+        let plan = Plan::new(&shape, bytes.len() as u64, &BTreeMap::new()).expect("plan");
+        let (mut out, mut at) = (vec![0; plan.data_len()], Cursor::default());
+        let e = loop {
+            match plan.fill(&le(&bad), &mut out, &mut at, 5) {
+                Ok(true) => panic!("an infinite value was quantized"),
+                Ok(false) => {}
+                Err(e) => break e,
+            }
+        };
+        assert!(e.starts_with("sample 2: ") && e.contains("inf"), "{e}");
     }
 
     proptest! {

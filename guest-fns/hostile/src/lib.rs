@@ -11,7 +11,7 @@
 //! (load every graph of option `graphs`, comma-separated, and keep them), `list` (list option
 //! `prefix`), `panic`, `bad-output` (dimensions that do not match the data), `long-error`
 //! (fail with a `bytes`-byte message), `wide-output` (a tensor of `rank` dimensions of 1 and
-//! one byte), `claim-io` (claim a store failure that did not happen), `recurse` (recurse `depth`
+//! one byte), `f32-output` (an f32 tensor `[n, 64, 32, 32]` of about `bytes`), `claim-io` (claim a store failure that did not happen), `recurse` (recurse `depth`
 //! calls deep). With option `hang` (any value), the guest never returns after the mode's work:
 //! a caller that gives up on it still had that work done on its behalf.
 
@@ -166,6 +166,17 @@ fn act(inv: &Invocation) -> Result<TensorOut, Error> {
         "long-error" => Err(Error::BadRequest(
             "e".repeat(number(inv, "bytes")? as usize),
         )),
+        // An f32 tensor [n, 64, 32, 32] of about `bytes` (whole samples, at least one), every
+        // value 0.747: what the host's int8 quantization works through.
+        "f32-output" => {
+            let sample = 64 * 32 * 32 * 4;
+            let n = (number(inv, "bytes")? as usize / sample).max(1);
+            Ok(TensorOut {
+                dimensions: vec![n as u32, 64, 32, 32],
+                ty: ElementType::F32,
+                data: vec![0x3f; n * sample],
+            })
+        }
         "wide-output" => Ok(TensorOut {
             dimensions: vec![1; number(inv, "rank")? as usize],
             ty: ElementType::U8,

@@ -21,6 +21,7 @@ use crate::wasm::compile::DeployError;
 use crate::wasm::errors::{InvokeError, Witness, classify_trap, guest_error};
 use crate::wasm::limits::{Limiter, MAX_HANDLES, MAX_RANDOM_BYTES};
 use hapi_wire::invoke::Quantize;
+use hapi_wire::quantize::{Cursor, Plan};
 use hapi_wire::tensor::Dtype;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -419,7 +420,7 @@ async fn run(
             },
         ),
         Ok(Ok(Err(guest))) => Err(guest_error(guest, witness)),
-        Ok(Ok(Ok(out))) => encode(out, limits.max_output, &reply, &account),
+        Ok(Ok(Ok(out))) => encode(out, limits.max_output, &reply, &account, &deadline).await,
     };
     let timings = Timings {
         instantiate: instantiated,
@@ -447,14 +448,20 @@ pub struct Reply {
     pub quantize: Option<Quantize>,
 }
 
+/// Reads of the output's values (each is read twice) between two looks at the deadline: a
+/// millisecond or two of work.
+const QUANTIZE_SLICE: u64 = 1 << 20;
+
 /// The guest's output as a safetensors response, checked: its shape against its data, its
 /// rank, and the encoded size against the tenant's output limit. Quantized on request: the
-/// int8 copy is charged to `account` while both exist.
-fn encode(
+/// int8 copy is charged to `account` while both exist, and the work counts against the
+/// invocation's `deadline`.
+async fn encode(
     out: TensorOut,
     limit: u64,
     reply: &Reply,
     account: &Arc<Account>,
+    deadline: &Deadline,
 ) -> Result<Output, InvokeError> {
     let meta = &reply.meta;
     if let Some(Quantize::Int8) = reply.quantize {
@@ -470,7 +477,7 @@ fn encode(
             });
         }
         let shape: Vec<u64> = out.dimensions.iter().map(|&d| u64::from(d)).collect();
-        let (n, g, v) = hapi_wire::quantize::groups(&shape).map_err(|e| {
+        hapi_wire::quantize::groups(&shape).map_err(|e| {
             let e = crate::account::text::bounded(format!("quantize `int8`: {e}"));
             if shape.len() > hapi_wire::tensor::MAX_RANK {
                 // No tensor of that rank is a valid output: the function's fault.
@@ -485,36 +492,35 @@ fn encode(
             }
         })?;
         // Checked against the data and the output limit before anything is allocated.
-        let count = n.checked_mul(g).and_then(|x| x.checked_mul(v));
-        if count.and_then(|c| c.checked_mul(4)) != Some(out.data.len() as u64) {
-            return Err(InvokeError::BadOutput(crate::account::text::bounded(
-                format!(
-                    "dimensions {shape:?} of F32 do not match its {} bytes of data",
-                    out.data.len()
-                ),
-            )));
-        }
-        let quantized = n
-            .saturating_mul(g)
-            .saturating_mul(4)
-            .saturating_add(out.data.len() as u64 / 4);
-        if quantized > limit {
-            return Err(InvokeError::OutputTooLarge {
-                size: quantized,
-                limit,
-            });
-        }
-        let _held = account
-            .charge(quantized, "int8 output")
-            .map_err(|e| InvokeError::Stopped(Stop::Memory(e.to_string())))?;
-        let (header, data) = hapi_wire::quantize::quantize(&shape, &out.data, meta)
+        let plan = Plan::new(&shape, out.data.len() as u64, meta)
             .map_err(|e| InvokeError::BadOutput(crate::account::text::bounded(e)))?;
-        drop(out);
-        let size = (header.len() + data.len()) as u64;
+        let size = (plan.header().len() + plan.data_len()) as u64;
         if size > limit {
             return Err(InvokeError::OutputTooLarge { size, limit });
         }
-        return Ok(Output { header, data });
+        let _held = account
+            .charge(plan.data_len() as u64, "int8 output")
+            .map_err(|e| InvokeError::Stopped(Stop::Memory(e.to_string())))?;
+        // In slices, like the guest's own time: the deadline is looked at, and the worker
+        // handed to the other invocations on it, between them.
+        let mut data = vec![0u8; plan.data_len()];
+        let mut at = Cursor::default();
+        while !plan
+            .fill(&out.data, &mut data, &mut at, QUANTIZE_SLICE)
+            .map_err(|e| InvokeError::BadOutput(crate::account::text::bounded(e)))?
+        {
+            if deadline.expired() {
+                return Err(InvokeError::Stopped(Stop::Time {
+                    limit: deadline.limit(),
+                    during: "while quantizing the output",
+                }));
+            }
+            tokio::task::yield_now().await;
+        }
+        return Ok(Output {
+            header: plan.into_header(),
+            data,
+        });
     }
     let dtype = match out.ty {
         ElementType::F32 => Dtype::F32,
@@ -534,4 +540,84 @@ fn encode(
         header,
         data: out.data,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::future::Future;
+    use std::pin::pin;
+    use std::task::Poll;
+
+    /// An f32 output of 16 x 64 x 32 x 32 values (4 MiB), two slices' work to quantize.
+    fn output() -> TensorOut {
+        let data = (0..16 * 64 * 32 * 32u32)
+            .flat_map(|i| ((i % 251) as f32 - 125.0).to_le_bytes())
+            .collect();
+        TensorOut {
+            dimensions: vec![16, 64, 32, 32],
+            ty: ElementType::F32,
+            data,
+        }
+    }
+
+    fn int8() -> Reply {
+        Reply {
+            meta: BTreeMap::new(),
+            quantize: Some(Quantize::Int8),
+        }
+    }
+
+    /// Polls `f` to its end on this task, counting the times it gave the worker back.
+    async fn polled<F: Future>(f: F) -> (F::Output, usize) {
+        let mut f = pin!(f);
+        let mut yields = 0;
+        let out = std::future::poll_fn(|cx| match f.as_mut().poll(cx) {
+            Poll::Ready(out) => Poll::Ready(out),
+            Poll::Pending => {
+                yields += 1;
+                Poll::Pending
+            }
+        })
+        .await;
+        (out, yields)
+    }
+
+    #[tokio::test]
+    async fn quantizing_yields_between_slices_and_gives_the_wire_crates_bytes() {
+        let out = output();
+        let shape: Vec<u64> = out.dimensions.iter().map(|&d| u64::from(d)).collect();
+        let (header, data) =
+            hapi_wire::quantize::quantize(&shape, &out.data, &BTreeMap::new()).expect("quantized");
+        let account = Account::new(64 << 20);
+        let deadline = Deadline::new(Duration::from_secs(60));
+        let (got, yields) = polled(encode(out, 64 << 20, &int8(), &account, &deadline)).await;
+        let got = got.expect("encoded");
+        assert_eq!((got.header, got.data), (header, data));
+        assert!(yields >= 1, "{yields} yields for 2 Mi reads, 1 Mi a slice");
+        assert_eq!(
+            account.used(),
+            0,
+            "the int8 copy's charge ends with the call"
+        );
+    }
+
+    #[tokio::test]
+    async fn quantizing_past_the_deadline_stops_the_invocation() {
+        let account = Account::new(64 << 20);
+        let deadline = Deadline::new(Duration::ZERO);
+        let e = encode(output(), 64 << 20, &int8(), &account, &deadline)
+            .await
+            .expect_err("past its deadline");
+        assert!(
+            matches!(
+                e,
+                InvokeError::Stopped(Stop::Time {
+                    during: "while quantizing the output",
+                    ..
+                })
+            ),
+            "{e:?}"
+        );
+    }
 }

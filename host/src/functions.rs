@@ -263,16 +263,18 @@ impl Functions {
             unsafe { wasmtime::component::Component::deserialize(runtime.engine(), &code) }
                 .map_err(|e| tracing::warn!("ignoring compiled code {cached}: {e}"))
                 .ok()
-                .map(|c| (c, code.len() as u64))
         });
-        let (component, fresh, mut code_size) = match from_cache {
-            Some((c, size)) => (c, false, size),
+        let (component, fresh) = match from_cache {
+            Some(c) => (c, false),
             None => (
                 compile::compile(runtime.engine(), bytes).map_err(bad)?,
                 true,
-                0,
             ),
         };
+        // The compiled image the host holds for it (what `serialize` writes, and a cached
+        // file holds), counted whether or not it could be written.
+        let image = component.image_range();
+        let code_size = image.end.addr().saturating_sub(image.start.addr()) as u64;
         let prepared = runtime.prepare(caps, &component).map_err(bad)?;
         // Cached only once it is known to implement the world: code that does not is never
         // kept (nothing would remove it).
@@ -280,10 +282,7 @@ impl Functions {
             let written = component
                 .serialize()
                 .map_err(|e| std::io::Error::other(e.to_string()))
-                .and_then(|code| {
-                    code_size = code.len() as u64;
-                    self.write(&dir, &cached, &code)
-                });
+                .and_then(|code| self.write(&dir, &cached, &code));
             if let Err(e) = written {
                 tracing::warn!("not caching compiled code of `{name}` at {cached}: {e}");
             }

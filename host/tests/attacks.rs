@@ -54,6 +54,8 @@ models = "{models}"
 state = "{state}"
 device = "cpu"
 memory_budget = "{budget}B"
+# Two invocation workers whatever the cores: the rows that load the workers (int8) test alike.
+workers = 2
 operator_token_sha256 = "{operator}"
 header_timeout = "{header}ms"
 body_timeout = "{body}ms"

@@ -11,9 +11,10 @@
 //! (load every graph of option `graphs`, comma-separated, and keep them), `list` (list option
 //! `prefix`), `panic`, `bad-output` (dimensions that do not match the data), `long-error`
 //! (fail with a `bytes`-byte message), `wide-output` (a tensor of `rank` dimensions of 1 and
-//! one byte), `f32-output` (an f32 tensor `[n, 64, 32, 32]` of about `bytes`), `claim-io` (claim a store failure that did not happen), `recurse` (recurse `depth`
-//! calls deep). With option `hang` (any value), the guest never returns after the mode's work:
-//! a caller that gives up on it still had that work done on its behalf.
+//! one byte), `f32-output` (an f32 tensor `[n, 64, 32, 32]` of about `bytes`), `claim-io`
+//! (claim a store failure that did not happen), `recurse` (recurse `depth` calls deep). With
+//! option `hang` (any value), the guest never returns after the mode's work: a caller that
+//! gives up on it still had that work done on its behalf.
 
 #[allow(clippy::too_many_arguments)] // generated bindings
 mod bindings {

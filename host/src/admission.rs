@@ -1,5 +1,7 @@
 //! Per-tenant admission: `concurrency` invocations run at once, up to `queue` more wait for a
-//! slot in arrival order, and past that the host answers 429 at once.
+//! slot in arrival order, and past that the host answers 429 at once. A slot is held from
+//! before the request's body is read until its response's bytes are sent (`http/invoke.rs`), so
+//! neither request bodies nor outputs pile up beyond `concurrency` per tenant.
 //!
 //! A tenant's admission lives as long as the host does: a policy reload changes its limits,
 //! never its count of running and waiting invocations, so a reload cannot let a tenant run

@@ -53,6 +53,8 @@ use std::time::Duration;
 
 /// Longest a profile request waits for its model to be loaded and measured.
 pub const PROFILE_TIMEOUT: Duration = Duration::from_secs(600);
+/// Function removals that may wait on a blocking thread at once, host-wide.
+pub const UNDEPLOYS_AT_ONCE: usize = 2;
 
 /// The running host: policy, functions, runtime and device.
 #[derive(Debug)]
@@ -65,6 +67,9 @@ pub struct Host {
     /// Each model's measuring turn: two first profiles of a model wait for one measurement
     /// rather than reserve memory for two (one entry per model on the host).
     profiling: std::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// Removals running on blocking threads: one waits there for a reload or a commit in
+    /// progress, so the rest wait here, holding no thread, however many a tenant sends.
+    pub undeploys: tokio::sync::Semaphore,
     pub metrics: Arc<Metrics>,
 }
 
@@ -120,6 +125,7 @@ impl Host {
             functions,
             admissions: Admissions::default(),
             profiling: std::sync::Mutex::default(),
+            undeploys: tokio::sync::Semaphore::new(UNDEPLOYS_AT_ONCE),
             metrics: Arc::default(),
         }))
     }

@@ -72,12 +72,17 @@ pub(crate) fn escape(v: &str) -> String {
 }
 
 impl Metrics {
-    pub fn observe(&self, o: Observation<'_>) {
+    /// Counts an invocation under its function, or under [`REMOVED`] if the function is gone
+    /// by the time it ends: `deployed` is asked under the series' lock, so an invocation that
+    /// outlives its function's removal cannot bring back a series that [`Self::fold`] folded
+    /// (deploy, invoke, remove under ever new names would grow the metrics without bound).
+    pub fn observe(&self, o: Observation<'_>, deployed: impl FnOnce() -> bool) {
         let mut map = self.series.lock().unwrap_or_else(PoisonError::into_inner);
+        let function = if deployed() { o.function } else { REMOVED };
         let s = map
             .entry((
                 o.tenant.to_string(),
-                o.function.to_string(),
+                function.to_string(),
                 o.code.to_string(),
             ))
             .or_default();
@@ -245,15 +250,22 @@ mod tests {
     use super::*;
 
     fn seen(m: &Metrics, tenant: &str, function: &str, code: &str, read: u64) {
-        m.observe(Observation {
-            tenant,
-            function,
-            code,
-            total: Duration::from_millis(10),
-            compute: Duration::ZERO,
-            read_bytes: read,
-            output_bytes: 1,
-        });
+        seen_if(m, tenant, function, code, read, true);
+    }
+
+    fn seen_if(m: &Metrics, tenant: &str, function: &str, code: &str, read: u64, deployed: bool) {
+        m.observe(
+            Observation {
+                tenant,
+                function,
+                code,
+                total: Duration::from_millis(10),
+                compute: Duration::ZERO,
+                read_bytes: read,
+                output_bytes: 1,
+            },
+            || deployed,
+        );
     }
 
     #[test]
@@ -267,11 +279,13 @@ mod tests {
         m.fold("a", "f");
         seen(&m, "a", "g", "ok", 3);
         m.fold("a", "g");
+        // An invocation of `h` that ended after `h` was removed (and its series folded).
+        seen_if(&m, "a", "h", "ok", 4, false);
         let text = m.render();
         assert!(!text.contains("function=\"f\",code=\"ok\"} 2"), "{text}");
         for line in [
-            "hapi_invocations_total{tenant=\"a\",function=\"(removed)\",code=\"ok\"} 3",
-            "hapi_read_bytes_total{tenant=\"a\",function=\"(removed)\",code=\"ok\"} 15",
+            "hapi_invocations_total{tenant=\"a\",function=\"(removed)\",code=\"ok\"} 4",
+            "hapi_read_bytes_total{tenant=\"a\",function=\"(removed)\",code=\"ok\"} 19",
             "hapi_invocations_total{tenant=\"a\",function=\"(removed)\",code=\"client_closed\"} 1",
             "hapi_read_bytes_total{tenant=\"a\",function=\"f2\",code=\"ok\"} 100",
             "hapi_read_bytes_total{tenant=\"b\",function=\"f\",code=\"ok\"} 1000",
@@ -279,7 +293,9 @@ mod tests {
             assert!(text.lines().any(|l| l == line), "{line}\n{text}");
         }
         assert!(
-            !text.contains("tenant=\"a\",function=\"f\"") && !text.contains("function=\"g\""),
+            !text.contains("tenant=\"a\",function=\"f\"")
+                && !text.contains("function=\"g\"")
+                && !text.contains("function=\"h\""),
             "{text}"
         );
     }

@@ -1002,6 +1002,30 @@ async fn a_hostile_tenant_cannot_break_isolation() {
         },
     )
     .await;
+    // hyper buffers a request's head as it arrives, up to its read buffer's limit (about
+    // 400 KiB unless set): from anyone, authenticated or not, per connection.
+    s.row(
+        9,
+        "300 connections sending 400 KB of unfinished headers",
+        64 * MIB,
+        Some(HEADER_TIMEOUT),
+        async {
+            let mut head = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: ".to_vec();
+            head.resize(400_000, b'a');
+            let conns = hold(&addr, &sources, 300, &head).await;
+            s.attack_in_place().await;
+            let victim = s.victim_median(3).await;
+            let n = conns.len();
+            let (gone, longest) =
+                closed(conns, HEADER_TIMEOUT + LATE + Duration::from_secs(1)).await;
+            assert_eq!(gone, n, "{gone} of {n} closed");
+            (
+                Outcome::of(0, "closed", longest).note(format!("{gone}/{n} closed")),
+                Some(victim),
+            )
+        },
+    )
+    .await;
     s.row(
         9,
         "48 invocations with 4 MiB bodies at once (concurrency 1)",
@@ -1094,6 +1118,58 @@ async fn a_hostile_tenant_cannot_break_isolation() {
         (Outcome::of(200, "dropped", started.elapsed()).note(format!("{} MB read, then closed", got / 1_000_000)), None)
     })
     .await;
+    // A response waiting for its client is the tenant's: it keeps its slot until it is sent.
+    // Else a client that asks again as soon as each answer starts, reading none of them, makes
+    // the host hold a response per request for the idle timeout, whatever its concurrency.
+    let mut started_unread = Vec::new();
+    s.row(9, "4 clients that ask again as each 100 MB response starts and read none", 2 * HEAVY_MEMORY + HEAVY_CONCURRENCY * 64 * MIB, None, async {
+        let started = Instant::now();
+        let body = hostile("output", &[("bytes", "100000000")], &[]).to_string();
+        let req = format!(
+            "POST /v1/invoke/hostile HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {HEAVY}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        // Well before the first unread response's idle timeout can close its connection.
+        let until = tokio::time::Instant::now() + IDLE_TIMEOUT - Duration::from_millis(500);
+        let clients = (0..HEAVY_CONCURRENCY).map(|_| {
+            let (addr, req) = (addr.clone(), req.clone());
+            async move {
+                let (mut answered, mut held) = (Vec::new(), Vec::new());
+                loop {
+                    let mut conn = hold(&addr, &[[127, 0, 0, 9]], 1, req.as_bytes()).await;
+                    let Some(mut c) = conn.pop() else { break };
+                    // The status line only: the rest stays unread.
+                    let mut line = [0u8; 12];
+                    match tokio::time::timeout_at(until, c.stream.read_exact(&mut line)).await {
+                        Ok(Ok(_)) => answered.push(String::from_utf8_lossy(&line[9..]).into_owned()),
+                        _ => {
+                            held.push(c);
+                            break;
+                        }
+                    }
+                    held.push(c);
+                }
+                (answered, held)
+            }
+        });
+        let results = futures::future::join_all(clients).await;
+        s.attack_in_place().await;
+        started_unread = results.iter().flat_map(|r| r.0.clone()).collect();
+        let ok = started_unread.iter().filter(|c| *c == "200").count();
+        drop(results);
+        (
+            Outcome::of(200, "held", started.elapsed()).note(format!(
+                "{ok} responses started in {:.1} s (concurrency {HEAVY_CONCURRENCY}), the next calls waiting for their slots",
+                (IDLE_TIMEOUT - Duration::from_millis(500)).as_secs_f64()
+            )),
+            None,
+        )
+    })
+    .await;
+    assert!(
+        started_unread.iter().filter(|c| *c == "200").count() as u64 <= HEAVY_CONCURRENCY,
+        "more unread responses held at once than the tenant's concurrency {HEAVY_CONCURRENCY}: {started_unread:?}"
+    );
     s.row(9, "405, 413, bad path, no route, metrics without the operator", 64 * MIB, None, async {
         let started = Instant::now();
         let url = &s.host.url;

@@ -5,11 +5,14 @@
 //!
 //! A [`Charge`] is taken before the bytes it stands for are allocated and travels with them
 //! (into a resource, a device call, a pooled batch); dropping it gives the bytes back. Linear
-//! memory is charged as it grows and never shrinks, so it is charged without a guard.
+//! memory is charged as it grows (it never shrinks) into one charge the store's limiter holds,
+//! given back when the store goes.
 //!
 //! What this bounds: while an invocation runs, the host holds at most `limit` bytes for it,
 //! plus the one value being copied in or out of the guest by the host call in progress (at
-//! most `limit` more, since a value in flight is checked against what is left).
+//! most `limit` more, since a value in flight is checked against what is left, and wasmtime
+//! lifts at most `limit` bytes of a host call's arguments, its hostcall fuel, even from lists
+//! that all point at one buffer).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -106,11 +109,6 @@ impl Account {
         })
     }
 
-    /// Charges growth that is never given back (the guest's linear memory).
-    pub fn grow(&self, bytes: u64, what: &'static str) -> Result<(), OverLimit> {
-        self.add(bytes, what)
-    }
-
     /// Checks that a value of `bytes` on its way into the guest could fit beside what is held:
     /// the guest must hold it in its own memory afterwards, so a value larger than what is
     /// left can never be delivered, and is refused before the host allocates it.
@@ -176,10 +174,10 @@ mod tests {
         assert_eq!(a.used(), 100);
         drop(c1);
         assert_eq!(a.used(), 40);
-        a.grow(50, "linear memory").expect("growth");
-        assert!(a.grow(11, "linear memory").is_err());
+        let _c3 = a.charge(50, "linear memory").expect("fits");
+        assert!(a.charge(11, "linear memory").is_err());
         drop(c2);
-        assert_eq!(a.used(), 50, "growth is never given back");
+        assert_eq!(a.used(), 50);
         assert_eq!(a.peak(), 100);
     }
 

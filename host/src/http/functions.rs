@@ -97,9 +97,15 @@ pub async fn undeploy(
     let metrics = Arc::clone(&host.metrics);
     let refused = ApiError::counted(&metrics, &tenant.name, "undeploy");
     require_deploy(&tenant).map_err(refused)?;
-    // It waits for a policy reload in progress, which may compile.
-    let t = Arc::clone(&tenant);
-    tokio::task::spawn_blocking(move || host.undeploy(&t, &name))
+    // It waits for a policy reload in progress, which may compile, on a blocking thread: a
+    // few at a time, so that a flood of removals cannot take the blocking pool's threads.
+    let _turn = host
+        .undeploys
+        .acquire()
+        .await
+        .map_err(|e| ApiError::fault(format!("undeploy turn: {e}")))?;
+    let (h, t) = (Arc::clone(&host), Arc::clone(&tenant));
+    tokio::task::spawn_blocking(move || h.undeploy(&t, &name))
         .await
         .map_err(|e| ApiError::fault(format!("undeploy worker: {e}")))?
         .map_err(|e| refused(e.into()))?;

@@ -3,16 +3,22 @@
 
 use crate::Host;
 use crate::account::Usage;
+use crate::admission::Permit;
 use crate::http::errors::ApiError;
 use crate::http::extract::{self, Authed, Name};
 use crate::metrics::{CLIENT_CLOSED, Observation};
 use axum::body::Body;
+use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::{IntoResponse, Response};
+use futures::Stream;
 use hapi_wire::invoke::MAX_INVOKE_BODY;
 use hapi_wire::{ErrorCode, InvokeRequest, ServerTiming, Stage};
+use std::convert::Infallible;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Instant;
 
 pub async fn invoke(
@@ -64,27 +70,30 @@ pub async fn invoke(
         .invoke_using(&tenant, &f, req, Arc::clone(&usage))
         .await;
     abandoned.armed = false;
-    drop(permit);
     let t = finished.timings;
     let output_bytes = finished.result.as_ref().map_or(0, |o| o.len());
     let result = finished.result.map_err(ApiError::from);
     let code = result.as_ref().map_or_else(|e| e.code.as_str(), |_| "ok");
-    host.metrics.observe(Observation {
-        tenant: &tenant.name,
-        function: &function,
-        code,
-        total: started.elapsed(),
-        compute: t.compute,
-        read_bytes: finished.read,
-        output_bytes,
-    });
+    host.metrics.observe(
+        Observation {
+            tenant: &tenant.name,
+            function: &function,
+            code,
+            total: started.elapsed(),
+            compute: t.compute,
+            read_bytes: finished.read,
+            output_bytes,
+        },
+        || host.function(&tenant.name, &function).is_some(),
+    );
+    // An error's body is a few KiB: its slot is given back at once.
     let out = result?;
     let encode = Instant::now();
     let len = out.len();
-    let body = Body::from_stream(futures::stream::iter([
-        Ok::<_, std::convert::Infallible>(axum::body::Bytes::from(out.header)),
-        Ok(axum::body::Bytes::from(out.data)),
-    ]));
+    let body = Body::from_stream(Sending {
+        chunks: vec![Bytes::from(out.header), Bytes::from(out.data)].into_iter(),
+        _slot: permit,
+    });
     let mut timing = ServerTiming::default();
     timing.set(Stage::Instantiate, t.instantiate);
     timing.set(Stage::Read, t.read);
@@ -103,6 +112,23 @@ pub async fn invoke(
         headers.insert("server-timing", v);
     }
     Ok((headers, body).into_response())
+}
+
+/// A response's bytes on their way to the client, holding the tenant's slot until they are
+/// sent or the connection is gone (hyper drops the body then): the output is host memory held
+/// for the tenant, so a client that reads none of its responses keeps at most `concurrency`
+/// of them, and its next calls wait in its queue, not beside them.
+struct Sending {
+    chunks: std::vec::IntoIter<Bytes>,
+    _slot: Permit,
+}
+
+impl Stream for Sending {
+    type Item = Result<Bytes, Infallible>;
+
+    fn poll_next(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        Poll::Ready(self.get_mut().chunks.next().map(Ok))
+    }
 }
 
 /// Charges an invocation whose client went away before it ended: hyper drops the request's
@@ -129,14 +155,17 @@ impl Drop for Abandoned<'_> {
             total.as_secs_f64(),
             self.function
         );
-        self.host.metrics.observe(Observation {
-            tenant: self.tenant,
-            function: self.function,
-            code: CLIENT_CLOSED,
-            total,
-            compute: self.usage.compute(),
-            read_bytes: self.usage.read_bytes(),
-            output_bytes: 0,
-        });
+        self.host.metrics.observe(
+            Observation {
+                tenant: self.tenant,
+                function: self.function,
+                code: CLIENT_CLOSED,
+                total,
+                compute: self.usage.compute(),
+                read_bytes: self.usage.read_bytes(),
+                output_bytes: 0,
+            },
+            || self.host.function(self.tenant, self.function).is_some(),
+        );
     }
 }

@@ -3,7 +3,9 @@
 //! - at most `max_connections` open, and `max_connections_per_client` from one address; a
 //!   connection past either is closed at once (the descriptors stay for everyone else);
 //! - a request's headers must arrive within `header_timeout` (also the wait for the next request
-//!   on a kept-alive connection); handlers read bodies within `body_timeout`;
+//!   on a kept-alive connection), and its head (request line and headers) is at most
+//!   [`MAX_HEAD`] (431 past it): hyper buffers a head as it arrives, before anyone is known, up
+//!   to 400 KiB per connection unless told; handlers read bodies within `body_timeout`;
 //! - a response that the client does not read for `idle_timeout` ends the connection;
 //! - on shutdown, no new connection is accepted, idle ones are closed, and requests in flight
 //!   finish (each within its deadline).
@@ -26,6 +28,10 @@ use tokio::time::{Instant, Sleep};
 /// How long the loop pauses when `accept` fails (out of descriptors): the failure would repeat
 /// at once, and spinning on it would take a core.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(20);
+
+/// Largest request head a connection buffers (hyper's read buffer, and its write queue's
+/// threshold): every request of the API has a head of well under 1 KiB and a token.
+pub const MAX_HEAD: usize = 64 << 10;
 
 /// Open connections, in all and per client address.
 #[derive(Debug, Default)]
@@ -137,6 +143,26 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for WriteTimeout<S> {
         }
     }
 
+    // Vectored writes: hyper then queues a response's chunks as they are (an output of
+    // hundreds of MB is not copied into its write buffer) and writes them with `writev`.
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        match Pin::new(&mut self.inner).poll_write_vectored(cx, bufs) {
+            Poll::Ready(r) => {
+                self.stalled = None;
+                Poll::Ready(r)
+            }
+            Poll::Pending => self.stalled(cx).map(Err),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         match Pin::new(&mut self.inner).poll_flush(cx) {
             Poll::Ready(r) => {
@@ -211,6 +237,7 @@ fn connection(
     hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
         .header_read_timeout(settings.header_timeout)
+        .max_buf_size(MAX_HEAD)
         .keep_alive(true)
         .serve_connection(io, TowerToHyperService::new(router))
 }
@@ -232,5 +259,31 @@ mod tests {
         drop(a1);
         let _b2 = c.enter(b, 3, 2).expect("room again");
         assert_eq!(c.open(), 3);
+    }
+
+    #[tokio::test]
+    async fn vectored_writes_pass_through_and_stall_out() {
+        use tokio::io::AsyncWriteExt;
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let client = TcpStream::connect(listener.local_addr().expect("addr"))
+            .await
+            .expect("connect");
+        let (server, _) = listener.accept().await.expect("accept");
+        let mut w = WriteTimeout::new(server, Duration::from_millis(200));
+        // Else hyper copies every response chunk into one flat buffer before writing it.
+        assert!(w.is_write_vectored());
+        let chunk = vec![7u8; 1 << 20];
+        let started = std::time::Instant::now();
+        let stalled = loop {
+            let bufs = [std::io::IoSlice::new(&chunk), std::io::IoSlice::new(&chunk)];
+            match tokio::time::timeout(Duration::from_secs(10), w.write_vectored(&bufs)).await {
+                Ok(Ok(n)) => assert!(n > 0),
+                Ok(Err(e)) => break e,
+                Err(_) => panic!("a write the client never reads did not stall out"),
+            }
+        };
+        assert_eq!(stalled.kind(), std::io::ErrorKind::TimedOut, "{stalled}");
+        assert!(started.elapsed() >= Duration::from_millis(200));
+        drop(client);
     }
 }

@@ -1,7 +1,11 @@
 //! The local store: a directory whose subdirectories are buckets, reached only through a
 //! cap-std handle opened once (cap-std refuses `..`, absolute paths and symlinks that escape).
 //!
-//! File system calls block, so each runs on tokio's blocking pool. Errors that say the key
+//! File system calls block, so each runs on tokio's blocking pool, and stops at its next look
+//! (every MiB read, every directory entry) once its caller has gone away: an invocation
+//! stopped at its deadline, or abandoned by its client, leaves no reads or walks running for
+//! nobody (a blocking job cannot be aborted, and a walk of a large prefix runs for seconds).
+//! Errors that say the key
 //! cannot exist here (a name too long for the file system, a key below an object) are
 //! `NotFound`; an escape is `Denied`; only real I/O failures are `Io`.
 
@@ -12,7 +16,11 @@ use cap_std::fs::Dir;
 use std::io::{ErrorKind, Read, Seek, SeekFrom};
 use std::path::Path;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::UNIX_EPOCH;
+
+/// Bytes a read takes between two looks at whether its caller is still there.
+const READ_CHUNK: u64 = 1 << 20;
 
 #[derive(Debug)]
 pub struct Local {
@@ -41,11 +49,40 @@ fn modified_ms(meta: &cap_std::fs::Metadata) -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
-/// Runs blocking file system work off the async threads.
+/// Whether a blocking job's caller has gone away.
+#[derive(Debug, Clone, Default)]
+struct Abandoned(Arc<AtomicBool>);
+
+impl Abandoned {
+    /// An error once the caller is gone: the job stops where it is.
+    fn check(&self, key: &str) -> Result<(), ObjectError> {
+        if self.0.load(Ordering::Relaxed) {
+            return Err(ObjectError::Io(format!(
+                "{}: stopped, its caller went away",
+                quote(key)
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Marks the job abandoned when the future awaiting it goes (after it finished: no matter).
+struct MarkOnDrop(Abandoned);
+
+impl Drop for MarkOnDrop {
+    fn drop(&mut self) {
+        (self.0).0.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Runs blocking file system work off the async threads; `f` looks at what it is given
+/// between steps, and stops once the caller has gone.
 async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, ObjectError> + Send + 'static,
+    f: impl FnOnce(&Abandoned) -> Result<T, ObjectError> + Send + 'static,
 ) -> Result<T, ObjectError> {
-    tokio::task::spawn_blocking(f)
+    let abandoned = Abandoned::default();
+    let _mark = MarkOnDrop(abandoned.clone());
+    tokio::task::spawn_blocking(move || f(&abandoned))
         .await
         .map_err(|e| ObjectError::Io(format!("store worker: {e}")))?
 }
@@ -68,7 +105,7 @@ impl Local {
 
     pub async fn head(&self, bucket: &str, key: &str) -> Result<ObjectMeta, ObjectError> {
         let (root, bucket, key) = (Arc::clone(&self.root), bucket.to_string(), key.to_string());
-        blocking(move || {
+        blocking(move |_| {
             let meta = Self::bucket(&root, &bucket)?
                 .metadata(&key)
                 .map_err(|e| map(&key, e))?;
@@ -93,7 +130,7 @@ impl Local {
         length: u64,
     ) -> Result<Vec<u8>, ObjectError> {
         let (root, bucket, key) = (Arc::clone(&self.root), bucket.to_string(), key.to_string());
-        blocking(move || {
+        blocking(move |abandoned| {
             let mut file = Self::bucket(&root, &bucket)?
                 .open(&key)
                 .map_err(|e| map(&key, e))?;
@@ -103,10 +140,18 @@ impl Local {
             }
             // What was charged and no more, even if the file grew meanwhile.
             let mut buf = Vec::with_capacity(usize::try_from(length).unwrap_or(0));
-            file.take(length)
-                .read_to_end(&mut buf)
-                .map_err(|e| map(&key, e))?;
-            Ok(buf)
+            let mut rest = file.take(length);
+            loop {
+                abandoned.check(&key)?;
+                let got = rest
+                    .by_ref()
+                    .take(READ_CHUNK)
+                    .read_to_end(&mut buf)
+                    .map_err(|e| map(&key, e))?;
+                if got == 0 {
+                    return Ok(buf);
+                }
+            }
         })
         .await
     }
@@ -124,7 +169,7 @@ impl Local {
             bucket.to_string(),
             prefix.to_string(),
         );
-        blocking(move || {
+        blocking(move |abandoned| {
             let dir = Self::bucket(&root, &bucket)?;
             // Walk from the deepest directory the prefix names; one that cannot exist here
             // holds nothing.
@@ -148,6 +193,7 @@ impl Local {
             let mut stack = vec![(top, start)];
             while let Some((d, path)) = stack.pop() {
                 for entry in d.entries().map_err(|e| map(&path, e))? {
+                    abandoned.check(&prefix)?;
                     visits += 1;
                     if visits > max_visits {
                         return Err(ObjectError::TooLarge(max_visits as u64));
@@ -181,5 +227,65 @@ impl Local {
             Ok(kept.into_sorted())
         })
         .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[tokio::test]
+    async fn a_job_whose_caller_went_away_stops_at_its_next_look() {
+        let (looks, looked) = std::sync::mpsc::channel::<Result<(), ObjectError>>();
+        let job = blocking(move |abandoned| {
+            loop {
+                let look = abandoned.check("big/prefix");
+                let stop = look.is_err();
+                looks.send(look).ok();
+                if stop {
+                    return Ok(());
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        });
+        // The caller gives up (an invocation stopped at its deadline drops its host call).
+        assert!(
+            tokio::time::timeout(Duration::from_millis(50), job)
+                .await
+                .is_err()
+        );
+        let stopped = loop {
+            match looked.recv_timeout(Duration::from_secs(5)) {
+                Ok(Ok(())) => continue,
+                Ok(Err(e)) => break e,
+                Err(e) => panic!("the job did not see that it was abandoned: {e}"),
+            }
+        };
+        assert!(stopped.to_string().contains("big/prefix"), "{stopped}");
+        assert!(
+            looked.recv_timeout(Duration::from_secs(1)).is_err(),
+            "the job ended there"
+        );
+    }
+
+    #[tokio::test]
+    async fn reads_in_chunks_give_the_bytes_asked_for() {
+        let dir = tempfile::tempdir().expect("tmp");
+        std::fs::create_dir(dir.path().join("b")).expect("bucket");
+        let bytes: Vec<u8> = (0..(5 * READ_CHUNK / 2)).map(|i| (i % 251) as u8).collect();
+        std::fs::write(dir.path().join("b/k"), &bytes).expect("object");
+        let store = Local::open(dir.path()).expect("store");
+        for (offset, length) in [
+            (0, bytes.len() as u64),
+            (7, READ_CHUNK),
+            (READ_CHUNK - 1, READ_CHUNK + 2),
+            (0, 0),
+            (bytes.len() as u64 - 3, 100),
+        ] {
+            let got = store.read("b", "k", offset, length).await.expect("read");
+            let end = (offset + length).min(bytes.len() as u64) as usize;
+            assert_eq!(got, bytes[offset as usize..end], "{offset}+{length}");
+        }
     }
 }

@@ -33,6 +33,10 @@ pub fn engine(max_memory: u64, keep_resident: u64) -> anyhow::Result<Engine> {
         Ok(other) => anyhow::bail!("{PROFILER_ENV}={other}: expected `perfmap` or `none`"),
     }
     config.wasm_component_model(true);
+    // One thread per compile: a tenant's compile time is charged as wall time on one compile
+    // thread (`compile_share`), which it would undercount by the number of cores if cranelift
+    // spread one upload's functions over all of them, the invocation workers' too.
+    config.parallel_compilation(false);
     config.async_stack_size(STACK_BYTES);
     config.epoch_interruption(true);
     let mut pool = PoolingAllocationConfig::default();

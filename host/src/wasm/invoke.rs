@@ -79,7 +79,9 @@ fn linker(engine: &Engine, caps: Capabilities) -> wasmtime::Result<Linker<State>
     use wasmtime_wasi::random::{WasiRandom, WasiRandomView};
     let mut l = Linker::new(engine);
     io::error::add_to_linker::<State, HasTable>(&mut l, |s| &mut s.table)?;
-    io::poll::add_to_linker::<State, HasTable>(&mut l, |s| &mut s.table)?;
+    io::poll::add_to_linker::<State, super::poll::HasBounded>(&mut l, |s| {
+        super::poll::Bounded(&mut s.table)
+    })?;
     io::streams::add_to_linker::<State, HasTable>(&mut l, |s| &mut s.table)?;
     cli::exit::add_to_linker::<State, WasiCli>(&mut l, State::cli)?;
     cli::environment::add_to_linker::<State, WasiCli>(&mut l, State::cli)?;
@@ -371,15 +373,16 @@ async fn run(
             .max_random_size(MAX_RANDOM_BYTES)
             .build(),
         table,
-        limiter: Limiter {
-            account: Arc::clone(&account),
-        },
+        limiter: Limiter::new(Arc::clone(&account)),
         objects: ObjectsCtx::new(caller.clone(), objects),
         models: ModelsCtx::new(caller.clone(), Arc::clone(&models)),
         nn: NnCtx::new(caller, device, models),
     };
     let mut store = Store::new(pre.engine(), state);
     store.limiter(|s| &mut s.limiter);
+    // What one host call's arguments may lift into host memory, whatever the guest holds: its
+    // lists may all point at one buffer (wasmtime's default is 128 MiB, whatever the limit).
+    store.set_hostcall_fuel(usize::try_from(limits.memory).unwrap_or(usize::MAX));
     // Every tick: stop the guest past its deadline, else let other invocations run.
     store.set_epoch_deadline(1);
     let d = Arc::clone(&deadline);
@@ -406,6 +409,10 @@ async fn run(
         store_fault: data.objects.store_fault.take(),
         last_object_failure: data.objects.last_failure.take(),
     };
+    let (read_time, queue_time) = (data.objects.read_time, data.nn.queue_time);
+    // The guest's memory, and all the host held for it, goes before its output is encoded:
+    // only the output (lifted out of that memory) is held from here.
+    drop(store);
     let result = match called {
         Err(expired) => Err(InvokeError::Stopped(Stop::Time {
             limit: expired.limit,
@@ -420,17 +427,22 @@ async fn run(
             },
         ),
         Ok(Ok(Err(guest))) => Err(guest_error(guest, witness)),
-        Ok(Ok(Ok(out))) => encode(out, limits.max_output, &reply, &account, &deadline).await,
+        Ok(Ok(Ok(out))) => {
+            // It fits: the memory it was lifted from held it.
+            match account.charge(out.data.len() as u64, "output") {
+                Ok(_held) => encode(out, limits.max_output, &reply, &account, &deadline).await,
+                Err(e) => Err(InvokeError::Stopped(Stop::Memory(e.to_string()))),
+            }
+        }
     };
     let timings = Timings {
         instantiate: instantiated,
-        read: data.objects.read_time,
-        queue: data.nn.queue_time,
+        read: read_time,
+        queue: queue_time,
         compute: usage.compute(),
         total: started.elapsed(),
     };
     let read = usage.read_bytes();
-    drop(store);
     Finished {
         result,
         timings,
@@ -454,8 +466,8 @@ const QUANTIZE_SLICE: u64 = 1 << 20;
 
 /// The guest's output as a safetensors response, checked: its shape against its data, its
 /// rank, and the encoded size against the tenant's output limit. Quantized on request: the
-/// int8 copy is charged to `account` while both exist, and the work counts against the
-/// invocation's `deadline`.
+/// int8 copy is charged to `account` beside the output (the caller charges that), and the work
+/// counts against the invocation's `deadline`.
 async fn encode(
     out: TensorOut,
     limit: u64,
@@ -464,6 +476,14 @@ async fn encode(
     deadline: &Deadline,
 ) -> Result<Output, InvokeError> {
     let meta = &reply.meta;
+    // Before its dimensions are widened or looked at (a guest may return millions of them).
+    let rank = out.dimensions.len();
+    if rank == 0 || rank > hapi_wire::tensor::MAX_RANK {
+        return Err(InvokeError::BadOutput(format!(
+            "a tensor of rank {rank}; 1..={} dimensions are allowed",
+            hapi_wire::tensor::MAX_RANK
+        )));
+    }
     if let Some(Quantize::Int8) = reply.quantize {
         if out.ty != ElementType::F32 {
             return Err(InvokeError::Guest {
@@ -477,19 +497,11 @@ async fn encode(
             });
         }
         let shape: Vec<u64> = out.dimensions.iter().map(|&d| u64::from(d)).collect();
-        hapi_wire::quantize::groups(&shape).map_err(|e| {
-            let e = crate::account::text::bounded(format!("quantize `int8`: {e}"));
-            if shape.len() > hapi_wire::tensor::MAX_RANK {
-                // No tensor of that rank is a valid output: the function's fault.
-                InvokeError::BadOutput(e)
-            } else {
-                // A rank-1 output: valid, but not one int8 can cut; the caller asked for it.
-                InvokeError::Guest {
-                    code: hapi_wire::ErrorCode::BadRequest,
-                    message: e,
-                    key: None,
-                }
-            }
+        // A rank-1 output: valid, but not one int8 can cut; the caller asked for it.
+        hapi_wire::quantize::groups(&shape).map_err(|e| InvokeError::Guest {
+            code: hapi_wire::ErrorCode::BadRequest,
+            message: crate::account::text::bounded(format!("quantize `int8`: {e}")),
+            key: None,
         })?;
         // Checked against the data and the output limit before anything is allocated.
         let plan = Plan::new(&shape, out.data.len() as u64, meta)
@@ -616,6 +628,51 @@ mod tests {
                     during: "while quantizing the output",
                     ..
                 })
+            ),
+            "{e:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_output_of_no_or_too_many_dimensions_is_the_functions_fault() {
+        let account = Account::new(64 << 20);
+        let deadline = Deadline::new(Duration::from_secs(60));
+        for (rank, reply) in [
+            (0, Reply::default()),
+            (9, Reply::default()),
+            (0, int8()),
+            (9, int8()),
+            (1 << 20, int8()),
+        ] {
+            let out = TensorOut {
+                dimensions: vec![1; rank],
+                ty: ElementType::F32,
+                data: vec![0; 4],
+            };
+            let e = encode(out, 64 << 20, &reply, &account, &deadline)
+                .await
+                .expect_err("refused");
+            assert!(
+                matches!(&e, InvokeError::BadOutput(m) if m.contains(&format!("rank {rank};"))),
+                "rank {rank}: {e:?}"
+            );
+        }
+        // Rank 1 is an output, just not one int8 can cut: the caller's request is refused.
+        let out = TensorOut {
+            dimensions: vec![1],
+            ty: ElementType::F32,
+            data: vec![0; 4],
+        };
+        let e = encode(out, 64 << 20, &int8(), &account, &deadline)
+            .await
+            .expect_err("refused");
+        assert!(
+            matches!(
+                e,
+                InvokeError::Guest {
+                    code: hapi_wire::ErrorCode::BadRequest,
+                    ..
+                }
             ),
             "{e:?}"
         );

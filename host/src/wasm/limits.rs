@@ -1,8 +1,8 @@
 //! What one invocation's store may grow to. Guest memory is charged to the invocation's
 //! memory account as it grows, so guest memory and what the host holds for the guest share one
-//! limit; tables and handle tables have fixed bounds.
+//! limit, and given back when the store goes; tables and handle tables have fixed bounds.
 
-use crate::account::Account;
+use crate::account::{Account, Charge};
 use crate::caps::caller::Stop;
 use std::sync::Arc;
 use wasmtime::ResourceLimiter;
@@ -15,10 +15,21 @@ pub const MAX_HANDLES: usize = 10_000;
 /// Largest `get-random-bytes` answer (for tenants granted `random`).
 pub const MAX_RANDOM_BYTES: u64 = 1 << 20;
 
-/// The store's limiter.
+/// The store's limiter: it holds the charge for the guest's linear memory, which never
+/// shrinks while the store lives and is given back with it.
 #[derive(Debug)]
 pub struct Limiter {
-    pub account: Arc<Account>,
+    account: Arc<Account>,
+    memory: Option<Charge>,
+}
+
+impl Limiter {
+    pub fn new(account: Arc<Account>) -> Self {
+        Self {
+            account,
+            memory: None,
+        }
+    }
 }
 
 impl ResourceLimiter for Limiter {
@@ -29,9 +40,14 @@ impl ResourceLimiter for Limiter {
         _max: Option<usize>,
     ) -> wasmtime::Result<bool> {
         let grow = desired.saturating_sub(current) as u64;
-        self.account
-            .grow(grow, "guest memory")
+        let charge = self
+            .account
+            .charge(grow, "guest memory")
             .map_err(|e| Stop::from(e).trap())?;
+        self.memory = Some(match self.memory.take() {
+            Some(held) => held.absorb(charge),
+            None => charge,
+        });
         Ok(true)
     }
 
@@ -58,9 +74,7 @@ mod tests {
     #[test]
     fn memory_growth_is_charged_and_tables_are_bounded() {
         let account = Account::new(1 << 20);
-        let mut l = Limiter {
-            account: Arc::clone(&account),
-        };
+        let mut l = Limiter::new(Arc::clone(&account));
         assert!(matches!(l.memory_growing(0, 1 << 19, None), Ok(true)));
         assert!(matches!(l.memory_growing(1 << 19, 1 << 20, None), Ok(true)));
         assert_eq!(account.used(), 1 << 20);
@@ -79,5 +93,13 @@ mod tests {
             matches!(e.downcast_ref::<Stop>(), Some(Stop::Table(_))),
             "{e}"
         );
+        assert_eq!(account.used(), 1 << 20, "a refused growth charges nothing");
+        drop(l);
+        assert_eq!(
+            account.used(),
+            0,
+            "the store's memory is given back with it"
+        );
+        assert_eq!(account.peak(), 1 << 20);
     }
 }

@@ -1,0 +1,80 @@
+//! `wasi:io/poll` with a bound on the list a guest polls. Every component built with Rust's std
+//! imports it, and wasmtime-wasi's `poll` does work and allocates for every entry of the list,
+//! repeats of one pollable included, in one step that never yields: a list of millions of
+//! copies of one pollable would hold an invocation worker for as long. No more than
+//! [`MAX_HANDLES`] pollables can exist in a store at once, so a longer list is refused.
+
+use super::limits::MAX_HANDLES;
+use wasmtime::component::{HasData, Resource, ResourceTable};
+use wasmtime_wasi::p2::DynPollable;
+use wasmtime_wasi::p2::bindings::io::poll;
+
+/// The store's handle table, seen through the bounded `poll`.
+#[derive(Debug)]
+pub struct Bounded<'a>(pub &'a mut ResourceTable);
+
+/// Links [`Bounded`] (`add_to_linker::<State, HasBounded>`).
+#[derive(Debug)]
+pub struct HasBounded;
+
+impl HasData for HasBounded {
+    type Data<'a> = Bounded<'a>;
+}
+
+impl poll::Host for Bounded<'_> {
+    async fn poll(&mut self, pollables: Vec<Resource<DynPollable>>) -> wasmtime::Result<Vec<u32>> {
+        if pollables.len() > MAX_HANDLES {
+            return Err(wasmtime::format_err!(
+                "wasi:io/poll of {} pollables; at most {MAX_HANDLES} (no more can exist at once)",
+                pollables.len()
+            ));
+        }
+        poll::Host::poll(&mut *self.0, pollables).await
+    }
+}
+
+impl poll::HostPollable for Bounded<'_> {
+    async fn block(&mut self, pollable: Resource<DynPollable>) -> wasmtime::Result<()> {
+        poll::HostPollable::block(&mut *self.0, pollable).await
+    }
+
+    async fn ready(&mut self, pollable: Resource<DynPollable>) -> wasmtime::Result<bool> {
+        poll::HostPollable::ready(&mut *self.0, pollable).await
+    }
+
+    fn drop(&mut self, pollable: Resource<DynPollable>) -> wasmtime::Result<()> {
+        poll::HostPollable::drop(&mut *self.0, pollable)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use wasmtime_wasi::p2::pipe::SinkOutputStream;
+
+    #[tokio::test]
+    async fn a_poll_longer_than_the_handles_that_can_exist_is_refused() {
+        let mut table = ResourceTable::new();
+        let sink = table.push(SinkOutputStream).expect("a stream");
+        let pollable = wasmtime_wasi::p2::subscribe(&mut table, sink).expect("its pollable");
+        let copies = |n: usize| -> Vec<Resource<DynPollable>> {
+            (0..n)
+                .map(|_| Resource::new_borrow(pollable.rep()))
+                .collect()
+        };
+        let mut bounded = Bounded(&mut table);
+        let e = poll::Host::poll(&mut bounded, copies(MAX_HANDLES + 1))
+            .await
+            .expect_err("too long");
+        assert!(
+            e.to_string()
+                .contains(&format!("{} pollables", MAX_HANDLES + 1)),
+            "{e}"
+        );
+        // Within the bound, the poll is wasmtime-wasi's: a sink is always ready.
+        let ready = poll::Host::poll(&mut bounded, copies(3))
+            .await
+            .expect("polled");
+        assert_eq!(ready, vec![0, 1, 2]);
+    }
+}

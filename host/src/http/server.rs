@@ -102,6 +102,21 @@ impl<S> WriteTimeout<S> {
         }
     }
 
+    /// A write or flush that completed resets the clock; one that could not progress runs it.
+    fn progressed<T>(
+        &mut self,
+        cx: &mut Context<'_>,
+        polled: Poll<std::io::Result<T>>,
+    ) -> Poll<std::io::Result<T>> {
+        match polled {
+            Poll::Ready(r) => {
+                self.stalled = None;
+                Poll::Ready(r)
+            }
+            Poll::Pending => self.stalled(cx).map(Err),
+        }
+    }
+
     /// Called when a write cannot progress: fails once it has not for `timeout`.
     fn stalled(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Error> {
         let timeout = self.timeout;
@@ -134,13 +149,8 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for WriteTimeout<S> {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
-        match Pin::new(&mut self.inner).poll_write(cx, buf) {
-            Poll::Ready(r) => {
-                self.stalled = None;
-                Poll::Ready(r)
-            }
-            Poll::Pending => self.stalled(cx).map(Err),
-        }
+        let polled = Pin::new(&mut self.inner).poll_write(cx, buf);
+        self.progressed(cx, polled)
     }
 
     // Vectored writes: hyper then queues a response's chunks as they are (an output of
@@ -150,13 +160,8 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for WriteTimeout<S> {
         cx: &mut Context<'_>,
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
-        match Pin::new(&mut self.inner).poll_write_vectored(cx, bufs) {
-            Poll::Ready(r) => {
-                self.stalled = None;
-                Poll::Ready(r)
-            }
-            Poll::Pending => self.stalled(cx).map(Err),
-        }
+        let polled = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        self.progressed(cx, polled)
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -164,13 +169,8 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for WriteTimeout<S> {
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        match Pin::new(&mut self.inner).poll_flush(cx) {
-            Poll::Ready(r) => {
-                self.stalled = None;
-                Poll::Ready(r)
-            }
-            Poll::Pending => self.stalled(cx).map(Err),
-        }
+        let polled = Pin::new(&mut self.inner).poll_flush(cx);
+        self.progressed(cx, polled)
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {

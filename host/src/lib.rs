@@ -68,8 +68,9 @@ pub struct Host {
     /// rather than reserve memory for two (one entry per model on the host).
     profiling: std::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// Removals running on blocking threads: one waits there for a reload or a commit in
-    /// progress, so the rest wait here, holding no thread, however many a tenant sends.
-    pub undeploys: tokio::sync::Semaphore,
+    /// progress, so the rest wait here, holding no thread, however many a tenant sends. A turn
+    /// goes with its job, so a client that hangs up does not free it while the job still waits.
+    pub undeploys: Arc<tokio::sync::Semaphore>,
     pub metrics: Arc<Metrics>,
 }
 
@@ -125,7 +126,7 @@ impl Host {
             functions,
             admissions: Admissions::default(),
             profiling: std::sync::Mutex::default(),
-            undeploys: tokio::sync::Semaphore::new(UNDEPLOYS_AT_ONCE),
+            undeploys: Arc::new(tokio::sync::Semaphore::new(UNDEPLOYS_AT_ONCE)),
             metrics: Arc::default(),
         }))
     }

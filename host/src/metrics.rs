@@ -72,17 +72,24 @@ pub(crate) fn escape(v: &str) -> String {
 }
 
 impl Metrics {
-    /// Counts an invocation under its function, or under [`REMOVED`] if the function is gone
-    /// by the time it ends: `deployed` is asked under the series' lock, so an invocation that
-    /// outlives its function's removal cannot bring back a series that [`Self::fold`] folded
-    /// (deploy, invoke, remove under ever new names would grow the metrics without bound).
+    /// Counts an invocation under its function, then folds the function's series into
+    /// [`REMOVED`] if `deployed` says it is gone: an invocation that outlives its function's
+    /// removal cannot bring back a series the removal folded (deploy, invoke, remove under ever
+    /// new names would grow the metrics without bound). Asked after counting, either order of
+    /// the removal and this call ends folded; no lock is held while asking.
     pub fn observe(&self, o: Observation<'_>, deployed: impl FnOnce() -> bool) {
+        self.count(&o);
+        if !deployed() {
+            self.fold(o.tenant, o.function);
+        }
+    }
+
+    fn count(&self, o: &Observation<'_>) {
         let mut map = self.series.lock().unwrap_or_else(PoisonError::into_inner);
-        let function = if deployed() { o.function } else { REMOVED };
         let s = map
             .entry((
                 o.tenant.to_string(),
-                function.to_string(),
+                o.function.to_string(),
                 o.code.to_string(),
             ))
             .or_default();

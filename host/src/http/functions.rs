@@ -99,15 +99,18 @@ pub async fn undeploy(
     require_deploy(&tenant).map_err(refused)?;
     // It waits for a policy reload in progress, which may compile, on a blocking thread: a
     // few at a time, so that a flood of removals cannot take the blocking pool's threads.
-    let _turn = host
-        .undeploys
-        .acquire()
+    let turn = Arc::clone(&host.undeploys)
+        .acquire_owned()
         .await
         .map_err(|e| ApiError::fault(format!("undeploy turn: {e}")))?;
     let (h, t) = (Arc::clone(&host), Arc::clone(&tenant));
-    tokio::task::spawn_blocking(move || h.undeploy(&t, &name))
-        .await
-        .map_err(|e| ApiError::fault(format!("undeploy worker: {e}")))?
-        .map_err(|e| refused(e.into()))?;
+    tokio::task::spawn_blocking(move || {
+        // Held by the job: it runs on if its client hangs up.
+        let _turn = turn;
+        h.undeploy(&t, &name)
+    })
+    .await
+    .map_err(|e| ApiError::fault(format!("undeploy worker: {e}")))?
+    .map_err(|e| refused(e.into()))?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -16,11 +16,14 @@ pub const MAX_HANDLES: usize = 10_000;
 pub const MAX_RANDOM_BYTES: u64 = 1 << 20;
 
 /// The store's limiter: it holds the charge for the guest's linear memory, which never
-/// shrinks while the store lives and is given back with it.
+/// shrinks while the store lives and is given back with it. The last growth's charge is kept
+/// apart until the next, so that a growth wasmtime fails after this approved it (past the
+/// pool's slot, or no memory to map) is given back.
 #[derive(Debug)]
 pub struct Limiter {
     account: Arc<Account>,
     memory: Option<Charge>,
+    last: Option<Charge>,
 }
 
 impl Limiter {
@@ -28,6 +31,7 @@ impl Limiter {
         Self {
             account,
             memory: None,
+            last: None,
         }
     }
 }
@@ -40,15 +44,23 @@ impl ResourceLimiter for Limiter {
         _max: Option<usize>,
     ) -> wasmtime::Result<bool> {
         let grow = desired.saturating_sub(current) as u64;
+        if let Some(last) = self.last.take() {
+            self.memory = Some(match self.memory.take() {
+                Some(held) => held.absorb(last),
+                None => last,
+            });
+        }
         let charge = self
             .account
             .charge(grow, "guest memory")
             .map_err(|e| Stop::from(e).trap())?;
-        self.memory = Some(match self.memory.take() {
-            Some(held) => held.absorb(charge),
-            None => charge,
-        });
+        self.last = Some(charge);
         Ok(true)
+    }
+
+    fn memory_grow_failed(&mut self, _error: wasmtime::Error) -> wasmtime::Result<()> {
+        self.last = None;
+        Ok(())
     }
 
     fn table_growing(
@@ -101,5 +113,16 @@ mod tests {
             "the store's memory is given back with it"
         );
         assert_eq!(account.peak(), 1 << 20);
+        // A growth approved here, then failed by wasmtime, is given back; the one before stays.
+        let mut l = Limiter::new(Arc::clone(&account));
+        assert!(matches!(l.memory_growing(0, 1 << 19, None), Ok(true)));
+        assert!(matches!(l.memory_growing(1 << 19, 1 << 20, None), Ok(true)));
+        l.memory_grow_failed(wasmtime::format_err!("no memory to map"))
+            .expect("noted");
+        assert_eq!(account.used(), 1 << 19);
+        assert!(matches!(l.memory_growing(1 << 19, 1 << 20, None), Ok(true)));
+        assert_eq!(account.used(), 1 << 20);
+        drop(l);
+        assert_eq!(account.used(), 0);
     }
 }

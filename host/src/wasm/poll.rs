@@ -2,7 +2,9 @@
 //! imports it, and wasmtime-wasi's `poll` does work and allocates for every entry of the list,
 //! repeats of one pollable included, in one step that never yields: a list of millions of
 //! copies of one pollable would hold an invocation worker for as long. No more than
-//! [`MAX_HANDLES`] pollables can exist in a store at once, so a longer list is refused.
+//! [`MAX_HANDLES`] pollables can exist in a store at once, so a longer list is refused. The
+//! list is lifted before this sees it: that is wasmtime's work, bounded by the store's hostcall
+//! fuel (the tenant's memory limit), and it does not yield either.
 
 use super::limits::MAX_HANDLES;
 use wasmtime::component::{HasData, Resource, ResourceTable};

@@ -1,4 +1,5 @@
-//! What an invocation is charged for: memory ([`Account`]), time ([`Deadline`]), the text it
+//! What an invocation is charged for: memory ([`Account`]), time ([`Deadline`], and [`Cancel`]
+//! for the blocking work it leaves when it stops), the text it
 //! makes the host keep ([`text`]), and what it used ([`Usage`]: reads, device time).
 //!
 //! Every byte the host holds on an invocation's behalf is charged to its account before it is
@@ -11,5 +12,5 @@ pub mod time;
 pub mod usage;
 
 pub use memory::{Account, Charge, OverLimit};
-pub use time::{Deadline, Expired};
+pub use time::{Cancel, Deadline, Expired};
 pub use usage::Usage;

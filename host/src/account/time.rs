@@ -4,7 +4,36 @@
 //! room on the device) that runs into the deadline is answered as backpressure (429
 //! `device_busy` with `Retry-After`), not as the tenant's time limit.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
+
+/// Whether the caller waiting for a blocking job has gone away (its invocation stopped at its
+/// deadline, or abandoned by its client). A blocking task cannot be aborted, so the job looks
+/// at this between its steps; [`Cancel::on_drop`] sets it when the caller's future goes.
+#[derive(Debug, Clone, Default)]
+pub struct Cancel(Arc<AtomicBool>);
+
+impl Cancel {
+    pub fn is_cancelled(&self) -> bool {
+        self.0.load(Ordering::Acquire)
+    }
+
+    /// A guard that cancels when dropped (after the job finished: no matter).
+    pub fn on_drop(&self) -> CancelOnDrop {
+        CancelOnDrop(self.clone())
+    }
+}
+
+/// Sets its [`Cancel`] when dropped.
+#[derive(Debug)]
+pub struct CancelOnDrop(Cancel);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        (self.0).0.store(true, Ordering::Release);
+    }
+}
 
 /// When an invocation must end.
 #[derive(Debug)]

@@ -5,7 +5,7 @@
 //! thread in time-bounded sub-batches. Either way the caller waits at most until its deadline:
 //! then the call is abandoned (the dispatcher or the thread drops it and its memory).
 
-use crate::account::Deadline;
+use crate::account::{Cancel, Deadline};
 use crate::device::batch::{self, Dest};
 use crate::device::budget::{Budget, Pin, Reservation};
 use crate::device::dispatcher::{Call, Progress, Shared, lock};
@@ -14,7 +14,6 @@ use crate::device::types::{DeviceConfig, DeviceError};
 use crate::models::Models;
 use hapi_wire::profile::DeviceMemory;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 /// The device executor.
@@ -46,15 +45,6 @@ impl<'a> InProgress<'a> {
 impl Drop for InProgress<'_> {
     fn drop(&mut self) {
         lock(&self.0.stats).in_progress -= 1;
-    }
-}
-
-/// Sets its flag when dropped: tells a blocking worker its caller is gone.
-struct CancelOnDrop(Arc<AtomicBool>);
-
-impl Drop for CancelOnDrop {
-    fn drop(&mut self) {
-        self.0.store(true, Ordering::Release);
     }
 }
 
@@ -223,8 +213,8 @@ impl Device {
                 Err(e) => Err(DeviceError::Expired(e.limit)),
             }
         } else {
-            let cancel = Arc::new(AtomicBool::new(false));
-            let _cancel = CancelOnDrop(Arc::clone(&cancel));
+            let cancel = Cancel::default();
+            let _cancel = cancel.on_drop();
             let shared = Arc::clone(&self.shared);
             let d = Arc::clone(&deadline);
             let worker = tokio::task::spawn_blocking(move || {
@@ -276,7 +266,7 @@ fn run_here(
     out: crate::device::job::WireDtype,
     output: &mut Vec<u8>,
     deadline: &Deadline,
-    cancel: &AtomicBool,
+    cancel: &Cancel,
 ) -> Result<(Duration, Duration, u32), DeviceError> {
     let config = &shared.config;
     let (mut queued, mut device, mut batches) = (Duration::ZERO, Duration::ZERO, 0u32);
@@ -291,7 +281,7 @@ fn run_here(
         }
         let cap = cost.batch_within(config.slice.as_secs_f64(), cap);
         let (held, b) = loop {
-            if cancel.load(Ordering::Acquire) || deadline.expired() {
+            if cancel.is_cancelled() || deadline.expired() {
                 return Err(DeviceError::Expired(deadline.limit()));
             }
             if !config.adapt {

@@ -5,18 +5,17 @@
 //! (every MiB read, every directory entry) once its caller has gone away: an invocation
 //! stopped at its deadline, or abandoned by its client, leaves no reads or walks running for
 //! nobody (a blocking job cannot be aborted, and a walk of a large prefix runs for seconds).
-//! Errors that say the key
-//! cannot exist here (a name too long for the file system, a key below an object) are
-//! `NotFound`; an escape is `Denied`; only real I/O failures are `Io`.
+//! Errors that say the key cannot exist here (a name too long for the file system, a key below
+//! an object) are `NotFound`; an escape is `Denied`; only real I/O failures are `Io`.
 
 use super::error::{ObjectError, ObjectMeta, Smallest};
+use crate::account::Cancel;
 use crate::account::text::quote;
 use cap_std::ambient_authority;
 use cap_std::fs::Dir;
 use std::io::{ErrorKind, Read, Seek, SeekFrom};
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::UNIX_EPOCH;
 
 /// Bytes a read takes between two looks at whether its caller is still there.
@@ -49,40 +48,25 @@ fn modified_ms(meta: &cap_std::fs::Metadata) -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
-/// Whether a blocking job's caller has gone away.
-#[derive(Debug, Clone, Default)]
-struct Abandoned(Arc<AtomicBool>);
-
-impl Abandoned {
-    /// An error once the caller is gone: the job stops where it is.
-    fn check(&self, key: &str) -> Result<(), ObjectError> {
-        if self.0.load(Ordering::Relaxed) {
-            return Err(ObjectError::Io(format!(
-                "{}: stopped, its caller went away",
-                quote(key)
-            )));
-        }
-        Ok(())
+/// An error once the job's caller is gone: the job stops where it is.
+fn go_on(cancel: &Cancel, key: &str) -> Result<(), ObjectError> {
+    if cancel.is_cancelled() {
+        return Err(ObjectError::Io(format!(
+            "{}: stopped, its caller went away",
+            quote(key)
+        )));
     }
-}
-
-/// Marks the job abandoned when the future awaiting it goes (after it finished: no matter).
-struct MarkOnDrop(Abandoned);
-
-impl Drop for MarkOnDrop {
-    fn drop(&mut self) {
-        (self.0).0.store(true, Ordering::Relaxed);
-    }
+    Ok(())
 }
 
 /// Runs blocking file system work off the async threads; `f` looks at what it is given
 /// between steps, and stops once the caller has gone.
 async fn blocking<T: Send + 'static>(
-    f: impl FnOnce(&Abandoned) -> Result<T, ObjectError> + Send + 'static,
+    f: impl FnOnce(&Cancel) -> Result<T, ObjectError> + Send + 'static,
 ) -> Result<T, ObjectError> {
-    let abandoned = Abandoned::default();
-    let _mark = MarkOnDrop(abandoned.clone());
-    tokio::task::spawn_blocking(move || f(&abandoned))
+    let cancel = Cancel::default();
+    let _cancel = cancel.on_drop();
+    tokio::task::spawn_blocking(move || f(&cancel))
         .await
         .map_err(|e| ObjectError::Io(format!("store worker: {e}")))?
 }
@@ -130,7 +114,7 @@ impl Local {
         length: u64,
     ) -> Result<Vec<u8>, ObjectError> {
         let (root, bucket, key) = (Arc::clone(&self.root), bucket.to_string(), key.to_string());
-        blocking(move |abandoned| {
+        blocking(move |cancel| {
             let mut file = Self::bucket(&root, &bucket)?
                 .open(&key)
                 .map_err(|e| map(&key, e))?;
@@ -142,7 +126,7 @@ impl Local {
             let mut buf = Vec::with_capacity(usize::try_from(length).unwrap_or(0));
             let mut rest = file.take(length);
             loop {
-                abandoned.check(&key)?;
+                go_on(cancel, &key)?;
                 let got = rest
                     .by_ref()
                     .take(READ_CHUNK)
@@ -169,7 +153,7 @@ impl Local {
             bucket.to_string(),
             prefix.to_string(),
         );
-        blocking(move |abandoned| {
+        blocking(move |cancel| {
             let dir = Self::bucket(&root, &bucket)?;
             // Walk from the deepest directory the prefix names; one that cannot exist here
             // holds nothing.
@@ -193,7 +177,7 @@ impl Local {
             let mut stack = vec![(top, start)];
             while let Some((d, path)) = stack.pop() {
                 for entry in d.entries().map_err(|e| map(&path, e))? {
-                    abandoned.check(&prefix)?;
+                    go_on(cancel, &prefix)?;
                     visits += 1;
                     if visits > max_visits {
                         return Err(ObjectError::TooLarge(max_visits as u64));
@@ -238,9 +222,9 @@ mod tests {
     #[tokio::test]
     async fn a_job_whose_caller_went_away_stops_at_its_next_look() {
         let (looks, looked) = std::sync::mpsc::channel::<Result<(), ObjectError>>();
-        let job = blocking(move |abandoned| {
+        let job = blocking(move |cancel| {
             loop {
-                let look = abandoned.check("big/prefix");
+                let look = go_on(cancel, "big/prefix");
                 let stop = look.is_err();
                 looks.send(look).ok();
                 if stop {

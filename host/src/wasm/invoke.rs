@@ -431,7 +431,7 @@ async fn run(
             // It fits: the memory it was lifted from held it.
             match account.charge(out.data.len() as u64, "output") {
                 Ok(_held) => encode(out, limits.max_output, &reply, &account, &deadline).await,
-                Err(e) => Err(InvokeError::Stopped(Stop::Memory(e.to_string()))),
+                Err(e) => Err(InvokeError::Stopped(Stop::from(e))),
             }
         }
     };
@@ -512,7 +512,7 @@ async fn encode(
         }
         let _held = account
             .charge(plan.data_len() as u64, "int8 output")
-            .map_err(|e| InvokeError::Stopped(Stop::Memory(e.to_string())))?;
+            .map_err(|e| InvokeError::Stopped(Stop::from(e)))?;
         // In slices, like the guest's own time: the deadline is looked at, and the worker
         // handed to the other invocations on it, between them.
         let mut data = vec![0u8; plan.data_len()];

@@ -98,6 +98,7 @@ impl Host {
                 max_batch: h.max_batch,
                 slice: h.slice,
                 batch_time: h.batch_time,
+                resident_for: h.resident_for,
                 workers: h.device_workers.unwrap_or(match device {
                     tch::Device::Cpu => std::thread::available_parallelism().map_or(1, |n| n.get()),
                     _ => 1,
@@ -268,10 +269,18 @@ impl Host {
     }
 
     /// Per-layer time, output size and memory of model `id` on this host's device (loaded and
-    /// measured on first use), reported under the tenant's name for it, `model`.
-    pub async fn profile(&self, id: &str, model: &str) -> Result<ModelProfile, DeviceError> {
+    /// measured on first use), reported under `tenant`'s name for it, `model`.
+    pub async fn profile(
+        &self,
+        tenant: &str,
+        id: &str,
+        model: &str,
+    ) -> Result<ModelProfile, DeviceError> {
         let deadline = Deadline::new(PROFILE_TIMEOUT);
-        let pin = self.device.acquire(id, &deadline).await?;
+        let pin = self
+            .device
+            .acquire(id, &Arc::from(tenant), &deadline)
+            .await?;
         let models = Arc::clone(self.runtime.models());
         // Measured before (or failed less than `models::FAILURE_KEPT` ago): nothing runs.
         if let Some(kept) = self.kept_profile(id, model, &pin) {

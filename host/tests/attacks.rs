@@ -857,6 +857,59 @@ async fn a_hostile_tenant_cannot_break_isolation() {
         },
     )
     .await;
+    // The light tenant's resnet18 (46 MiB) and alexnet (233 MiB) do not fit the budget
+    // together: a load of alexnet must not unload the model the light tenant keeps using,
+    // which holds less than its share. With least-recently-used eviction whoever's (the
+    // host before `resident_for`), each of these loads unloaded it and the light tenant
+    // reloaded it.
+    s.row(
+        6,
+        "loads alexnet again and again beside the light tenant's resnet18",
+        BUDGET + bound,
+        None,
+        async {
+            let count = |name| s.metric(name);
+            let (evicted, loads, deferred) = (
+                count("hapi_device_evictions_total").await,
+                count("hapi_device_loads_total").await,
+                count("hapi_device_deferred_loads_total").await,
+            );
+            let attack = async {
+                let started = Instant::now();
+                let (mut loaded, mut refused) = (0, 0);
+                let mut last = None;
+                while started.elapsed() < Duration::from_secs(4) {
+                    let graphs = hostile("graphs", &[("graphs", "alexnet[0..2]")], &[]);
+                    let o = s.attack("hostile", graphs).await;
+                    assert!(o.took <= ATTACKER_TIMEOUT + LATE, "{o:?}");
+                    if o.status == 200 {
+                        loaded += 1;
+                    } else {
+                        refused += 1;
+                    }
+                    last = Some(o);
+                }
+                let last = last.expect("one attempt");
+                Outcome::of(last.status, &last.code, started.elapsed())
+                    .note(format!("{loaded} loaded, {refused} refused"))
+            };
+            let (o, v) = s.beside(attack).await;
+            let unloaded = count("hapi_device_evictions_total").await - evicted;
+            let loads = count("hapi_device_loads_total").await - loads;
+            let deferred = count("hapi_device_deferred_loads_total").await - deferred;
+            assert_eq!(
+                unloaded, 0.0,
+                "the attacker's loads unloaded models ({loads} loads): {o:?}"
+            );
+            assert!(deferred >= 1.0, "no load was deferred: {o:?}");
+            let note = format!(
+                "{}; {loads} loads, {unloaded} unloaded, {deferred} deferred",
+                o.note
+            );
+            (o.note(note), Some(v))
+        },
+    )
+    .await;
 
     // 7. Output caps count everything.
     s.row(

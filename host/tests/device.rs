@@ -9,9 +9,12 @@ mod common;
 use common::{
     SAMPLES, TestHost, features, raw, sample_key, start_tenants, tenant_token, tenants_policy,
 };
+use hapi_host::account::Deadline;
+use hapi_host::device::budget::Budget;
 use hapi_wire::profile::{ModelMemory, SegmentCost};
 use serde_json::{Value, json};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 use tokio::sync::Mutex;
 
 fn serial() -> &'static Mutex<()> {
@@ -158,24 +161,38 @@ async fn a_profile_runs_once_in_memory_held_from_the_budget_at_a_batch_the_budge
     assert_eq!(again.layers, p.layers);
 }
 
+/// The model packages of the test policy, opened as a host opens them.
+fn test_models(dir: &std::path::Path) -> Arc<hapi_host::models::Models> {
+    let text = common::policy_text(&dir.join("store"), &dir.join("state"));
+    let policy = hapi_host::policy::Policy::parse("policy.toml", &text, dir).expect("policy");
+    Arc::new(hapi_host::models::Models::open(&policy, tch::Device::Cpu, None).expect("models"))
+}
+
+fn weights_of(models: &hapi_host::models::Models, m: &str) -> u64 {
+    models.weights(m).expect("a model of the test policy")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reservation_that_cannot_fit_unloads_no_model() {
-    use hapi_host::device::budget::Budget;
     let _one = serial().lock().await;
     let dir = tempfile::tempdir().expect("tempdir");
-    let text = common::policy_text(&dir.path().join("store"), &dir.path().join("state"));
-    let policy =
-        hapi_host::policy::Policy::parse("policy.toml", &text, dir.path()).expect("policy");
-    let models = std::sync::Arc::new(
-        hapi_host::models::Models::open(&policy, tch::Device::Cpu, None).expect("models"),
-    );
+    let models = test_models(dir.path());
     let (idle, used) = ("efficientnet_lite0", "resnet18");
-    let weights = |m| models.weights(m).expect("a model of the test policy");
+    let weights = |m| weights_of(&models, m);
     let free = 1 << 20;
-    let budget = Budget::new(weights(idle) + weights(used) + free);
-    let deadline = hapi_host::account::Deadline::new(std::time::Duration::from_secs(300));
-    drop(budget.acquire(&models, idle, &deadline).await.expect(idle));
-    let pinned = budget.acquire(&models, used, &deadline).await.expect(used);
+    let budget = Budget::new(weights(idle) + weights(used) + free, RESIDENT_FOR);
+    let deadline = Deadline::new(Duration::from_secs(300));
+    let t: Arc<str> = Arc::from("t");
+    drop(
+        budget
+            .acquire(&models, idle, &t, &deadline)
+            .await
+            .expect(idle),
+    );
+    let pinned = budget
+        .acquire(&models, used, &t, &deadline)
+        .await
+        .expect(used);
     let s = budget.snapshot();
     assert_eq!((s.loaded, s.evictions), (2, 0), "{s:?}");
     // Unloading the idle model would not make room: it stays.
@@ -189,6 +206,123 @@ async fn a_reservation_that_cannot_fit_unloads_no_model() {
     let s = budget.snapshot();
     assert_eq!((s.loaded, s.evictions), (1, 1), "{s:?}");
     drop((held, pinned));
+}
+
+const RESIDENT_FOR: Duration = Duration::from_secs(30);
+
+/// A tenant that loads model after model (resnet18, densenet121, resnet18, ...) in a budget
+/// with room for one of them beside a neighbour's efficientnet_lite0: it unloads its own
+/// models, never the neighbour's, which holds less than its half of the budget. With
+/// `resident_for = 0` (least recently used, whoever's), each of its loads unloads the
+/// neighbour's model too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_loading_model_after_model_unloads_its_own_not_a_neighbours() {
+    let _one = serial().lock().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let models = test_models(dir.path());
+    let weights = |m| weights_of(&models, m);
+    let (mine, a, b) = ("efficientnet_lite0", "resnet18", "densenet121");
+    let total = weights(mine) + weights(a).max(weights(b)) + (1 << 20);
+    assert!(weights(mine) <= total / 2 && weights(a) + weights(b) + weights(mine) > total);
+    let deadline = Deadline::new(Duration::from_secs(300));
+    let (victim, loader): (Arc<str>, Arc<str>) = (Arc::from("victim"), Arc::from("loader"));
+    for (resident_for, kept) in [(RESIDENT_FOR, true), (Duration::ZERO, false)] {
+        let budget = Budget::new(total, resident_for);
+        drop(
+            budget
+                .acquire(&models, mine, &victim, &deadline)
+                .await
+                .expect(mine),
+        );
+        for m in [a, b, a, b] {
+            drop(
+                budget
+                    .acquire(&models, m, &loader, &deadline)
+                    .await
+                    .expect(m),
+            );
+        }
+        let s = budget.snapshot();
+        // Kept: lite0 and the loader's last model, 3 of its own unloaded. Not kept: lite0
+        // went at the loader's second load and stayed out.
+        let expect = if kept { (2, 3, 5) } else { (1, 4, 5) };
+        assert_eq!(
+            (s.loaded, s.evictions, s.loads),
+            expect,
+            "{resident_for:?}: {s:?}"
+        );
+        let before = budget.snapshot().loads;
+        drop(
+            budget
+                .acquire(&models, mine, &victim, &deadline)
+                .await
+                .expect(mine),
+        );
+        let reloaded = budget.snapshot().loads - before;
+        assert_eq!(
+            reloaded,
+            u64::from(!kept),
+            "{resident_for:?}: the victim's reloads"
+        );
+    }
+}
+
+/// A tenant whose model does not fit beside what a neighbour within its share keeps waits,
+/// and is told why; once the neighbour's use is older than `resident_for`, it loads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_load_past_the_loaders_share_waits_for_the_neighbours_models_to_go_stale() {
+    let _one = serial().lock().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let models = test_models(dir.path());
+    let weights = |m| weights_of(&models, m);
+    let (small, mid, big) = ("efficientnet_lite0", "densenet121", "resnet18");
+    // The neighbour holds lite0 and densenet121, over half the budget until lite0 goes; then
+    // densenet121 alone is within its half and resnet18 does not fit beside it.
+    let total = 2 * weights(mid) + (2 << 20);
+    assert!(weights(mid) <= total / 2 && weights(small) + weights(mid) > total / 2);
+    assert!(weights(big) + weights(mid) > total && weights(big) <= total);
+    let resident_for = Duration::from_millis(1500);
+    let budget = Budget::new(total, resident_for);
+    let long = Deadline::new(Duration::from_secs(300));
+    let (neighbour, loader): (Arc<str>, Arc<str>) = (Arc::from("neighbour"), Arc::from("loader"));
+    for m in [small, mid] {
+        drop(
+            budget
+                .acquire(&models, m, &neighbour, &long)
+                .await
+                .expect(m),
+        );
+    }
+    let used = std::time::Instant::now();
+    let short = Deadline::new(Duration::from_millis(300));
+    let err = budget
+        .acquire(&models, big, &loader, &short)
+        .await
+        .expect_err("no room within the neighbour's share");
+    let text = err.to_string();
+    assert!(
+        text.contains("other tenants' models hold it") && text.contains(big),
+        "{text}"
+    );
+    let s = budget.snapshot();
+    // Nothing was unloaded for a load that could not fit anyway.
+    assert_eq!((s.loaded, s.evictions, s.kept), (2, 0, 1), "{s:?}");
+    // Waiting on, it loads once the neighbour's use is past `resident_for`, woken by the
+    // expiry itself (nothing else changes the budget meanwhile).
+    drop(
+        budget
+            .acquire(&models, big, &loader, &long)
+            .await
+            .expect(big),
+    );
+    let waited = used.elapsed();
+    assert!(waited >= resident_for, "loaded after {waited:?}");
+    assert!(
+        waited < resident_for + Duration::from_secs(5),
+        "loaded after {waited:?}"
+    );
+    let s = budget.snapshot();
+    assert_eq!(s.kept, 2, "{s:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -363,7 +497,7 @@ async fn no_call_outlives_its_limit_waiting_for_the_device() {
         .enumerate()
     {
         assert!(
-            took < std::time::Duration::from_millis(1500),
+            took < Duration::from_millis(1500),
             "tenant {t}: {took:?} for a 1 s limit"
         );
         if resp.status() == 200 {
@@ -414,7 +548,7 @@ async fn a_segment_that_can_never_fit_is_refused_with_adaptation_on_and_others_a
     let (code, message) =
         common::error_code(h.invoke(&token(0), "feature-extract", b).await, 422).await;
     assert_eq!(code, "does_not_fit_device", "{message}");
-    assert!(started.elapsed() < std::time::Duration::from_secs(30));
+    assert!(started.elapsed() < Duration::from_secs(30));
     // The device did not stall: a segment that fits is served.
     let mut fits = body(1, 2);
     fits["split"] = json!(2);
@@ -448,9 +582,9 @@ async fn a_first_load_that_outlasts_the_limit_is_answered_429_and_goes_on() {
     let (code, message) = common::error_code(resp, 429).await;
     assert_eq!(code, "device_busy", "{message}");
     assert!(message.contains("being loaded"), "{message}");
-    assert!(took < std::time::Duration::from_millis(1500), "{took:?}");
+    assert!(took < Duration::from_millis(1500), "{took:?}");
     // The load went on without the caller: a later call is served.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(300);
+    let deadline = std::time::Instant::now() + Duration::from_secs(300);
     loop {
         let resp = h.invoke(&token(0), "feature-extract", call.clone()).await;
         if resp.status() == 200 {
@@ -466,7 +600,7 @@ async fn a_first_load_that_outlasts_the_limit_is_answered_429_and_goes_on() {
             std::time::Instant::now() < deadline,
             "the model never loaded"
         );
-        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
     }
     eprintln!(
         "alexnet: served {:?} after its first call",

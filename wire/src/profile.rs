@@ -223,6 +223,13 @@ pub struct DeviceMemory {
     pub running_batches: u64,
     #[serde(default)]
     pub peak_running_batches: u64,
+    /// Model loads started since start.
+    #[serde(default)]
+    pub loads: u64,
+    /// Times a load waited because other tenants' models, each tenant within its share of the
+    /// budget, held the room it needed.
+    #[serde(default)]
+    pub deferred_loads: u64,
 }
 
 /// The answer of `GET /v1/models/{name}/profile`.

@@ -538,7 +538,7 @@ impl Dispatcher {
         let config = &self.shared.config;
         let mut cap = config.max_batch;
         if config.adapt {
-            let room = self.shared.budget.room();
+            let room = self.shared.budget.room_for(cost.run_bytes(1));
             let fits = room.saturating_sub(cost.workspace) / cost.per_sample.max(1);
             cap = cap.min(i64::try_from(fits).unwrap_or(i64::MAX));
             if let Some(e) = cost.efficient_batch {

@@ -52,7 +52,10 @@ impl Device {
     /// Starts the device; with pooling, its dispatcher thread.
     pub fn start(config: DeviceConfig, models: Arc<Models>) -> anyhow::Result<Arc<Self>> {
         let pool = config.pool;
-        let shared = Shared::new(config.clone(), Budget::new(config.budget));
+        let shared = Shared::new(
+            config.clone(),
+            Budget::new(config.budget, config.resident_for),
+        );
         if pool {
             shared.spawn()?;
         }
@@ -85,11 +88,16 @@ impl Device {
         stats.render(&stats.memory(&b), out);
     }
 
-    /// Pins model `name` for a call, loading it (weights charged) if need be.
-    pub async fn acquire(&self, name: &str, deadline: &Deadline) -> Result<Pin, DeviceError> {
+    /// Pins model `name` for a call of `tenant`, loading it (weights charged) if need be.
+    pub async fn acquire(
+        &self,
+        name: &str,
+        tenant: &Arc<str>,
+        deadline: &Deadline,
+    ) -> Result<Pin, DeviceError> {
         self.shared
             .budget
-            .acquire(&self.models, name, deadline)
+            .acquire(&self.models, name, tenant, deadline)
             .await
     }
 
@@ -287,7 +295,7 @@ fn run_here(
             if !config.adapt {
                 break (None, cap);
             }
-            let room = shared.budget.room();
+            let room = shared.budget.room_for(cost.run_bytes(1));
             let fits = i64::try_from(room.saturating_sub(cost.workspace) / cost.per_sample.max(1))
                 .unwrap_or(i64::MAX);
             let b = cap.min(fits);

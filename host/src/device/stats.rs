@@ -69,6 +69,8 @@ impl Stats {
             peak_bytes: b.peak,
             loaded_models: b.loaded,
             evictions: b.evictions,
+            loads: b.loads,
+            deferred_loads: b.kept,
             in_progress: self.in_progress,
             peak_in_progress: self.peak_in_progress,
             batches: self.batches,
@@ -141,7 +143,7 @@ impl Stats {
         for (name, help, v) in gauges {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
         }
-        let counters: [(&str, &str, u64); 3] = [
+        let counters: [(&str, &str, u64); 5] = [
             (
                 "hapi_device_batches_total",
                 "Device batches run.",
@@ -156,6 +158,13 @@ impl Stats {
                 "hapi_device_evictions_total",
                 "Idle models unloaded to make room.",
                 m.evictions,
+            ),
+            ("hapi_device_loads_total", "Model loads started.", m.loads),
+            (
+                "hapi_device_deferred_loads_total",
+                "Loads that waited because other tenants' models, each tenant within its share \
+                 of the budget, held the room.",
+                m.deferred_loads,
             ),
         ];
         for (name, help, v) in counters {

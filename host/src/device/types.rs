@@ -25,6 +25,9 @@ pub struct DeviceConfig {
     /// sample leaves cores idle that another batch can use, as unpooled calls running side by
     /// side do. On a GPU, one: batches queue on the device anyway.
     pub workers: usize,
+    /// How long a model a tenant used stays its own: a load for another tenant unloads it
+    /// within this only while its tenant holds more than its share of the budget.
+    pub resident_for: Duration,
 }
 
 /// Why the device did not run a call.

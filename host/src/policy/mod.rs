@@ -19,6 +19,7 @@
 //! max_batch = 32                       # largest pooled device batch (samples)
 //! slice = "50ms"                       # longest batch of one tenant's work while others wait
 //! batch_time = "300ms"                 # longest pooled batch (several tenants' work)
+//! resident_for = "30s"                 # a model used this recently stays, within its tenants' shares
 //! max_request = "64MiB"                # largest request body (component uploads)
 //! keep_resident = "0"                  # of each guest memory slot, kept resident when freed
 //! operator_token_sha256 = "<hex>"      # who may read /metrics (else nobody, on this address)
@@ -77,6 +78,8 @@ pub const MAX_QUEUE: u64 = 1024;
 pub const MAX_WEIGHT: u64 = 1000;
 /// Longest a pooled batch may wait for batch mates: every call pays it.
 pub const MAX_BATCH_WINDOW: Duration = Duration::from_millis(100);
+/// Longest a model stays its tenants' (`host.resident_for`).
+pub const MAX_RESIDENT_FOR: Duration = Duration::from_secs(3600);
 /// Largest pooled device batch.
 pub const MAX_MAX_BATCH: u64 = 4096;
 /// Range of the device slice: shorter slices interleave tenants more finely, longer ones
@@ -190,6 +193,9 @@ pub struct HostSettings {
     pub slice: Duration,
     /// Longest pooled batch (several tenants' work), estimated.
     pub batch_time: Duration,
+    /// A model a tenant used within this is kept for it while the tenant holds no more than
+    /// its share of `memory_budget` (loads for other tenants do not unload it); 0: plain LRU.
+    pub resident_for: Duration,
     /// Bytes of each guest memory slot kept resident (zeroed) when its instance ends, so that
     /// the next instance does not page-fault them in; at most (instances alive at once) x this
     /// stays resident, no tenant's.
@@ -227,6 +233,7 @@ impl HostSettings {
         check("max_batch", self.max_batch != other.max_batch);
         check("slice", self.slice != other.slice);
         check("batch_time", self.batch_time != other.batch_time);
+        check("resident_for", self.resident_for != other.resident_for);
         check("keep_resident", self.keep_resident != other.keep_resident);
         check("http", self.http != other.http);
         check(

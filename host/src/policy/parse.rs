@@ -32,6 +32,7 @@ struct RawHost {
     max_batch: Option<Spanned<i64>>,
     slice: Option<Spanned<String>>,
     batch_time: Option<Spanned<String>>,
+    resident_for: Option<Spanned<String>>,
     max_request: Option<Spanned<String>>,
     keep_resident: Option<Spanned<String>>,
     operator_token_sha256: Option<Spanned<String>>,
@@ -482,6 +483,12 @@ fn host_settings(ctx: &Ctx<'_>, h: &RawHost) -> Result<HostSettings, PolicyError
             Duration::from_millis(300),
             SLICE_RANGE,
         )?,
+        resident_for: ctx.duration(
+            "host.resident_for",
+            &h.resident_for,
+            Duration::from_secs(30),
+            (Duration::ZERO, MAX_RESIDENT_FOR),
+        )?,
         keep_resident: ctx.size(
             "host.keep_resident",
             &h.keep_resident,
@@ -737,7 +744,8 @@ mod tests {
                 "compile_burst",
             ]),
             host_key in prop::sample::select(vec![
-                "memory_budget", "batch_window", "max_batch", "slice", "batch_time", "max_request",
+                "memory_budget", "batch_window", "max_batch", "slice", "batch_time", "resident_for",
+                "max_request",
                 "keep_resident",
                 "max_connections", "max_connections_per_client", "header_timeout",
                 "body_timeout", "idle_timeout", "workers", "device_workers",
@@ -761,6 +769,7 @@ mod tests {
                 Ok(p) => {
                     prop_assert!(p.host.memory_budget >= MIN_MEMORY_BUDGET);
                     prop_assert!(p.host.batch_window <= MAX_BATCH_WINDOW);
+                    prop_assert!(p.host.resident_for <= MAX_RESIDENT_FOR);
                     prop_assert!(p.host.keep_resident <= MAX_KEEP_RESIDENT);
                     if let Some(t) = p.tenants.get("a") {
                         prop_assert!(t.limits.memory >= MIN_GUEST_MEMORY);

@@ -179,10 +179,11 @@ impl graph::Host for NnView<'_> {
         let input_shape = manifest.layers[range.start].input_shape.clone();
         // Loading the package charges its weights to the device now, not at the first compute.
         let started = Instant::now();
+        let who: Arc<str> = Arc::from(tenant.name.as_str());
         let pin = self
             .ctx
             .device
-            .acquire(&resolved.id, &self.ctx.caller.deadline)
+            .acquire(&resolved.id, &who, &self.ctx.caller.deadline)
             .await;
         self.ctx.queue_time += started.elapsed();
         if let Err(e) = pin {
@@ -313,8 +314,14 @@ impl inference::HostGraphExecutionContext for NnView<'_> {
             }
         };
         let caller = self.ctx.caller.clone();
+        let tenant: Arc<str> = Arc::from(caller.tenant.name.as_str());
         let started = Instant::now();
-        let pin = match self.ctx.device.acquire(&info.model, &caller.deadline).await {
+        let pin = match self
+            .ctx
+            .device
+            .acquire(&info.model, &tenant, &caller.deadline)
+            .await
+        {
             Ok(p) => p,
             Err(e) => {
                 self.ctx.queue_time += started.elapsed();
@@ -323,7 +330,7 @@ impl inference::HostGraphExecutionContext for NnView<'_> {
         };
         let Tensor { data, charge, .. } = tensor;
         let job = Job {
-            tenant: Arc::from(caller.tenant.name.as_str()),
+            tenant,
             weight: caller.tenant.limits.weight,
             pin,
             range: info.range.clone(),

@@ -18,7 +18,8 @@
 //! Storage batch adaptation is on throughout (the default). Prints tables and writes JSON and
 //! an SVG plot (`--out DIR`, default target/bench). `--seconds S` per measurement (default 5),
 //! `--reps N` (default 3), `--models a:split,...` (default alexnet:17, efficientnet_lite0:7,
-//! resnet50:21), `--host "key = value; ..."` extra `[host]` settings for every host process.
+//! resnet50:21), `--host "key = value; ..."` extra `[host]` settings for every host process,
+//! `--device D` the host's device (`cpu`, the default; `cuda`, `cuda:N`).
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -48,8 +49,20 @@ struct Args {
     out: PathBuf,
 }
 
+/// The hosts' device (`--device`).
+static DEVICE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// `policy` (the tests' policy, on the CPU) on the bench's device.
+fn on_device(policy: String) -> String {
+    match DEVICE.get().map(String::as_str) {
+        Some(d) if d != "cpu" => policy.replacen("device = \"cpu\"", &format!("device = {d:?}"), 1),
+        _ => policy,
+    }
+}
+
 fn args() -> Args {
     let argv = common::BenchArgs::from_env();
+    let _ = DEVICE.set(argv.value("--device").unwrap_or_else(|| "cpu".into()));
     let models = argv
         .value("--models")
         .unwrap_or_else(|| "alexnet:17,efficientnet_lite0:7,resnet50:21".into());
@@ -176,14 +189,14 @@ fn fresh(
     models: &[&str],
     tenant: impl Fn(usize) -> String,
 ) -> Fresh {
-    let policy = tenants_policy(
+    let policy = on_device(tenants_policy(
         &dir.join("store"),
         &dir.join("state"),
         host,
         tenants,
         models,
         tenant,
-    );
+    ));
     let path = dir.join(format!("{name}.toml"));
     std::fs::write(&path, policy).expect("policy");
     let process = HostProcess::serve(
@@ -291,8 +304,12 @@ fn quantile(v: &mut [Duration], q: f64) -> f64 {
 async fn start(model: &str, pool: bool, tenants: usize, tenant: fn(usize) -> String) -> TestHost {
     let host = format!("pool = {pool}\nmax_batch = 32");
     let models = [model];
-    start_tenants(|store, state| tenants_policy(store, state, &host, tenants, &models, tenant))
-        .await
+    start_tenants(|store, state| {
+        on_device(tenants_policy(
+            store, state, &host, tenants, &models, tenant,
+        ))
+    })
+    .await
 }
 
 /// Median and spread of `v`.
@@ -370,10 +387,11 @@ async fn point(
 async fn main() {
     let args = args();
     let window = Duration::from_secs_f64(args.seconds);
-    let mut report = json!({"seconds": args.seconds, "reps": args.reps, "throughput": [],
-        "segments": [], "fairness": [], "burst": {}});
+    let device = DEVICE.get().cloned().unwrap_or_default();
+    let mut report = json!({"seconds": args.seconds, "reps": args.reps, "device": device,
+        "throughput": [], "segments": [], "fairness": [], "burst": {}});
     println!(
-        "pooling benchmark: {} s per point, {} repetitions, a fresh host process per point, requests of 1-8 images",
+        "pooling benchmark on {device}: {} s per point, {} repetitions, a fresh host process per point, requests of 1-8 images",
         args.seconds, args.reps
     );
     let dir = tempfile::tempdir().expect("tempdir");

@@ -821,7 +821,9 @@ async fn a_hostile_tenant_cannot_break_isolation() {
     )
     .await;
 
-    // 6. Device memory charged where it is used.
+    // 6. Device memory charged where it is used. The weights stay within the budget however
+    // many graphs are loaded (alexnet, the first, does not fit beside the light tenant's
+    // resnet18, which stays: the call waits and is refused at its time limit).
     s.row(
         6,
         "loads alexnet, lite0 and resnet18 graphs (256 MiB budget)",
@@ -861,7 +863,8 @@ async fn a_hostile_tenant_cannot_break_isolation() {
     // together: a load of alexnet must not unload the model the light tenant keeps using,
     // which holds less than its share. With least-recently-used eviction whoever's (the
     // host before `resident_for`), each of these loads unloaded it and the light tenant
-    // reloaded it.
+    // reloaded it. Nothing before this row loads alexnet (the row above is refused), so
+    // every attempt is a load.
     s.row(
         6,
         "loads alexnet again and again beside the light tenant's resnet18",

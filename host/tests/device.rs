@@ -196,19 +196,20 @@ async fn a_reservation_that_cannot_fit_unloads_no_model() {
     let s = budget.snapshot();
     assert_eq!((s.loaded, s.evictions), (2, 0), "{s:?}");
     // Unloading the idle model would not make room: it stays.
-    assert!(budget.reserve_now(free + weights(idle) + 1).is_none());
+    assert!(budget.reserve_now(free + weights(idle) + 1, "t").is_none());
     let s = budget.snapshot();
     assert_eq!((s.loaded, s.evictions), (2, 0), "{s:?}");
     // Unloading it makes room: it goes.
     let held = budget
-        .reserve_now(free + weights(idle))
+        .reserve_now(free + weights(idle), "t")
         .expect("room once it is unloaded");
     let s = budget.snapshot();
     assert_eq!((s.loaded, s.evictions), (1, 1), "{s:?}");
     drop((held, pinned));
 }
 
-const RESIDENT_FOR: Duration = Duration::from_secs(30);
+/// Longer than any of these tests takes: uses stay fresh throughout.
+const RESIDENT_FOR: Duration = Duration::from_secs(600);
 
 /// A tenant that loads model after model (resnet18, densenet121, resnet18, ...) in a budget
 /// with room for one of them beside a neighbour's efficientnet_lite0: it unloads its own
@@ -267,6 +268,43 @@ async fn a_tenant_loading_model_after_model_unloads_its_own_not_a_neighbours() {
     }
 }
 
+/// Room for a tenant's batch comes from models nobody uses, then its own: a neighbour's model,
+/// within its share, stays, even when it is the least recently used. With `resident_for = 0`
+/// the batch unloads the neighbour's model.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_makes_room_from_its_own_models_not_a_neighbours() {
+    let _one = serial().lock().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let models = test_models(dir.path());
+    let weights = |m| weights_of(&models, m);
+    let (theirs, mine) = ("efficientnet_lite0", "resnet18");
+    let free = 1 << 20;
+    let total = weights(theirs) + weights(mine) + free;
+    assert!(weights(theirs) <= total / 2);
+    let deadline = Deadline::new(Duration::from_secs(300));
+    let (neighbour, me): (Arc<str>, Arc<str>) = (Arc::from("neighbour"), Arc::from("me"));
+    for (resident_for, kept) in [(RESIDENT_FOR, true), (Duration::ZERO, false)] {
+        let budget = Budget::new(total, resident_for);
+        // The neighbour's model is the least recently used.
+        drop(budget.acquire(&models, theirs, &neighbour, &deadline).await.expect(theirs));
+        drop(budget.acquire(&models, mine, &me, &deadline).await.expect(mine));
+        let need = free + weights(theirs);
+        assert!(budget.room_for(need, &me) >= need, "{resident_for:?}");
+        let held = budget.reserve_now(need, &me).expect("room from my own model");
+        // One model unloaded either way: mine, or (least recently used, whoever's) theirs.
+        let s = budget.snapshot();
+        assert_eq!((s.loaded, s.evictions), (1, 1), "{resident_for:?}: {s:?}");
+        drop(held);
+        let before = budget.snapshot().loads;
+        drop(budget.acquire(&models, theirs, &neighbour, &deadline).await.expect(theirs));
+        assert_eq!(
+            budget.snapshot().loads - before,
+            u64::from(!kept),
+            "{resident_for:?}: the neighbour's reloads"
+        );
+    }
+}
+
 /// A tenant whose model does not fit beside what a neighbour within its share keeps waits,
 /// and is told why; once the neighbour's use is older than `resident_for`, it loads.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -301,7 +339,7 @@ async fn a_load_past_the_loaders_share_waits_for_the_neighbours_models_to_go_sta
         .expect_err("no room within the neighbour's share");
     let text = err.to_string();
     assert!(
-        text.contains("other tenants' models hold it") && text.contains(big),
+        text.contains("held by other tenants' models") && text.contains(big),
         "{text}"
     );
     let s = budget.snapshot();

@@ -5,13 +5,15 @@
 //! an idle one is unloaded, least recently used first, when another model or a batch needs the
 //! room. A model whose weights and one sample cannot fit the budget at all is refused.
 //!
-//! Residency is shared fairly between tenants. A model a tenant used within `resident_for` is
-//! that tenant's (a model several used is theirs in equal parts). A load for one tenant unloads
-//! another's model only while that other holds more than its share of the budget (the budget
-//! divided by the tenants that used a model within `resident_for`, the loader included): a
-//! tenant that loads model after model unloads its own, not a neighbour's, and each of `n`
-//! active tenants keeps `1/n` of the budget resident. A batch unloads only models nobody used
-//! within `resident_for`, unless not even one sample would fit without the others.
+//! Residency is shared fairly between tenants. A model a tenant holds pinned, or used within
+//! `resident_for`, is that tenant's (a model several use is theirs in equal parts). Room for a
+//! tenant (its load, a batch it leads, its profile) comes from models nobody used within
+//! `resident_for`, from the tenant's own, and from those of tenants holding more than their
+//! share of the budget (the budget divided by the tenants that own a model, the claimant
+//! included), in that order, least recently used first within each; never from a model of a
+//! tenant within its share. A tenant that loads model after model unloads its own, not a
+//! neighbour's. A claim that cannot be met that way waits (woken when a use grows stale) until
+//! its deadline.
 
 use crate::account::Deadline;
 use crate::device::types::DeviceError;
@@ -41,18 +43,53 @@ struct Loaded {
     package: Arc<ModelPackage>,
     memory: Arc<ModelMemory>,
     weights: u64,
+    /// Pins of all tenants.
     pins: usize,
     last_used: u64,
-    /// Tenants that pinned it within `resident_for`, with when they last pinned or unpinned it.
-    users: Vec<(Arc<str>, Instant)>,
+    /// Tenants that hold it pinned or used it within `resident_for`.
+    users: Vec<User>,
+}
+
+/// A tenant's use of a model: its pins now, and when it last pinned or unpinned it.
+#[derive(Debug)]
+struct User {
+    tenant: Arc<str>,
+    pins: usize,
+    at: Instant,
+}
+
+impl User {
+    fn owns(&self, now: Instant, window: Duration) -> bool {
+        self.pins > 0 || now.saturating_duration_since(self.at) < window
+    }
 }
 
 impl Loaded {
-    /// Records `tenant`'s use now, and forgets uses older than `window`.
-    fn used_by(&mut self, tenant: &Arc<str>, now: Instant, window: Duration) {
+    /// Records a pin by `tenant` now, and forgets uses that own nothing any more.
+    fn pin(&mut self, tenant: &Arc<str>, now: Instant, window: Duration) {
         self.users
-            .retain(|(t, at)| t != tenant && now.saturating_duration_since(*at) < window);
-        self.users.push((Arc::clone(tenant), now));
+            .retain(|u| u.tenant == *tenant || u.owns(now, window));
+        match self.users.iter_mut().find(|u| u.tenant == *tenant) {
+            Some(u) => {
+                u.pins += 1;
+                u.at = now;
+            }
+            None => self.users.push(User {
+                tenant: Arc::clone(tenant),
+                pins: 1,
+                at: now,
+            }),
+        }
+        self.pins += 1;
+    }
+
+    /// Records that `tenant` dropped a pin now.
+    fn unpin(&mut self, tenant: &str, now: Instant) {
+        if let Some(u) = self.users.iter_mut().find(|u| &*u.tenant == tenant) {
+            u.pins = u.pins.saturating_sub(1);
+            u.at = now;
+        }
+        self.pins = self.pins.saturating_sub(1);
     }
 }
 
@@ -64,16 +101,16 @@ impl Slot {
         }
     }
 
-    /// The tenants whose model this is now: those that used it within `window` (and any that
-    /// hold it pinned); a model being loaded is its loader's.
+    /// The tenants whose model this is now: those that hold it pinned or used it within
+    /// `window`; a model being loaded is its loader's.
     fn owners(&self, now: Instant, window: Duration) -> Vec<&str> {
         match self {
             Slot::Loading { tenant, .. } => vec![&**tenant],
             Slot::Loaded(l) => l
                 .users
                 .iter()
-                .filter(|(_, at)| l.pins > 0 || now.saturating_duration_since(*at) < window)
-                .map(|(t, _)| &**t)
+                .filter(|u| u.owns(now, window))
+                .map(|u| &*u.tenant)
                 .collect(),
         }
     }
@@ -82,12 +119,12 @@ impl Slot {
 /// Who needs room, and so which idle models may be unloaded for it.
 #[derive(Debug, Clone, Copy)]
 enum Claim<'a> {
-    /// A load for this tenant: models that are its own, nobody's, or another tenant's over
-    /// its share.
-    Load(&'a str),
-    /// Models nobody used within `resident_for`.
+    /// Room for this tenant: models that are nobody's or its own, then those of tenants over
+    /// their share.
+    For(&'a str),
+    /// Models nobody owns.
     Stale,
-    /// Any idle model.
+    /// Any idle model (only to tell why a claim waits).
     Any,
 }
 
@@ -115,54 +152,6 @@ impl State {
         self.peak = self.peak.max(self.used());
     }
 
-    /// Bytes of the budget that `tenant` holds in models (its share of each model it uses),
-    /// not counting the models in `gone`.
-    fn holding(&self, tenant: &str, gone: &[&str], now: Instant) -> u64 {
-        self.models
-            .iter()
-            .filter(|(name, _)| !gone.contains(&name.as_str()))
-            .map(|(_, s)| {
-                let owners = s.owners(now, self.resident_for);
-                if owners.contains(&tenant) {
-                    s.weights() / owners.len() as u64
-                } else {
-                    0
-                }
-            })
-            .sum()
-    }
-
-    /// Whether `model` stays for a load for `loader`: another tenant whose model it is holds
-    /// no more than its share of the budget (the models in `gone` unloaded).
-    fn kept_from(
-        &self,
-        model: &Slot,
-        loader: &str,
-        gone: &[&str],
-        total: u64,
-        now: Instant,
-    ) -> bool {
-        let others: Vec<&str> = model
-            .owners(now, self.resident_for)
-            .into_iter()
-            .filter(|t| *t != loader)
-            .collect();
-        if others.is_empty() {
-            return false;
-        }
-        let mut active: Vec<&str> = self
-            .models
-            .iter()
-            .filter(|(name, _)| !gone.contains(&name.as_str()))
-            .flat_map(|(_, s)| s.owners(now, self.resident_for))
-            .chain(std::iter::once(loader))
-            .collect();
-        active.sort_unstable();
-        active.dedup();
-        let share = total / active.len() as u64;
-        others.iter().any(|t| self.holding(t, gone, now) <= share)
-    }
-
     /// How long until the next use of a model passes `resident_for` (at least 1 ms).
     fn next_expiry(&self, now: Instant) -> Duration {
         self.models
@@ -172,9 +161,10 @@ impl State {
                 Slot::Loading { .. } => None,
             })
             .flatten()
-            .map(|(_, at)| {
+            .filter(|u| u.pins == 0)
+            .map(|u| {
                 self.resident_for
-                    .saturating_sub(now.saturating_duration_since(*at))
+                    .saturating_sub(now.saturating_duration_since(u.at))
             })
             .filter(|d| !d.is_zero())
             .min()
@@ -182,41 +172,82 @@ impl State {
             .max(Duration::from_millis(1))
     }
 
-    /// The idle models to unload, least recently used first, so that `need` bytes are free
-    /// for `claim`; `None` when unloading all it may unload would not free enough (then none
-    /// is: a waiter that cannot fit yet must not empty the device of others' models).
-    fn plan(&self, total: u64, need: u64, claim: Claim<'_>, now: Instant) -> Option<Vec<String>> {
+    /// The idle models to unload for `claim` until `need` bytes are free, in the order
+    /// [`Claim`] gives, least recently used first within it; and the bytes free once they are.
+    /// Stops early when nothing more may be unloaded (the bytes are then less than `need`).
+    fn victims(&self, total: u64, need: u64, claim: Claim<'_>, now: Instant) -> (Vec<String>, u64) {
         let mut free = total.saturating_sub(self.used());
-        let mut gone: Vec<&str> = Vec::new();
+        let entries: Vec<(&String, &Slot, Vec<&str>)> = self
+            .models
+            .iter()
+            .map(|(name, s)| (name, s, s.owners(now, self.resident_for)))
+            .collect();
+        let mut gone = vec![false; entries.len()];
+        let mut victims = Vec::new();
         while free < need {
-            let (name, weights) = self
-                .models
+            // What each owner holds (its part of each model it owns) and its share, over the
+            // models not yet picked.
+            let mut holding: HashMap<&str, u64> = HashMap::new();
+            if let Claim::For(claimant) = claim {
+                holding.insert(claimant, 0);
+                for (i, (_, s, owners)) in entries.iter().enumerate() {
+                    if gone[i] {
+                        continue;
+                    }
+                    for t in owners {
+                        *holding.entry(t).or_default() += s.weights() / owners.len() as u64;
+                    }
+                }
+            }
+            let share = total / holding.len().max(1) as u64;
+            let over = |t: &&str| holding.get(t).is_some_and(|h| *h > share);
+            let pick = entries
                 .iter()
-                .filter(|(name, _)| !gone.contains(&name.as_str()))
-                .filter(|(_, s)| matches!(s, Slot::Loaded(l) if l.pins == 0))
-                .filter(|(_, s)| match claim {
-                    Claim::Load(loader) => !self.kept_from(s, loader, &gone, total, now),
-                    Claim::Stale => s.owners(now, self.resident_for).is_empty(),
-                    Claim::Any => true,
+                .enumerate()
+                .filter(|(i, _)| !gone[*i])
+                .filter_map(|(i, (_, s, owners))| {
+                    let Slot::Loaded(l) = s else {
+                        return None;
+                    };
+                    if l.pins > 0 {
+                        return None;
+                    }
+                    let class = match claim {
+                        Claim::Any => 0,
+                        Claim::Stale if owners.is_empty() => 0,
+                        Claim::Stale => return None,
+                        Claim::For(claimant) => {
+                            let mut others = owners.iter().filter(|t| **t != claimant).peekable();
+                            if others.peek().is_none() {
+                                0
+                            } else if others.all(over) {
+                                1
+                            } else {
+                                return None;
+                            }
+                        }
+                    };
+                    Some((class, l.last_used, i))
                 })
-                .filter_map(|(name, s)| match s {
-                    Slot::Loaded(l) => Some((l.last_used, name.as_str(), l.weights)),
-                    Slot::Loading { .. } => None,
-                })
-                .min()
-                .map(|(_, name, weights)| (name, weights))?;
-            free += weights;
-            gone.push(name);
+                .min();
+            let Some((_, _, i)) = pick else {
+                break;
+            };
+            gone[i] = true;
+            free += entries[i].1.weights();
+            victims.push(entries[i].0.clone());
         }
-        Some(gone.into_iter().map(String::from).collect())
+        (victims, free)
     }
 
-    /// Unloads idle models (as [`Self::plan`] picks them for `claim`) until `need` bytes are
-    /// free; returns whether they are.
+    /// Unloads the idle models [`Self::victims`] picks for `claim` if that frees `need`
+    /// bytes, and returns whether they are free; unloads none if it would not (a waiter that
+    /// cannot fit yet must not empty the device of others' models).
     fn make_room(&mut self, total: u64, need: u64, claim: Claim<'_>, now: Instant) -> bool {
-        let Some(victims) = self.plan(total, need, claim, now) else {
+        let (victims, free) = self.victims(total, need, claim, now);
+        if free < need {
             return false;
-        };
+        }
         for name in victims {
             if let Some(slot) = self.models.remove(&name) {
                 self.weights -= slot.weights();
@@ -230,19 +261,28 @@ impl State {
         true
     }
 
-    /// Bytes free now, or once the idle models are unloaded (with `stale`, only those nobody
-    /// used within `resident_for`).
-    fn room(&self, total: u64, stale: bool, now: Instant) -> u64 {
-        let idle: u64 = self
-            .models
-            .values()
-            .filter(|s| {
-                matches!(s, Slot::Loaded(l) if l.pins == 0)
-                    && (!stale || s.owners(now, self.resident_for).is_empty())
-            })
-            .map(Slot::weights)
-            .sum();
-        total.saturating_sub(self.used()) + idle
+    /// When a claim of `need` bytes cannot be met: `Some` (how long until the next use grows
+    /// stale) if unloading idle models whoever's would meet it, so that other tenants' models
+    /// hold the room; `None` if running calls hold it.
+    fn kept_for_others(&self, total: u64, need: u64, now: Instant) -> Option<Duration> {
+        (self.room(total, Claim::Any, now) >= need).then(|| self.next_expiry(now))
+    }
+
+    /// Bytes a claim could have: free now, or once the models it may unload are.
+    fn room(&self, total: u64, claim: Claim<'_>, now: Instant) -> u64 {
+        self.victims(total, u64::MAX, claim, now).1
+    }
+}
+
+/// Waits for `notified` (the budget changed), or at most `kept` (when other tenants' models
+/// hold the room: the next use to grow stale changes what may be unloaded, and nothing wakes
+/// the waiter then).
+async fn changed(kept: Option<Duration>, notified: std::pin::Pin<&mut tokio::sync::futures::Notified<'_>>) {
+    match kept {
+        Some(expiry) => {
+            let _ = tokio::time::timeout(expiry, notified).await;
+        }
+        None => notified.await,
     }
 }
 
@@ -283,11 +323,10 @@ impl Drop for Pin {
     fn drop(&mut self) {
         let mut s = lock(&self.budget.state);
         s.clock += 1;
-        let (tick, window) = (s.clock, s.resident_for);
+        let tick = s.clock;
         if let Some(Slot::Loaded(l)) = s.models.get_mut(&self.name) {
-            l.pins -= 1;
+            l.unpin(&self.tenant, Instant::now());
             l.last_used = tick;
-            l.used_by(&self.tenant, Instant::now(), window);
         }
         drop(s);
         self.budget.wake();
@@ -399,10 +438,12 @@ impl Budget {
                 Attempt::Pinned(pin) => return Ok(pin),
                 Attempt::Load => {
                     // The load finishes (and its slot is settled) even if this caller gives up
-                    // at its deadline; a later call finds the model loaded.
-                    let load = self.start_load(models, name, weights);
+                    // at its deadline; a later call finds the model loaded. It comes pinned
+                    // for this caller (the pin is dropped with the result if the caller is
+                    // gone), so that nobody unloads it before the caller runs on it.
+                    let load = self.start_load(models, name, weights, tenant);
                     match deadline.run(load).await {
-                        Ok(Ok(Ok(()))) => {}
+                        Ok(Ok(Ok(pin))) => return Ok(pin),
                         Ok(Ok(Err(e))) => return Err(e),
                         Ok(Err(e)) => {
                             return Err(DeviceError::Failed(format!("loading worker: {e}")));
@@ -420,30 +461,11 @@ impl Budget {
                         deferred = true;
                         lock(&self.state).kept += 1;
                     }
-                    let changed = async {
-                        match kept {
-                            Some(expiry) => {
-                                let _ = tokio::time::timeout(expiry, notified).await;
-                            }
-                            None => notified.await,
-                        }
-                    };
-                    if deadline.run(changed).await.is_err() {
-                        let held = if kept.is_some() {
-                            format!(
-                                "other tenants' models hold it (a model a tenant used within \
-                                 the last {:?} stays while the tenant holds no more than its \
-                                 share of the {} byte budget)",
-                                lock(&self.state).resident_for,
-                                self.total
-                            )
-                        } else {
-                            "other calls hold it".to_string()
-                        };
+                    if deadline.run(changed(kept, notified)).await.is_err() {
                         return Err(DeviceError::Busy(format!(
                             "model `{name}` ({weights} bytes of weights) could not be loaded \
-                             within the time limit: the device's memory is full and {held}; \
-                             retry later"
+                             within the time limit: {}; retry later",
+                            self.held_by(kept)
                         )));
                     }
                 }
@@ -459,9 +481,8 @@ impl Budget {
         let (tick, window, now) = (s.clock, s.resident_for, Instant::now());
         match s.models.get_mut(name) {
             Some(Slot::Loaded(l)) => {
-                l.pins += 1;
+                l.pin(tenant, now, window);
                 l.last_used = tick;
-                l.used_by(tenant, now, window);
                 Attempt::Pinned(Pin {
                     budget: Arc::clone(self),
                     name: name.to_string(),
@@ -472,7 +493,7 @@ impl Budget {
             }
             Some(Slot::Loading { .. }) => Attempt::Loading,
             None => {
-                if s.make_room(self.total, weights, Claim::Load(tenant), now) {
+                if s.make_room(self.total, weights, Claim::For(tenant), now) {
                     s.weights += weights;
                     s.loads += 1;
                     s.note_peak();
@@ -485,47 +506,44 @@ impl Budget {
                     );
                     Attempt::Load
                 } else {
-                    // Other tenants' models hold the room if it would be there were they
-                    // anyone's to unload.
-                    let kept = s
-                        .plan(self.total, weights, Claim::Any, now)
-                        .map(|_| s.next_expiry(now));
-                    Attempt::NoRoom { kept }
+                    Attempt::NoRoom {
+                        kept: s.kept_for_others(self.total, weights, now),
+                    }
                 }
             }
         }
     }
 
-    /// Loads `name` (its slot is `Loading`, its weights charged) on a blocking thread, which
-    /// settles the slot when done: loaded (idle, unpinned) or gone with its weights uncharged.
+    /// Loads `name` for `tenant` (its slot is `Loading`, its weights charged) on a blocking
+    /// thread, which settles the slot when done: loaded and pinned for `tenant`, or gone with
+    /// its weights uncharged.
     fn start_load(
         self: &Arc<Self>,
         models: &Arc<Models>,
         name: &str,
         weights: u64,
-    ) -> tokio::task::JoinHandle<Result<(), DeviceError>> {
+        tenant: &Arc<str>,
+    ) -> tokio::task::JoinHandle<Result<Pin, DeviceError>> {
         let (budget, m, n) = (Arc::clone(self), Arc::clone(models), name.to_string());
+        let tenant = Arc::clone(tenant);
         tokio::task::spawn_blocking(move || {
             let loaded = m.load(&n).and_then(|package| {
                 let memory = m.memory(&n, &package)?;
                 Ok((Arc::new(package), memory))
             });
-            budget.settle(&n, weights, loaded)
+            budget.settle(&n, weights, &tenant, loaded)
         })
     }
 
-    /// Records the outcome of a load.
+    /// Records the outcome of a load for `tenant`: the model pinned for it, or the error.
     fn settle(
-        &self,
+        self: &Arc<Self>,
         name: &str,
         weights: u64,
+        tenant: &Arc<str>,
         loaded: Result<(Arc<ModelPackage>, Arc<ModelMemory>), String>,
-    ) -> Result<(), DeviceError> {
+    ) -> Result<Pin, DeviceError> {
         let mut s = lock(&self.state);
-        let loader = match s.models.get(name) {
-            Some(Slot::Loading { tenant, .. }) => Some(Arc::clone(tenant)),
-            _ => None,
-        };
         let result = match loaded {
             Ok((package, memory)) => {
                 let first = memory.one_sample_peak();
@@ -537,20 +555,25 @@ impl Budget {
                     )))
                 } else {
                     s.clock += 1;
-                    let tick = s.clock;
-                    let now = Instant::now();
-                    s.models.insert(
-                        name.to_string(),
-                        Slot::Loaded(Loaded {
-                            package,
-                            memory,
-                            weights,
-                            pins: 0,
-                            last_used: tick,
-                            users: loader.into_iter().map(|t| (t, now)).collect(),
-                        }),
-                    );
-                    Ok(())
+                    let (tick, window) = (s.clock, s.resident_for);
+                    let pin = Pin {
+                        budget: Arc::clone(self),
+                        name: name.to_string(),
+                        tenant: Arc::clone(tenant),
+                        model: Arc::clone(&package),
+                        memory: Arc::clone(&memory),
+                    };
+                    let mut loaded = Loaded {
+                        package,
+                        memory,
+                        weights,
+                        pins: 0,
+                        last_used: tick,
+                        users: Vec::new(),
+                    };
+                    loaded.pin(tenant, Instant::now(), window);
+                    s.models.insert(name.to_string(), Slot::Loaded(loaded));
+                    Ok(pin)
                 }
             }
             Err(e) => Err(DeviceError::Failed(format!("loading model `{name}`: {e}"))),
@@ -569,26 +592,27 @@ impl Budget {
         self.total.saturating_sub(model_weights)
     }
 
-    /// Bytes a batch could reserve now, unloading idle models nobody used within
-    /// `resident_for`; or, if that leaves less than `one` (a sample's run), any idle model.
-    pub fn room_for(&self, one: u64) -> u64 {
+    /// Bytes a batch led by `tenant` could reserve now: free, or once the models nobody owns
+    /// are unloaded; or, if that leaves less than `one` (a sample's run), once the models
+    /// [`Claim::For`] `tenant` allows are.
+    pub fn room_for(&self, one: u64, tenant: &str) -> u64 {
         let s = lock(&self.state);
         let now = Instant::now();
-        let stale = s.room(self.total, true, now);
+        let stale = s.room(self.total, Claim::Stale, now);
         if stale >= one {
             stale
         } else {
-            s.room(self.total, false, now)
+            s.room(self.total, Claim::For(tenant), now)
         }
     }
 
-    /// Reserves `need` bytes now (unloading idle models nobody used within `resident_for`
-    /// if that makes room, else any idle ones), or `None`.
-    pub fn reserve_now(self: &Arc<Self>, need: u64) -> Option<Reservation> {
+    /// Reserves `need` bytes now for work led by `tenant`, unloading models nobody owns if
+    /// that makes room, else the models [`Claim::For`] `tenant` allows; or `None`.
+    pub fn reserve_now(self: &Arc<Self>, need: u64, tenant: &str) -> Option<Reservation> {
         let mut s = lock(&self.state);
         let now = Instant::now();
         if !s.make_room(self.total, need, Claim::Stale, now)
-            && !s.make_room(self.total, need, Claim::Any, now)
+            && !s.make_room(self.total, need, Claim::For(tenant), now)
         {
             return None;
         }
@@ -600,11 +624,13 @@ impl Budget {
         })
     }
 
-    /// Reserves `need` bytes (unloading idle models if that makes room), waiting while other
-    /// calls hold the memory, until `deadline`. `what` names the work in the errors.
+    /// Reserves `need` bytes for `tenant` (as [`Self::reserve_now`]), waiting while other
+    /// calls or other tenants' models hold the memory, until `deadline`. `what` names the work
+    /// in the errors.
     pub async fn reserve(
         self: &Arc<Self>,
         need: u64,
+        tenant: &str,
         deadline: &Deadline,
         what: &str,
     ) -> Result<Reservation, DeviceError> {
@@ -618,15 +644,35 @@ impl Budget {
             let notified = self.notify.notified();
             let mut notified = std::pin::pin!(notified);
             notified.as_mut().enable();
-            if let Some(r) = self.reserve_now(need) {
+            if let Some(r) = self.reserve_now(need, tenant) {
                 return Ok(r);
             }
-            if deadline.run(notified).await.is_err() {
+            let kept = {
+                let s = lock(&self.state);
+                s.kept_for_others(self.total, need, Instant::now())
+            };
+            if deadline.run(changed(kept, notified)).await.is_err() {
                 return Err(DeviceError::Busy(format!(
                     "{what} found no room for {need} bytes of device memory within the time \
-                     limit: it is held by other calls; retry later"
+                     limit: {}; retry later",
+                    self.held_by(kept)
                 )));
             }
+        }
+    }
+
+    /// Why a claim waits, for its error.
+    fn held_by(&self, kept: Option<Duration>) -> String {
+        if kept.is_some() {
+            format!(
+                "the device's memory is held by other tenants' models, each tenant within its \
+                 share of the {} byte budget (a model stays its tenant's while in use and for \
+                 {:?} after)",
+                self.total,
+                lock(&self.state).resident_for
+            )
+        } else {
+            "the device's memory is held by running calls".to_string()
         }
     }
 

@@ -538,7 +538,7 @@ impl Dispatcher {
         let config = &self.shared.config;
         let mut cap = config.max_batch;
         if config.adapt {
-            let room = self.shared.budget.room_for(cost.run_bytes(1));
+            let room = self.shared.budget.room_for(cost.run_bytes(1), &leader);
             let fits = room.saturating_sub(cost.workspace) / cost.per_sample.max(1);
             cap = cap.min(i64::try_from(fits).unwrap_or(i64::MAX));
             if let Some(e) = cost.efficient_batch {
@@ -607,7 +607,11 @@ impl Dispatcher {
         let (model, range) = (Arc::clone(&c.pin.model), c.range.clone());
         let (shape, out_shape) = (c.input.shape.clone(), c.out_shape.clone());
         let held = if self.config().adapt {
-            match self.shared.budget.reserve_now(cost.run_bytes(size as u64)) {
+            match self
+                .shared
+                .budget
+                .reserve_now(cost.run_bytes(size as u64), &c.tenant)
+            {
                 Some(r) => Some(r),
                 None => {
                     self.shared.budget.wait_changed(MEMORY_POLL);

@@ -101,20 +101,29 @@ impl Device {
             .await
     }
 
-    /// Holds `need` bytes of the device's budget for work outside the dispatcher (a model's
-    /// profile), waiting for room until `deadline`.
+    /// Holds `need` bytes of the device's budget for work of `tenant` outside the dispatcher
+    /// (a model's profile), waiting for room until `deadline`.
     pub async fn reserve(
         &self,
         need: u64,
+        tenant: &str,
         deadline: &Deadline,
         what: &str,
     ) -> Result<Reservation, DeviceError> {
-        self.shared.budget.reserve(need, deadline, what).await
+        self.shared
+            .budget
+            .reserve(need, tenant, deadline, what)
+            .await
     }
 
     /// The most the budget could ever hold for a run of a model with `weights` loaded.
     pub fn ceiling(&self, weights: u64) -> u64 {
         self.shared.budget.ceiling(weights)
+    }
+
+    /// Bytes work of `tenant` could reserve now (see [`Budget::room_for`]).
+    pub fn room_for(&self, one: u64, tenant: &str) -> u64 {
+        self.shared.budget.room_for(one, tenant)
     }
 
     fn refused(&self, tenant: &str, e: DeviceError) -> DeviceError {
@@ -178,7 +187,7 @@ impl Device {
                     )),
                 ));
             }
-            match self.shared.budget.reserve_now(need) {
+            match self.shared.budget.reserve_now(need, &tenant) {
                 Some(r) => Some(r),
                 None => {
                     return Err(self.refused(
@@ -295,12 +304,12 @@ fn run_here(
             if !config.adapt {
                 break (None, cap);
             }
-            let room = shared.budget.room_for(cost.run_bytes(1));
+            let room = shared.budget.room_for(cost.run_bytes(1), tenant);
             let fits = i64::try_from(room.saturating_sub(cost.workspace) / cost.per_sample.max(1))
                 .unwrap_or(i64::MAX);
             let b = cap.min(fits);
             if b >= 1
-                && let Some(r) = shared.budget.reserve_now(cost.run_bytes(b as u64))
+                && let Some(r) = shared.budget.reserve_now(cost.run_bytes(b as u64), tenant)
             {
                 break (Some(r), b);
             }

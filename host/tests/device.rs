@@ -286,17 +286,34 @@ async fn a_batch_makes_room_from_its_own_models_not_a_neighbours() {
     for (resident_for, kept) in [(RESIDENT_FOR, true), (Duration::ZERO, false)] {
         let budget = Budget::new(total, resident_for);
         // The neighbour's model is the least recently used.
-        drop(budget.acquire(&models, theirs, &neighbour, &deadline).await.expect(theirs));
-        drop(budget.acquire(&models, mine, &me, &deadline).await.expect(mine));
+        drop(
+            budget
+                .acquire(&models, theirs, &neighbour, &deadline)
+                .await
+                .expect(theirs),
+        );
+        drop(
+            budget
+                .acquire(&models, mine, &me, &deadline)
+                .await
+                .expect(mine),
+        );
         let need = free + weights(theirs);
         assert!(budget.room_for(need, &me) >= need, "{resident_for:?}");
-        let held = budget.reserve_now(need, &me).expect("room from my own model");
+        let held = budget
+            .reserve_now(need, &me)
+            .expect("room from my own model");
         // One model unloaded either way: mine, or (least recently used, whoever's) theirs.
         let s = budget.snapshot();
         assert_eq!((s.loaded, s.evictions), (1, 1), "{resident_for:?}: {s:?}");
         drop(held);
         let before = budget.snapshot().loads;
-        drop(budget.acquire(&models, theirs, &neighbour, &deadline).await.expect(theirs));
+        drop(
+            budget
+                .acquire(&models, theirs, &neighbour, &deadline)
+                .await
+                .expect(theirs),
+        );
         assert_eq!(
             budget.snapshot().loads - before,
             u64::from(!kept),

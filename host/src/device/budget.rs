@@ -277,7 +277,10 @@ impl State {
 /// Waits for `notified` (the budget changed), or at most `kept` (when other tenants' models
 /// hold the room: the next use to grow stale changes what may be unloaded, and nothing wakes
 /// the waiter then).
-async fn changed(kept: Option<Duration>, notified: std::pin::Pin<&mut tokio::sync::futures::Notified<'_>>) {
+async fn changed(
+    kept: Option<Duration>,
+    notified: std::pin::Pin<&mut tokio::sync::futures::Notified<'_>>,
+) {
     match kept {
         Some(expiry) => {
             let _ = tokio::time::timeout(expiry, notified).await;

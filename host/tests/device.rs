@@ -322,6 +322,59 @@ async fn a_batch_makes_room_from_its_own_models_not_a_neighbours() {
     }
 }
 
+/// A tenant loads one model at a time: while its load of resnet50 (measured on first use: seconds)
+/// goes on after its caller gave up, its load of another model waits, and says why; another
+/// tenant's load of that model does not wait for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_loads_one_model_at_a_time() {
+    let _one = serial().lock().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let models = test_models(dir.path());
+    let budget = Budget::new(4 << 30, RESIDENT_FOR);
+    let (me, other): (Arc<str>, Arc<str>) = (Arc::from("me"), Arc::from("other"));
+    let (slow, next) = ("resnet50", "efficientnet_lite0");
+    let gave_up = budget
+        .acquire(
+            &models,
+            slow,
+            &me,
+            &Deadline::new(Duration::from_millis(50)),
+        )
+        .await
+        .expect_err("resnet50's first load takes longer than 50 ms");
+    assert!(gave_up.to_string().contains("being loaded"), "{gave_up}");
+    let waited = budget
+        .acquire(
+            &models,
+            next,
+            &me,
+            &Deadline::new(Duration::from_millis(200)),
+        )
+        .await
+        .expect_err("my second load waits for my first");
+    let text = waited.to_string();
+    assert!(
+        text.contains("one model at a time") && text.contains(slow),
+        "{text}"
+    );
+    let long = Deadline::new(Duration::from_secs(300));
+    drop(
+        budget
+            .acquire(&models, next, &other, &long)
+            .await
+            .expect(next),
+    );
+    assert_eq!(
+        budget.snapshot().loads,
+        2,
+        "resnet50 for me, lite0 for the other"
+    );
+    // Once my load is done, mine go on.
+    drop(budget.acquire(&models, slow, &me, &long).await.expect(slow));
+    drop(budget.acquire(&models, next, &me, &long).await.expect(next));
+    assert_eq!(budget.snapshot().loads, 2);
+}
+
 /// A tenant whose model does not fit beside what a neighbour within its share keeps waits,
 /// and is told why; once the neighbour's use is older than `resident_for`, it loads.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

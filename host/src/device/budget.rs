@@ -13,7 +13,8 @@
 //! included), in that order, least recently used first within each; never from a model of a
 //! tenant within its share. A tenant that loads model after model unloads its own, not a
 //! neighbour's. A claim that cannot be met that way waits (woken when a use grows stale) until
-//! its deadline.
+//! its deadline. A tenant loads one model at a time: a load goes on after its caller has gone,
+//! and a tenant's next load waits for it.
 
 use crate::account::Deadline;
 use crate::device::types::DeviceError;
@@ -294,6 +295,8 @@ enum Attempt {
     Pinned(Pin),
     Load,
     Loading,
+    /// The tenant's load of this other model is under way: a tenant loads one at a time.
+    Turn(String),
     /// No room yet. `kept`: other tenants' models within their shares hold it, until at most
     /// this long from now (when the next use of a model passes `resident_for`, shares
     /// change without anything else waking the waiter).
@@ -459,6 +462,15 @@ impl Budget {
                         return Err(loading());
                     }
                 }
+                Attempt::Turn(other) => {
+                    if deadline.run(notified).await.is_err() {
+                        return Err(DeviceError::Busy(format!(
+                            "model `{name}` was not loaded within the time limit: tenant \
+                             `{tenant}` loads one model at a time, and its load of `{other}` \
+                             was still under way; retry shortly"
+                        )));
+                    }
+                }
                 Attempt::NoRoom { kept } => {
                     if kept.is_some() && !deferred {
                         deferred = true;
@@ -496,6 +508,16 @@ impl Budget {
             }
             Some(Slot::Loading { .. }) => Attempt::Loading,
             None => {
+                // One load at a time per tenant: loads run on blocking threads and go on after
+                // their caller has gone, so without this a tenant could keep as many running
+                // as it may use models.
+                let mine = s.models.iter().find_map(|(other, slot)| match slot {
+                    Slot::Loading { tenant: t, .. } if t == tenant => Some(other.clone()),
+                    _ => None,
+                });
+                if let Some(other) = mine {
+                    return Attempt::Turn(other);
+                }
                 if s.make_room(self.total, weights, Claim::For(tenant), now) {
                     s.weights += weights;
                     s.loads += 1;

@@ -304,14 +304,13 @@ impl Host {
         }
         // Measuring runs every layer on the device outside the dispatcher: the memory it takes
         // is held in the budget while it runs, at the largest batch (up to PROFILE_BATCH) that
-        // the budget can hold beside the weights now, without unloading models other tenants
-        // keep (one sample at least: it waits for that).
+        // the budget can hold beside the weights now without unloading models other tenants
+        // keep within their shares (one sample at least: it waits for that). The measurement
+        // is kept: a first profile under contention is measured at a smaller batch.
         let cost = pin.memory.segment(0..pin.memory.layers.len());
         let ceiling = self.device.ceiling(pin.memory.weights());
-        let room = self
-            .device
-            .room_for(cost.run_bytes(1), tenant)
-            .max(cost.run_bytes(1));
+        let one = cost.run_bytes(1);
+        let room = self.device.room_of(tenant).max(one);
         let batch = (1..=models::PROFILE_BATCH)
             .rev()
             .find(|&b| cost.run_bytes(b as u64) <= ceiling.min(room))
@@ -325,7 +324,7 @@ impl Host {
         let what = format!("profiling model `{model}` at batch {batch}");
         let held = self
             .device
-            .reserve(cost.run_bytes(batch as u64), tenant, &deadline, &what)
+            .reserve(cost.run_bytes(batch as u64), one, tenant, &deadline, &what)
             .await?;
         // The model stays pinned, and the memory and the turn held, until the measurement
         // ends, even when the caller goes away.

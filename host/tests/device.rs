@@ -196,12 +196,13 @@ async fn a_reservation_that_cannot_fit_unloads_no_model() {
     let s = budget.snapshot();
     assert_eq!((s.loaded, s.evictions), (2, 0), "{s:?}");
     // Unloading the idle model would not make room: it stays.
-    assert!(budget.reserve_now(free + weights(idle) + 1, "t").is_none());
+    let big = free + weights(idle) + 1;
+    assert!(budget.reserve_now(big, big, "t").is_none());
     let s = budget.snapshot();
     assert_eq!((s.loaded, s.evictions), (2, 0), "{s:?}");
     // Unloading it makes room: it goes.
     let held = budget
-        .reserve_now(free + weights(idle), "t")
+        .reserve_now(free + weights(idle), 1, "t")
         .expect("room once it is unloaded");
     let s = budget.snapshot();
     assert_eq!((s.loaded, s.evictions), (1, 1), "{s:?}");
@@ -301,7 +302,7 @@ async fn a_batch_makes_room_from_its_own_models_not_a_neighbours() {
         let need = free + weights(theirs);
         assert!(budget.room_for(need, &me) >= need, "{resident_for:?}");
         let held = budget
-            .reserve_now(need, &me)
+            .reserve_now(need, 1, &me)
             .expect("room from my own model");
         // One model unloaded either way: mine, or (least recently used, whoever's) theirs.
         let s = budget.snapshot();
@@ -320,6 +321,42 @@ async fn a_batch_makes_room_from_its_own_models_not_a_neighbours() {
             "{resident_for:?}: the neighbour's reloads"
         );
     }
+}
+
+/// A batch that cannot get one sample's room by the rules (the neighbour's model within its
+/// share, the leader's own pinned) still runs one sample, unloading the neighbour's idle model:
+/// a leader that never runs would hold up every tenant's batches behind it. Only one sample's
+/// room is taken that way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_that_fits_no_sample_by_the_rules_still_runs_one() {
+    let _one = serial().lock().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let models = test_models(dir.path());
+    let weights = |m| weights_of(&models, m);
+    let (theirs, mine) = ("efficientnet_lite0", "resnet18");
+    let free = 1 << 20;
+    let budget = Budget::new(weights(theirs) + weights(mine) + free, RESIDENT_FOR);
+    let deadline = Deadline::new(Duration::from_secs(300));
+    let (neighbour, me): (Arc<str>, Arc<str>) = (Arc::from("neighbour"), Arc::from("me"));
+    drop(
+        budget
+            .acquire(&models, theirs, &neighbour, &deadline)
+            .await
+            .expect(theirs),
+    );
+    let running = budget
+        .acquire(&models, mine, &me, &deadline)
+        .await
+        .expect(mine);
+    let one = 2 * free;
+    // Two samples' room is not there by the rules, nor by unloading anything for one sample.
+    assert!(budget.reserve_now(2 * one, one, &me).is_none());
+    assert_eq!(budget.snapshot().evictions, 0);
+    assert_eq!(budget.room_for(one, &me), one, "one sample's room, no more");
+    let held = budget.reserve_now(one, one, &me).expect("one sample runs");
+    let s = budget.snapshot();
+    assert_eq!((s.loaded, s.evictions), (1, 1), "{s:?}");
+    drop((held, running));
 }
 
 /// A tenant loads one model at a time: while its load of resnet50 (measured on first use: seconds)

@@ -13,8 +13,10 @@
 //! included), in that order, least recently used first within each; never from a model of a
 //! tenant within its share. A tenant that loads model after model unloads its own, not a
 //! neighbour's. A claim that cannot be met that way waits (woken when a use grows stale) until
-//! its deadline. A tenant loads one model at a time: a load goes on after its caller has gone,
-//! and a tenant's next load waits for it.
+//! its deadline; except that a batch which cannot get one sample's room that way runs one
+//! sample, unloading idle models whoever's (a leader that never ran would hold up every
+//! tenant's batches behind it). A tenant loads one model at a time: a load goes on after its
+//! caller has gone, and the tenant's next load waits for it.
 
 use crate::account::Deadline;
 use crate::device::types::DeviceError;
@@ -552,9 +554,21 @@ impl Budget {
         let (budget, m, n) = (Arc::clone(self), Arc::clone(models), name.to_string());
         let tenant = Arc::clone(tenant);
         tokio::task::spawn_blocking(move || {
-            let loaded = m.load(&n).and_then(|package| {
-                let memory = m.memory(&n, &package)?;
-                Ok((Arc::new(package), memory))
+            // A panic in the load must still settle the slot: a slot left `Loading` would
+            // keep its weights charged and the tenant's loads waiting for ever.
+            let loaded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                m.load(&n).and_then(|package| {
+                    let memory = m.memory(&n, &package)?;
+                    Ok((Arc::new(package), memory))
+                })
+            }))
+            .unwrap_or_else(|panic| {
+                let what = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| (*s).to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_default();
+                Err(format!("the load panicked: {what}"))
             });
             budget.settle(&n, weights, &tenant, loaded)
         })
@@ -618,27 +632,41 @@ impl Budget {
     }
 
     /// Bytes a batch led by `tenant` could reserve now: free, or once the models nobody owns
-    /// are unloaded; or, if that leaves less than `one` (a sample's run), once the models
-    /// [`Claim::For`] `tenant` allows are.
+    /// are unloaded; if that leaves less than `one` (a sample's run), once the models
+    /// [`Claim::For`] `tenant` allows are; and if not even that leaves `one`, `one` if
+    /// unloading idle models whoever's would (a batch of one sample goes on: a leader that
+    /// cannot run would hold up every tenant's batches behind it).
     pub fn room_for(&self, one: u64, tenant: &str) -> u64 {
         let s = lock(&self.state);
         let now = Instant::now();
         let stale = s.room(self.total, Claim::Stale, now);
         if stale >= one {
-            stale
-        } else {
-            s.room(self.total, Claim::For(tenant), now)
+            return stale;
         }
+        let claimable = s.room(self.total, Claim::For(tenant), now);
+        if claimable >= one {
+            return claimable;
+        }
+        let any = s.room(self.total, Claim::Any, now);
+        if any >= one { one } else { any }
+    }
+
+    /// Bytes `tenant` could claim now: free, or once the models [`Claim::For`] it allows are
+    /// unloaded.
+    pub fn room_of(&self, tenant: &str) -> u64 {
+        lock(&self.state).room(self.total, Claim::For(tenant), Instant::now())
     }
 
     /// Reserves `need` bytes now for work led by `tenant`, unloading models nobody owns if
-    /// that makes room, else the models [`Claim::For`] `tenant` allows; or `None`.
-    pub fn reserve_now(self: &Arc<Self>, need: u64, tenant: &str) -> Option<Reservation> {
+    /// that makes room, else the models [`Claim::For`] `tenant` allows, else (for at most `one`
+    /// byte, a sample's run) any idle models; or `None`.
+    pub fn reserve_now(self: &Arc<Self>, need: u64, one: u64, tenant: &str) -> Option<Reservation> {
         let mut s = lock(&self.state);
         let now = Instant::now();
-        if !s.make_room(self.total, need, Claim::Stale, now)
-            && !s.make_room(self.total, need, Claim::For(tenant), now)
-        {
+        let made = s.make_room(self.total, need, Claim::Stale, now)
+            || s.make_room(self.total, need, Claim::For(tenant), now)
+            || (need <= one && s.make_room(self.total, need, Claim::Any, now));
+        if !made {
             return None;
         }
         s.reserved += need;
@@ -655,6 +683,7 @@ impl Budget {
     pub async fn reserve(
         self: &Arc<Self>,
         need: u64,
+        one: u64,
         tenant: &str,
         deadline: &Deadline,
         what: &str,
@@ -669,7 +698,7 @@ impl Budget {
             let notified = self.notify.notified();
             let mut notified = std::pin::pin!(notified);
             notified.as_mut().enable();
-            if let Some(r) = self.reserve_now(need, tenant) {
+            if let Some(r) = self.reserve_now(need, one, tenant) {
                 return Ok(r);
             }
             let kept = {

@@ -607,11 +607,11 @@ impl Dispatcher {
         let (model, range) = (Arc::clone(&c.pin.model), c.range.clone());
         let (shape, out_shape) = (c.input.shape.clone(), c.out_shape.clone());
         let held = if self.config().adapt {
-            match self
-                .shared
-                .budget
-                .reserve_now(cost.run_bytes(size as u64), &c.tenant)
-            {
+            match self.shared.budget.reserve_now(
+                cost.run_bytes(size as u64),
+                cost.run_bytes(1),
+                &c.tenant,
+            ) {
                 Some(r) => Some(r),
                 None => {
                     self.shared.budget.wait_changed(MEMORY_POLL);

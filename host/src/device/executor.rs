@@ -103,16 +103,18 @@ impl Device {
 
     /// Holds `need` bytes of the device's budget for work of `tenant` outside the dispatcher
     /// (a model's profile), waiting for room until `deadline`.
+    /// `one`: a sample's run (see [`Budget::reserve_now`]).
     pub async fn reserve(
         &self,
         need: u64,
+        one: u64,
         tenant: &str,
         deadline: &Deadline,
         what: &str,
     ) -> Result<Reservation, DeviceError> {
         self.shared
             .budget
-            .reserve(need, tenant, deadline, what)
+            .reserve(need, one, tenant, deadline, what)
             .await
     }
 
@@ -121,9 +123,9 @@ impl Device {
         self.shared.budget.ceiling(weights)
     }
 
-    /// Bytes work of `tenant` could reserve now (see [`Budget::room_for`]).
-    pub fn room_for(&self, one: u64, tenant: &str) -> u64 {
-        self.shared.budget.room_for(one, tenant)
+    /// Bytes `tenant` could claim now (see [`Budget::room_of`]).
+    pub fn room_of(&self, tenant: &str) -> u64 {
+        self.shared.budget.room_of(tenant)
     }
 
     fn refused(&self, tenant: &str, e: DeviceError) -> DeviceError {
@@ -187,7 +189,11 @@ impl Device {
                     )),
                 ));
             }
-            match self.shared.budget.reserve_now(need, &tenant) {
+            match self
+                .shared
+                .budget
+                .reserve_now(need, cost.run_bytes(1), &tenant)
+            {
                 Some(r) => Some(r),
                 None => {
                     return Err(self.refused(
@@ -309,7 +315,10 @@ fn run_here(
                 .unwrap_or(i64::MAX);
             let b = cap.min(fits);
             if b >= 1
-                && let Some(r) = shared.budget.reserve_now(cost.run_bytes(b as u64), tenant)
+                && let Some(r) =
+                    shared
+                        .budget
+                        .reserve_now(cost.run_bytes(b as u64), cost.run_bytes(1), tenant)
             {
                 break (Some(r), b);
             }

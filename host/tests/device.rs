@@ -161,56 +161,80 @@ async fn a_profile_runs_once_in_memory_held_from_the_budget_at_a_batch_the_budge
     assert_eq!(again.layers, p.layers);
 }
 
-/// The model packages of the test policy, opened as a host opens them.
-fn test_models(dir: &std::path::Path) -> Arc<hapi_host::models::Models> {
-    let text = common::policy_text(&dir.join("store"), &dir.join("state"));
-    let policy = hapi_host::policy::Policy::parse("policy.toml", &text, dir).expect("policy");
-    Arc::new(hapi_host::models::Models::open(&policy, tch::Device::Cpu, None).expect("models"))
+/// The model packages of the test policy, opened as a host opens them, for tests of the
+/// device's budget on its own.
+struct Packages {
+    _dir: tempfile::TempDir,
+    models: Arc<hapi_host::models::Models>,
 }
 
-fn weights_of(models: &hapi_host::models::Models, m: &str) -> u64 {
-    models.weights(m).expect("a model of the test policy")
+impl Packages {
+    fn open() -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let text = common::policy_text(&dir.path().join("store"), &dir.path().join("state"));
+        let policy =
+            hapi_host::policy::Policy::parse("policy.toml", &text, dir.path()).expect("policy");
+        let models = hapi_host::models::Models::open(&policy, tch::Device::Cpu, None);
+        Self {
+            _dir: dir,
+            models: Arc::new(models.expect("models")),
+        }
+    }
+
+    fn weights(&self, m: &str) -> u64 {
+        self.models.weights(m).expect("a model of the test policy")
+    }
+
+    /// Pins `model` for `tenant`, loading it if need be, within `limit`.
+    async fn pin(
+        &self,
+        budget: &Arc<Budget>,
+        model: &str,
+        tenant: &str,
+        limit: Duration,
+    ) -> Result<hapi_host::device::budget::Pin, hapi_host::device::DeviceError> {
+        let deadline = Deadline::new(limit);
+        budget
+            .acquire(&self.models, model, &Arc::from(tenant), &deadline)
+            .await
+    }
+
+    /// One use of `model` by `tenant` (pinned and let go); the loads it took (0 or 1).
+    async fn use_model(&self, budget: &Arc<Budget>, model: &str, tenant: &str) -> u64 {
+        let before = budget.snapshot().loads;
+        drop(self.pin(budget, model, tenant, LONG).await.expect(model));
+        budget.snapshot().loads - before
+    }
 }
+
+/// Longer than any of these tests takes: uses stay fresh throughout.
+const RESIDENT_FOR: Duration = Duration::from_secs(600);
+const LONG: Duration = Duration::from_secs(300);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reservation_that_cannot_fit_unloads_no_model() {
     let _one = serial().lock().await;
-    let dir = tempfile::tempdir().expect("tempdir");
-    let models = test_models(dir.path());
+    let p = Packages::open();
     let (idle, used) = ("efficientnet_lite0", "resnet18");
-    let weights = |m| weights_of(&models, m);
     let free = 1 << 20;
-    let budget = Budget::new(weights(idle) + weights(used) + free, RESIDENT_FOR);
-    let deadline = Deadline::new(Duration::from_secs(300));
-    let t: Arc<str> = Arc::from("t");
-    drop(
-        budget
-            .acquire(&models, idle, &t, &deadline)
-            .await
-            .expect(idle),
-    );
-    let pinned = budget
-        .acquire(&models, used, &t, &deadline)
-        .await
-        .expect(used);
+    let budget = Budget::new(p.weights(idle) + p.weights(used) + free, RESIDENT_FOR);
+    p.use_model(&budget, idle, "t").await;
+    let pinned = p.pin(&budget, used, "t", LONG).await.expect(used);
     let s = budget.snapshot();
     assert_eq!((s.loaded, s.evictions), (2, 0), "{s:?}");
     // Unloading the idle model would not make room: it stays.
-    let big = free + weights(idle) + 1;
+    let big = free + p.weights(idle) + 1;
     assert!(budget.reserve_now(big, big, "t").is_none());
     let s = budget.snapshot();
     assert_eq!((s.loaded, s.evictions), (2, 0), "{s:?}");
     // Unloading it makes room: it goes.
     let held = budget
-        .reserve_now(free + weights(idle), 1, "t")
+        .reserve_now(free + p.weights(idle), 1, "t")
         .expect("room once it is unloaded");
     let s = budget.snapshot();
     assert_eq!((s.loaded, s.evictions), (1, 1), "{s:?}");
     drop((held, pinned));
 }
-
-/// Longer than any of these tests takes: uses stay fresh throughout.
-const RESIDENT_FOR: Duration = Duration::from_secs(600);
 
 /// A tenant that loads model after model (resnet18, densenet121, resnet18, ...) in a budget
 /// with room for one of them beside a neighbour's efficientnet_lite0: it unloads its own
@@ -220,29 +244,16 @@ const RESIDENT_FOR: Duration = Duration::from_secs(600);
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenant_loading_model_after_model_unloads_its_own_not_a_neighbours() {
     let _one = serial().lock().await;
-    let dir = tempfile::tempdir().expect("tempdir");
-    let models = test_models(dir.path());
-    let weights = |m| weights_of(&models, m);
+    let p = Packages::open();
     let (mine, a, b) = ("efficientnet_lite0", "resnet18", "densenet121");
-    let total = weights(mine) + weights(a).max(weights(b)) + (1 << 20);
-    assert!(weights(mine) <= total / 2 && weights(a) + weights(b) + weights(mine) > total);
-    let deadline = Deadline::new(Duration::from_secs(300));
-    let (victim, loader): (Arc<str>, Arc<str>) = (Arc::from("victim"), Arc::from("loader"));
+    let total = p.weights(mine) + p.weights(a).max(p.weights(b)) + (1 << 20);
+    assert!(p.weights(mine) <= total / 2);
+    assert!(p.weights(a) + p.weights(b) + p.weights(mine) > total);
     for (resident_for, kept) in [(RESIDENT_FOR, true), (Duration::ZERO, false)] {
         let budget = Budget::new(total, resident_for);
-        drop(
-            budget
-                .acquire(&models, mine, &victim, &deadline)
-                .await
-                .expect(mine),
-        );
+        p.use_model(&budget, mine, "victim").await;
         for m in [a, b, a, b] {
-            drop(
-                budget
-                    .acquire(&models, m, &loader, &deadline)
-                    .await
-                    .expect(m),
-            );
+            p.use_model(&budget, m, "loader").await;
         }
         let s = budget.snapshot();
         // Kept: lite0 and the loader's last model, 3 of its own unloaded. Not kept: lite0
@@ -253,16 +264,9 @@ async fn a_tenant_loading_model_after_model_unloads_its_own_not_a_neighbours() {
             expect,
             "{resident_for:?}: {s:?}"
         );
-        let before = budget.snapshot().loads;
-        drop(
-            budget
-                .acquire(&models, mine, &victim, &deadline)
-                .await
-                .expect(mine),
-        );
-        let reloaded = budget.snapshot().loads - before;
+        let reloads = p.use_model(&budget, mine, "victim").await;
         assert_eq!(
-            reloaded,
+            reloads,
             u64::from(!kept),
             "{resident_for:?}: the victim's reloads"
         );
@@ -275,48 +279,27 @@ async fn a_tenant_loading_model_after_model_unloads_its_own_not_a_neighbours() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_makes_room_from_its_own_models_not_a_neighbours() {
     let _one = serial().lock().await;
-    let dir = tempfile::tempdir().expect("tempdir");
-    let models = test_models(dir.path());
-    let weights = |m| weights_of(&models, m);
+    let p = Packages::open();
     let (theirs, mine) = ("efficientnet_lite0", "resnet18");
     let free = 1 << 20;
-    let total = weights(theirs) + weights(mine) + free;
-    assert!(weights(theirs) <= total / 2);
-    let deadline = Deadline::new(Duration::from_secs(300));
-    let (neighbour, me): (Arc<str>, Arc<str>) = (Arc::from("neighbour"), Arc::from("me"));
+    let total = p.weights(theirs) + p.weights(mine) + free;
+    assert!(p.weights(theirs) <= total / 2 && p.weights(theirs) <= p.weights(mine));
     for (resident_for, kept) in [(RESIDENT_FOR, true), (Duration::ZERO, false)] {
         let budget = Budget::new(total, resident_for);
         // The neighbour's model is the least recently used.
-        drop(
-            budget
-                .acquire(&models, theirs, &neighbour, &deadline)
-                .await
-                .expect(theirs),
-        );
-        drop(
-            budget
-                .acquire(&models, mine, &me, &deadline)
-                .await
-                .expect(mine),
-        );
-        let need = free + weights(theirs);
-        assert!(budget.room_for(need, &me) >= need, "{resident_for:?}");
+        p.use_model(&budget, theirs, "neighbour").await;
+        p.use_model(&budget, mine, "me").await;
+        let need = free + p.weights(theirs);
         let held = budget
-            .reserve_now(need, 1, &me)
+            .reserve_now(need, 1, "me")
             .expect("room from my own model");
         // One model unloaded either way: mine, or (least recently used, whoever's) theirs.
         let s = budget.snapshot();
         assert_eq!((s.loaded, s.evictions), (1, 1), "{resident_for:?}: {s:?}");
         drop(held);
-        let before = budget.snapshot().loads;
-        drop(
-            budget
-                .acquire(&models, theirs, &neighbour, &deadline)
-                .await
-                .expect(theirs),
-        );
+        let reloads = p.use_model(&budget, theirs, "neighbour").await;
         assert_eq!(
-            budget.snapshot().loads - before,
+            reloads,
             u64::from(!kept),
             "{resident_for:?}: the neighbour's reloads"
         );
@@ -330,63 +313,43 @@ async fn a_batch_makes_room_from_its_own_models_not_a_neighbours() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_that_fits_no_sample_by_the_rules_still_runs_one() {
     let _one = serial().lock().await;
-    let dir = tempfile::tempdir().expect("tempdir");
-    let models = test_models(dir.path());
-    let weights = |m| weights_of(&models, m);
+    let p = Packages::open();
     let (theirs, mine) = ("efficientnet_lite0", "resnet18");
     let free = 1 << 20;
-    let budget = Budget::new(weights(theirs) + weights(mine) + free, RESIDENT_FOR);
-    let deadline = Deadline::new(Duration::from_secs(300));
-    let (neighbour, me): (Arc<str>, Arc<str>) = (Arc::from("neighbour"), Arc::from("me"));
-    drop(
-        budget
-            .acquire(&models, theirs, &neighbour, &deadline)
-            .await
-            .expect(theirs),
-    );
-    let running = budget
-        .acquire(&models, mine, &me, &deadline)
-        .await
-        .expect(mine);
+    let budget = Budget::new(p.weights(theirs) + p.weights(mine) + free, RESIDENT_FOR);
+    p.use_model(&budget, theirs, "neighbour").await;
+    let running = p.pin(&budget, mine, "me", LONG).await.expect(mine);
     let one = 2 * free;
     // Two samples' room is not there by the rules, nor by unloading anything for one sample.
-    assert!(budget.reserve_now(2 * one, one, &me).is_none());
+    assert!(budget.reserve_now(2 * one, one, "me").is_none());
     assert_eq!(budget.snapshot().evictions, 0);
-    assert_eq!(budget.room_for(one, &me), one, "one sample's room, no more");
-    let held = budget.reserve_now(one, one, &me).expect("one sample runs");
+    assert_eq!(
+        budget.room_for(one, "me"),
+        one,
+        "one sample's room, no more"
+    );
+    let held = budget.reserve_now(one, one, "me").expect("one sample runs");
     let s = budget.snapshot();
     assert_eq!((s.loaded, s.evictions), (1, 1), "{s:?}");
     drop((held, running));
 }
 
-/// A tenant loads one model at a time: while its load of resnet50 (measured on first use: seconds)
-/// goes on after its caller gave up, its load of another model waits, and says why; another
-/// tenant's load of that model does not wait for it.
+/// A tenant loads one model at a time: while its load of resnet50 (measured on first use:
+/// seconds) goes on after its caller gave up, its load of another model waits, and says why;
+/// another tenant's load of that model does not wait for it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenant_loads_one_model_at_a_time() {
     let _one = serial().lock().await;
-    let dir = tempfile::tempdir().expect("tempdir");
-    let models = test_models(dir.path());
+    let p = Packages::open();
     let budget = Budget::new(4 << 30, RESIDENT_FOR);
-    let (me, other): (Arc<str>, Arc<str>) = (Arc::from("me"), Arc::from("other"));
     let (slow, next) = ("resnet50", "efficientnet_lite0");
-    let gave_up = budget
-        .acquire(
-            &models,
-            slow,
-            &me,
-            &Deadline::new(Duration::from_millis(50)),
-        )
+    let gave_up = p
+        .pin(&budget, slow, "me", Duration::from_millis(50))
         .await
         .expect_err("resnet50's first load takes longer than 50 ms");
     assert!(gave_up.to_string().contains("being loaded"), "{gave_up}");
-    let waited = budget
-        .acquire(
-            &models,
-            next,
-            &me,
-            &Deadline::new(Duration::from_millis(200)),
-        )
+    let waited = p
+        .pin(&budget, next, "me", Duration::from_millis(200))
         .await
         .expect_err("my second load waits for my first");
     let text = waited.to_string();
@@ -394,22 +357,18 @@ async fn a_tenant_loads_one_model_at_a_time() {
         text.contains("one model at a time") && text.contains(slow),
         "{text}"
     );
-    let long = Deadline::new(Duration::from_secs(300));
-    drop(
-        budget
-            .acquire(&models, next, &other, &long)
-            .await
-            .expect(next),
-    );
     assert_eq!(
-        budget.snapshot().loads,
-        2,
-        "resnet50 for me, lite0 for the other"
+        p.use_model(&budget, next, "other").await,
+        1,
+        "the other's load"
     );
     // Once my load is done, mine go on.
-    drop(budget.acquire(&models, slow, &me, &long).await.expect(slow));
-    drop(budget.acquire(&models, next, &me, &long).await.expect(next));
-    assert_eq!(budget.snapshot().loads, 2);
+    assert_eq!(
+        p.use_model(&budget, slow, "me").await,
+        0,
+        "resnet50 is loaded"
+    );
+    assert_eq!(p.use_model(&budget, next, "me").await, 0, "lite0 is loaded");
 }
 
 /// A tenant whose model does not fit beside what a neighbour within its share keeps waits,
@@ -417,31 +376,21 @@ async fn a_tenant_loads_one_model_at_a_time() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_load_past_the_loaders_share_waits_for_the_neighbours_models_to_go_stale() {
     let _one = serial().lock().await;
-    let dir = tempfile::tempdir().expect("tempdir");
-    let models = test_models(dir.path());
-    let weights = |m| weights_of(&models, m);
+    let p = Packages::open();
     let (small, mid, big) = ("efficientnet_lite0", "densenet121", "resnet18");
     // The neighbour holds lite0 and densenet121, over half the budget until lite0 goes; then
     // densenet121 alone is within its half and resnet18 does not fit beside it.
-    let total = 2 * weights(mid) + (2 << 20);
-    assert!(weights(mid) <= total / 2 && weights(small) + weights(mid) > total / 2);
-    assert!(weights(big) + weights(mid) > total && weights(big) <= total);
+    let total = 2 * p.weights(mid) + (2 << 20);
+    assert!(p.weights(mid) <= total / 2 && p.weights(small) + p.weights(mid) > total / 2);
+    assert!(p.weights(big) + p.weights(mid) > total && p.weights(big) <= total);
     let resident_for = Duration::from_millis(1500);
     let budget = Budget::new(total, resident_for);
-    let long = Deadline::new(Duration::from_secs(300));
-    let (neighbour, loader): (Arc<str>, Arc<str>) = (Arc::from("neighbour"), Arc::from("loader"));
     for m in [small, mid] {
-        drop(
-            budget
-                .acquire(&models, m, &neighbour, &long)
-                .await
-                .expect(m),
-        );
+        p.use_model(&budget, m, "neighbour").await;
     }
     let used = std::time::Instant::now();
-    let short = Deadline::new(Duration::from_millis(300));
-    let err = budget
-        .acquire(&models, big, &loader, &short)
+    let err = p
+        .pin(&budget, big, "loader", Duration::from_millis(300))
         .await
         .expect_err("no room within the neighbour's share");
     let text = err.to_string();
@@ -454,12 +403,7 @@ async fn a_load_past_the_loaders_share_waits_for_the_neighbours_models_to_go_sta
     assert_eq!((s.loaded, s.evictions, s.kept), (2, 0, 1), "{s:?}");
     // Waiting on, it loads once the neighbour's use is past `resident_for`, woken by the
     // expiry itself (nothing else changes the budget meanwhile).
-    drop(
-        budget
-            .acquire(&models, big, &loader, &long)
-            .await
-            .expect(big),
-    );
+    assert_eq!(p.use_model(&budget, big, "loader").await, 1);
     let waited = used.elapsed();
     assert!(waited >= resident_for, "loaded after {waited:?}");
     assert!(

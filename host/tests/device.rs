@@ -400,7 +400,7 @@ async fn a_load_past_the_loaders_share_waits_for_the_neighbours_models_to_go_sta
     );
     let s = budget.snapshot();
     // Nothing was unloaded for a load that could not fit anyway.
-    assert_eq!((s.loaded, s.evictions, s.kept), (2, 0, 1), "{s:?}");
+    assert_eq!((s.loaded, s.evictions, s.deferred), (2, 0, 1), "{s:?}");
     // Waiting on, it loads once the neighbour's use is past `resident_for`, woken by the
     // expiry itself (nothing else changes the budget meanwhile).
     assert_eq!(p.use_model(&budget, big, "loader").await, 1);
@@ -411,7 +411,7 @@ async fn a_load_past_the_loaders_share_waits_for_the_neighbours_models_to_go_sta
         "loaded after {waited:?}"
     );
     let s = budget.snapshot();
-    assert_eq!(s.kept, 2, "{s:?}");
+    assert_eq!(s.deferred, 2, "{s:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -142,7 +142,7 @@ struct State {
     evictions: u64,
     loads: u64,
     /// Loads that waited because other tenants' models, within their shares, held the room.
-    kept: u64,
+    deferred: u64,
     resident_for: Duration,
 }
 
@@ -365,7 +365,7 @@ pub struct BudgetSnapshot {
     pub loaded: u64,
     pub evictions: u64,
     pub loads: u64,
-    pub kept: u64,
+    pub deferred: u64,
 }
 
 impl Budget {
@@ -406,7 +406,7 @@ impl Budget {
                 .count() as u64,
             evictions: s.evictions,
             loads: s.loads,
-            kept: s.kept,
+            deferred: s.deferred,
         }
     }
 
@@ -430,8 +430,8 @@ impl Budget {
                 self.total
             )));
         }
-        // Counted once per call in `kept`.
-        let mut deferred = false;
+        // Counted once per call in `deferred`.
+        let mut counted = false;
         loop {
             let notified = self.notify.notified();
             let mut notified = std::pin::pin!(notified);
@@ -474,9 +474,9 @@ impl Budget {
                     }
                 }
                 Attempt::NoRoom { kept } => {
-                    if kept.is_some() && !deferred {
-                        deferred = true;
-                        lock(&self.state).kept += 1;
+                    if kept.is_some() && !counted {
+                        counted = true;
+                        lock(&self.state).deferred += 1;
                     }
                     if deadline.run(changed(kept, notified)).await.is_err() {
                         return Err(DeviceError::Busy(format!(
@@ -563,12 +563,10 @@ impl Budget {
                 })
             }))
             .unwrap_or_else(|panic| {
-                let what = panic
-                    .downcast_ref::<&str>()
-                    .map(|s| (*s).to_string())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_default();
-                Err(format!("the load panicked: {what}"))
+                Err(format!(
+                    "the load panicked: {}",
+                    crate::account::text::panic_message(panic.as_ref())
+                ))
             });
             budget.settle(&n, weights, &tenant, loaded)
         })
@@ -657,14 +655,13 @@ impl Budget {
         lock(&self.state).room(self.total, Claim::For(tenant), Instant::now())
     }
 
-    /// Reserves `need` bytes now for work led by `tenant`, unloading models nobody owns if
-    /// that makes room, else the models [`Claim::For`] `tenant` allows, else (for at most `one`
-    /// byte, a sample's run) any idle models; or `None`.
+    /// Reserves `need` bytes now for work led by `tenant`, unloading the models [`Claim::For`]
+    /// `tenant` allows (those nobody owns first: their last use is older than any owned one's),
+    /// else (for at most `one` byte, a sample's run) any idle models; or `None`.
     pub fn reserve_now(self: &Arc<Self>, need: u64, one: u64, tenant: &str) -> Option<Reservation> {
         let mut s = lock(&self.state);
         let now = Instant::now();
-        let made = s.make_room(self.total, need, Claim::Stale, now)
-            || s.make_room(self.total, need, Claim::For(tenant), now)
+        let made = s.make_room(self.total, need, Claim::For(tenant), now)
             || (need <= one && s.make_room(self.total, need, Claim::Any, now));
         if !made {
             return None;

@@ -70,7 +70,7 @@ impl Stats {
             loaded_models: b.loaded,
             evictions: b.evictions,
             loads: b.loads,
-            deferred_loads: b.kept,
+            deferred_loads: b.deferred,
             in_progress: self.in_progress,
             peak_in_progress: self.peak_in_progress,
             batches: self.batches,

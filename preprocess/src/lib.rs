@@ -237,7 +237,7 @@ impl Decoded {
 pub fn decode(bytes: &[u8]) -> Result<Decoded, PreprocessError> {
     let (format, name) = match image::guess_format(bytes) {
         Ok(f @ ImageFormat::Jpeg) => (f, "JPEG"),
-        Ok(f @ ImageFormat::Png) => (f, "PNG"),
+        Ok(ImageFormat::Png) => return decode_png(bytes),
         Ok(f @ ImageFormat::WebP) => (f, "WebP"),
         _ => return Err(PreprocessError::UnknownFormat),
     };
@@ -266,7 +266,13 @@ pub fn decode(bytes: &[u8]) -> Result<Decoded, PreprocessError> {
             height: img.height(),
         });
     }
-    Ok(match img {
+    Ok(narrow(img))
+}
+
+/// An image of any pixel type as 8-bit grayscale or RGB: grayscale stays grayscale (16-bit and
+/// alpha variants too), the rest becomes RGB.
+fn narrow(img: DynamicImage) -> Decoded {
+    match img {
         DynamicImage::ImageLuma8(g) => Decoded::Gray(g),
         DynamicImage::ImageRgb8(rgb) => Decoded::Rgb(rgb),
         // 16-bit and alpha variants: grayscale stays grayscale, the rest becomes RGB.
@@ -274,6 +280,88 @@ pub fn decode(bytes: &[u8]) -> Result<Decoded, PreprocessError> {
         | DynamicImage::ImageLumaA8(_)
         | DynamicImage::ImageLumaA16(_) => Decoded::Gray(img.to_luma8()),
         other => Decoded::Rgb(other.to_rgb8()),
+    }
+}
+
+/// PNG through the `png` crate itself, as `image` decodes it (palettes and bit depths below 8
+/// expanded, 16-bit kept and then narrowed by [`narrow`]), except that the chunks' CRCs are
+/// not checked. Pillow, whose decoding torchvision's pipelines use, does not check them either
+/// when it reads the image data (its `load_read` skips each IDAT chunk's CRC), and zlib's
+/// Adler-32 is not checked by `png` by default: a flipped bit in the image data gives a
+/// changed pixel or an inflate error, as in Pillow, not a checksum error. In the Wasm guest
+/// the CRC was a tenth of a photo's decoding (table-driven there; natively it uses PCLMULQDQ).
+fn decode_png(bytes: &[u8]) -> Result<Decoded, PreprocessError> {
+    let err = |e: png::DecodingError| match e {
+        png::DecodingError::LimitsExceeded => PreprocessError::Decode {
+            format: "PNG",
+            message: format!("it needs more than {MAX_DECODE_BYTES} bytes"),
+        },
+        e => PreprocessError::Decode {
+            format: "PNG",
+            message: e.to_string(),
+        },
+    };
+    let limits = png::Limits {
+        bytes: usize::try_from(MAX_DECODE_BYTES).unwrap_or(usize::MAX),
+    };
+    let mut decoder = png::Decoder::new_with_limits(Cursor::new(bytes), limits);
+    decoder.ignore_checksums(true);
+    decoder.set_ignore_text_chunk(true);
+    decoder.set_ignore_iccp_chunk(true);
+    let (width, height) = decoder.read_header_info().map_err(err)?.size();
+    if !(1..=MAX_IMAGE_SIDE).contains(&width) || !(1..=MAX_IMAGE_SIDE).contains(&height) {
+        return Err(PreprocessError::BadSize { width, height });
+    }
+    decoder.set_transformations(png::Transformations::EXPAND);
+    let mut reader = decoder.read_info().map_err(err)?;
+    let size = reader
+        .output_buffer_size()
+        .ok_or_else(|| PreprocessError::Decode {
+            format: "PNG",
+            message: format!("a {width}x{height} image overflows this machine's sizes"),
+        })?;
+    if size as u64 > MAX_DECODE_BYTES {
+        return Err(PreprocessError::Decode {
+            format: "PNG",
+            message: format!(
+                "a {width}x{height} image of {size} bytes is over the limit of {MAX_DECODE_BYTES}"
+            ),
+        });
+    }
+    let mut buf = vec![0u8; size];
+    let frame = reader.next_frame(&mut buf).map_err(err)?;
+    buf.truncate(frame.buffer_size());
+    let sixteen = || -> Vec<u16> {
+        buf.chunks_exact(2)
+            .map(|b| u16::from_be_bytes([b[0], b[1]]))
+            .collect()
+    };
+    use png::{BitDepth::*, ColorType::*};
+    let img = match (frame.color_type, frame.bit_depth) {
+        (Grayscale, Eight) => image::ImageBuffer::from_raw(width, height, buf).map(Decoded::Gray),
+        (Rgb, Eight) => image::ImageBuffer::from_raw(width, height, buf).map(Decoded::Rgb),
+        (GrayscaleAlpha, Eight) => image::ImageBuffer::from_raw(width, height, buf)
+            .map(|i| narrow(DynamicImage::ImageLumaA8(i))),
+        (Rgba, Eight) => image::ImageBuffer::from_raw(width, height, buf)
+            .map(|i| narrow(DynamicImage::ImageRgba8(i))),
+        (Grayscale, Sixteen) => image::ImageBuffer::from_raw(width, height, sixteen())
+            .map(|i| narrow(DynamicImage::ImageLuma16(i))),
+        (GrayscaleAlpha, Sixteen) => image::ImageBuffer::from_raw(width, height, sixteen())
+            .map(|i| narrow(DynamicImage::ImageLumaA16(i))),
+        (Rgb, Sixteen) => image::ImageBuffer::from_raw(width, height, sixteen())
+            .map(|i| narrow(DynamicImage::ImageRgb16(i))),
+        (Rgba, Sixteen) => image::ImageBuffer::from_raw(width, height, sixteen())
+            .map(|i| narrow(DynamicImage::ImageRgba16(i))),
+        (color, depth) => {
+            return Err(PreprocessError::Decode {
+                format: "PNG",
+                message: format!("{color:?} at {depth:?} bits after expansion is not supported"),
+            });
+        }
+    };
+    img.ok_or_else(|| PreprocessError::Decode {
+        format: "PNG",
+        message: format!("the decoder gave a short {width}x{height} frame"),
     })
 }
 
@@ -612,6 +700,109 @@ mod tests {
         );
     }
 
+    /// A PNG written by the `png` crate itself: palettes and bit depths below 8.
+    fn raw_png(
+        w: u32,
+        h: u32,
+        color: png::ColorType,
+        depth: png::BitDepth,
+        data: &[u8],
+    ) -> Vec<u8> {
+        let mut out = Vec::new();
+        let mut enc = png::Encoder::new(&mut out, w, h);
+        enc.set_color(color);
+        enc.set_depth(depth);
+        if color == png::ColorType::Indexed {
+            enc.set_palette(
+                (0..=255u8)
+                    .flat_map(|i| [i, 255 - i, i / 2])
+                    .collect::<Vec<_>>(),
+            );
+            enc.set_trns(vec![255u8, 128, 0]);
+        }
+        let mut w = enc.write_header().expect("header");
+        w.write_image_data(data).expect("data");
+        w.finish().expect("finish");
+        out
+    }
+
+    #[test]
+    fn png_decodes_as_the_image_crate_does_for_every_pixel_type() {
+        let (w, h) = (13u32, 7u32);
+        let v = |x: u32, y: u32, c: u32| ((x * 37 + y * 91 + c * 53) % 256) as u8;
+        let w16 = |x: u32, y: u32, c: u32| (x * 4099 + y * 731 + c * 9001) as u16;
+        let images = [
+            DynamicImage::ImageLuma8(GrayImage::from_fn(w, h, |x, y| image::Luma([v(x, y, 0)]))),
+            DynamicImage::ImageLumaA8(image::ImageBuffer::from_fn(w, h, |x, y| {
+                image::LumaA([v(x, y, 0), v(x, y, 1)])
+            })),
+            DynamicImage::ImageRgb8(RgbImage::from_fn(w, h, |x, y| {
+                image::Rgb([v(x, y, 0), v(x, y, 1), v(x, y, 2)])
+            })),
+            DynamicImage::ImageRgba8(image::ImageBuffer::from_fn(w, h, |x, y| {
+                image::Rgba([v(x, y, 0), v(x, y, 1), v(x, y, 2), v(x, y, 3)])
+            })),
+            DynamicImage::ImageLuma16(image::ImageBuffer::from_fn(w, h, |x, y| {
+                image::Luma([w16(x, y, 0)])
+            })),
+            DynamicImage::ImageLumaA16(image::ImageBuffer::from_fn(w, h, |x, y| {
+                image::LumaA([w16(x, y, 0), w16(x, y, 1)])
+            })),
+            DynamicImage::ImageRgb16(image::ImageBuffer::from_fn(w, h, |x, y| {
+                image::Rgb([w16(x, y, 0), w16(x, y, 1), w16(x, y, 2)])
+            })),
+            DynamicImage::ImageRgba16(image::ImageBuffer::from_fn(w, h, |x, y| {
+                image::Rgba([w16(x, y, 0), w16(x, y, 1), w16(x, y, 2), w16(x, y, 3)])
+            })),
+        ];
+        let mut files: Vec<(String, Vec<u8>)> = images
+            .iter()
+            .map(|i| (format!("{:?}", i.color()), png(i)))
+            .collect();
+        let packed = |bits: u32| -> Vec<u8> {
+            let row = (w * bits).div_ceil(8) as usize;
+            (0..row * h as usize)
+                .map(|i| (i * 73 % 256) as u8)
+                .collect()
+        };
+        use png::{BitDepth as D, ColorType as C};
+        for (color, depth, bits) in [
+            (C::Indexed, D::Eight, 8),
+            (C::Indexed, D::Two, 2),
+            (C::Grayscale, D::One, 1),
+            (C::Grayscale, D::Four, 4),
+        ] {
+            let name = format!("{color:?} {depth:?}");
+            files.push((name, raw_png(w, h, color, depth, &packed(bits))));
+        }
+        for (name, bytes) in &files {
+            let ours = decode(bytes).unwrap_or_else(|e| panic!("{name}: {e}"));
+            let theirs = image::load_from_memory_with_format(bytes, ImageFormat::Png)
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert_eq!(ours, narrow(theirs), "{name}");
+            assert_eq!(ours.dimensions(), (w, h), "{name}");
+        }
+    }
+
+    #[test]
+    fn a_png_whose_crcs_are_wrong_decodes_as_pillow_reads_it() {
+        let img = RgbImage::from_fn(20, 30, |x, y| image::Rgb([x as u8, y as u8, 7]));
+        let mut bytes = png(&DynamicImage::ImageRgb8(img.clone()));
+        // Every chunk's CRC (IHDR, IDAT, IEND) flipped: chunks are length, type, data, CRC.
+        let mut at = 8;
+        while at + 12 <= bytes.len() {
+            let len = u32::from_be_bytes(bytes[at..at + 4].try_into().expect("4")) as usize;
+            bytes[at + 8 + len] ^= 0xff;
+            at += 12 + len;
+        }
+        assert_eq!(at, bytes.len(), "walked every chunk");
+        assert!(
+            image::load_from_memory(&bytes).is_err(),
+            "image checks CRCs"
+        );
+        assert_eq!(decode(&bytes), Ok(Decoded::Rgb(img)));
+    }
+
     #[test]
     fn oversized_image_is_refused() {
         let wide = RgbImage::new(MAX_IMAGE_SIDE + 1, 1);
@@ -622,6 +813,23 @@ mod tests {
                 width: MAX_IMAGE_SIDE + 1,
                 height: 1
             }
+        );
+        // Within the sides but over the decoder's allocation limit (16-bit RGBA: 8 bytes a
+        // pixel): refused from the header, before its buffer is allocated.
+        let side = MAX_IMAGE_SIDE as usize;
+        let header = raw_png(1, 1, png::ColorType::Rgba, png::BitDepth::Sixteen, &[0; 8]);
+        let mut big = header.clone();
+        big[16..24].copy_from_slice(
+            &[
+                &(side as u32).to_be_bytes()[..],
+                &(side as u32).to_be_bytes()[..],
+            ]
+            .concat(),
+        );
+        let err = decode(&big).expect_err("too many bytes");
+        assert!(
+            matches!(&err, PreprocessError::Decode { format: "PNG", message } if message.contains("over the limit")),
+            "{err}"
         );
     }
 

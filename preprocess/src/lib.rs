@@ -283,13 +283,42 @@ fn narrow(img: DynamicImage) -> Decoded {
     }
 }
 
+/// The CRC of each chunk before the first IDAT (IHDR, PLTE, tRNS, text, ...), as Pillow checks
+/// them when it opens a PNG. A file cut short inside them is left to the decoder to report.
+fn check_header_crcs(bytes: &[u8]) -> Result<(), PreprocessError> {
+    let mut at = 8;
+    while let Some(head) = bytes.get(at..at + 8) {
+        let (len, kind) = head.split_at(4);
+        if kind == b"IDAT" {
+            break;
+        }
+        let len = u32::from_be_bytes([len[0], len[1], len[2], len[3]]) as usize;
+        let Some(end) = (at + 12).checked_add(len).filter(|&e| e <= bytes.len()) else {
+            break;
+        };
+        let stored = &bytes[end - 4..end];
+        if crc32fast::hash(&bytes[at + 4..end - 4]).to_be_bytes() != stored {
+            return Err(PreprocessError::Decode {
+                format: "PNG",
+                message: format!(
+                    "bad CRC in the {} chunk at byte {at}",
+                    String::from_utf8_lossy(kind)
+                ),
+            });
+        }
+        at = end;
+    }
+    Ok(())
+}
+
 /// PNG through the `png` crate itself, as `image` decodes it (palettes and bit depths below 8
-/// expanded, 16-bit kept and then narrowed by [`narrow`]), except that the chunks' CRCs are
-/// not checked. Pillow, whose decoding torchvision's pipelines use, does not check them either
-/// when it reads the image data (its `load_read` skips each IDAT chunk's CRC), and zlib's
-/// Adler-32 is not checked by `png` by default: a flipped bit in the image data gives a
-/// changed pixel or an inflate error, as in Pillow, not a checksum error. In the Wasm guest
-/// the CRC was a tenth of a photo's decoding (table-driven there; natively it uses PCLMULQDQ).
+/// expanded, 16-bit kept and then narrowed by [`narrow`]), with the CRCs checked as Pillow,
+/// whose decoding torchvision's pipelines use, checks them: those of the chunks before the
+/// image data ([`check_header_crcs`]), not those of the image data (Pillow's `load_read` skips
+/// each IDAT chunk's CRC) or after it. zlib's Adler-32 is not checked by `png` by default, so a
+/// flipped bit in the image data gives a changed pixel or an inflate error, as in Pillow, not a
+/// checksum error. In the Wasm guest the image data's CRC was a tenth of a photo's decoding
+/// (table-driven there; natively it uses PCLMULQDQ).
 fn decode_png(bytes: &[u8]) -> Result<Decoded, PreprocessError> {
     let err = |e: png::DecodingError| match e {
         png::DecodingError::LimitsExceeded => PreprocessError::Decode {
@@ -304,6 +333,7 @@ fn decode_png(bytes: &[u8]) -> Result<Decoded, PreprocessError> {
     let limits = png::Limits {
         bytes: usize::try_from(MAX_DECODE_BYTES).unwrap_or(usize::MAX),
     };
+    check_header_crcs(bytes)?;
     let mut decoder = png::Decoder::new_with_limits(Cursor::new(bytes), limits);
     decoder.ignore_checksums(true);
     decoder.set_ignore_text_chunk(true);
@@ -785,22 +815,43 @@ mod tests {
     }
 
     #[test]
-    fn a_png_whose_crcs_are_wrong_decodes_as_pillow_reads_it() {
+    fn png_crcs_are_checked_as_pillow_checks_them() {
         let img = RgbImage::from_fn(20, 30, |x, y| image::Rgb([x as u8, y as u8, 7]));
-        let mut bytes = png(&DynamicImage::ImageRgb8(img.clone()));
-        // Every chunk's CRC (IHDR, IDAT, IEND) flipped: chunks are length, type, data, CRC.
+        let good = png(&DynamicImage::ImageRgb8(img.clone()));
+        // Chunks are length, type, data, CRC: (type, offset of its CRC) of each.
+        let mut chunks = Vec::new();
         let mut at = 8;
-        while at + 12 <= bytes.len() {
-            let len = u32::from_be_bytes(bytes[at..at + 4].try_into().expect("4")) as usize;
-            bytes[at + 8 + len] ^= 0xff;
+        while at + 12 <= good.len() {
+            let len = u32::from_be_bytes(good[at..at + 4].try_into().expect("4")) as usize;
+            chunks.push((good[at + 4..at + 8].to_vec(), at + 8 + len));
             at += 12 + len;
         }
-        assert_eq!(at, bytes.len(), "walked every chunk");
+        assert_eq!(at, good.len(), "walked every chunk");
+        let flipped = |kinds: &[&[u8]]| {
+            let mut bytes = good.clone();
+            for (kind, crc) in &chunks {
+                if kinds.contains(&kind.as_slice()) {
+                    bytes[*crc] ^= 0xff;
+                }
+            }
+            bytes
+        };
+        // The image data's CRCs and IEND's (Pillow skips them): the image, where `image` fails.
+        let data = flipped(&[b"IDAT", b"IEND"]);
         assert!(
-            image::load_from_memory(&bytes).is_err(),
-            "image checks CRCs"
+            image::load_from_memory(&data).is_err(),
+            "image checks every CRC"
         );
-        assert_eq!(decode(&bytes), Ok(Decoded::Rgb(img)));
+        assert_eq!(decode(&data), Ok(Decoded::Rgb(img)));
+        // The header's (Pillow: "broken PNG file (bad header checksum in b'IHDR')").
+        let err = decode(&flipped(&[b"IHDR"])).expect_err("bad IHDR CRC");
+        assert_eq!(
+            err,
+            PreprocessError::Decode {
+                format: "PNG",
+                message: "bad CRC in the IHDR chunk at byte 8".into()
+            }
+        );
     }
 
     #[test]
@@ -826,6 +877,8 @@ mod tests {
             ]
             .concat(),
         );
+        let crc = crc32fast::hash(&big[12..29]).to_be_bytes();
+        big[29..33].copy_from_slice(&crc);
         let err = decode(&big).expect_err("too many bytes");
         assert!(
             matches!(&err, PreprocessError::Decode { format: "PNG", message } if message.contains("over the limit")),

@@ -320,6 +320,7 @@ fn check_header_crcs(bytes: &[u8]) -> Result<(), PreprocessError> {
 /// checksum error. In the Wasm guest the image data's CRC was a tenth of a photo's decoding
 /// (table-driven there; natively it uses PCLMULQDQ).
 fn decode_png(bytes: &[u8]) -> Result<Decoded, PreprocessError> {
+    use png::{BitDepth::*, ColorType::*};
     let err = |e: png::DecodingError| match e {
         png::DecodingError::LimitsExceeded => PreprocessError::Decode {
             format: "PNG",
@@ -358,15 +359,25 @@ fn decode_png(bytes: &[u8]) -> Result<Decoded, PreprocessError> {
             ),
         });
     }
-    let mut buf = vec![0u8; size];
-    let frame = reader.next_frame(&mut buf).map_err(err)?;
-    buf.truncate(frame.buffer_size());
-    let sixteen = || -> Vec<u16> {
-        buf.chunks_exact(2)
-            .map(|b| u16::from_be_bytes([b[0], b[1]]))
-            .collect()
+    // 16-bit samples are read into the buffer of the image they become (big-endian from the
+    // decoder, swapped in place), as `image` does: one buffer of `size` bytes either way.
+    let sixteen = reader.output_color_type().1 == Sixteen;
+    let (mut buf, mut wide) = if sixteen {
+        (Vec::new(), vec![0u16; size.div_ceil(2)])
+    } else {
+        (vec![0u8; size], Vec::new())
     };
-    use png::{BitDepth::*, ColorType::*};
+    let out = if sixteen {
+        bytemuck::cast_slice_mut(&mut wide[..])
+    } else {
+        &mut buf[..]
+    };
+    let frame = reader.next_frame(out).map_err(err)?;
+    buf.truncate(frame.buffer_size());
+    wide.truncate(frame.buffer_size() / 2);
+    for v in &mut wide {
+        *v = u16::from_be(*v);
+    }
     let img = match (frame.color_type, frame.bit_depth) {
         (Grayscale, Eight) => image::ImageBuffer::from_raw(width, height, buf).map(Decoded::Gray),
         (Rgb, Eight) => image::ImageBuffer::from_raw(width, height, buf).map(Decoded::Rgb),
@@ -374,13 +385,13 @@ fn decode_png(bytes: &[u8]) -> Result<Decoded, PreprocessError> {
             .map(|i| narrow(DynamicImage::ImageLumaA8(i))),
         (Rgba, Eight) => image::ImageBuffer::from_raw(width, height, buf)
             .map(|i| narrow(DynamicImage::ImageRgba8(i))),
-        (Grayscale, Sixteen) => image::ImageBuffer::from_raw(width, height, sixteen())
+        (Grayscale, Sixteen) => image::ImageBuffer::from_raw(width, height, wide)
             .map(|i| narrow(DynamicImage::ImageLuma16(i))),
-        (GrayscaleAlpha, Sixteen) => image::ImageBuffer::from_raw(width, height, sixteen())
+        (GrayscaleAlpha, Sixteen) => image::ImageBuffer::from_raw(width, height, wide)
             .map(|i| narrow(DynamicImage::ImageLumaA16(i))),
-        (Rgb, Sixteen) => image::ImageBuffer::from_raw(width, height, sixteen())
+        (Rgb, Sixteen) => image::ImageBuffer::from_raw(width, height, wide)
             .map(|i| narrow(DynamicImage::ImageRgb16(i))),
-        (Rgba, Sixteen) => image::ImageBuffer::from_raw(width, height, sixteen())
+        (Rgba, Sixteen) => image::ImageBuffer::from_raw(width, height, wide)
             .map(|i| narrow(DynamicImage::ImageRgba16(i))),
         (color, depth) => {
             return Err(PreprocessError::Decode {
@@ -742,13 +753,21 @@ mod tests {
         let mut enc = png::Encoder::new(&mut out, w, h);
         enc.set_color(color);
         enc.set_depth(depth);
-        if color == png::ColorType::Indexed {
-            enc.set_palette(
-                (0..=255u8)
-                    .flat_map(|i| [i, 255 - i, i / 2])
-                    .collect::<Vec<_>>(),
-            );
-            enc.set_trns(vec![255u8, 128, 0]);
+        // A transparent colour (or palette alpha): expanded to an alpha channel, then dropped.
+        match (color, depth) {
+            (png::ColorType::Indexed, _) => {
+                enc.set_palette(
+                    (0..=255u8)
+                        .flat_map(|i| [i, 255 - i, i / 2])
+                        .collect::<Vec<_>>(),
+                );
+                enc.set_trns(vec![255u8, 128, 0]);
+            }
+            (png::ColorType::Grayscale, png::BitDepth::Eight) => enc.set_trns(vec![0u8, 73]),
+            (png::ColorType::Rgb, png::BitDepth::Sixteen) => {
+                enc.set_trns(vec![0u8, 73, 0, 146, 0, 219])
+            }
+            _ => {}
         }
         let mut w = enc.write_header().expect("header");
         w.write_image_data(data).expect("data");
@@ -801,6 +820,8 @@ mod tests {
             (C::Indexed, D::Two, 2),
             (C::Grayscale, D::One, 1),
             (C::Grayscale, D::Four, 4),
+            (C::Grayscale, D::Eight, 8),
+            (C::Rgb, D::Sixteen, 48),
         ] {
             let name = format!("{color:?} {depth:?}");
             files.push((name, raw_png(w, h, color, depth, &packed(bits))));
@@ -842,7 +863,38 @@ mod tests {
             image::load_from_memory(&data).is_err(),
             "image checks every CRC"
         );
-        assert_eq!(decode(&data), Ok(Decoded::Rgb(img)));
+        assert_eq!(decode(&data), Ok(Decoded::Rgb(img.clone())));
+        // A text chunk with a bad CRC: before the image data an error (Pillow checks every
+        // chunk's CRC until IDAT), after it the image (neither reads it).
+        let chunk_start = |kind: &[u8]| -> usize {
+            let mut at = 8;
+            loop {
+                let len = u32::from_be_bytes(good[at..at + 4].try_into().expect("4")) as usize;
+                if &good[at + 4..at + 8] == kind {
+                    return at;
+                }
+                at += 12 + len;
+            }
+        };
+        let with_text = |at: usize| {
+            let data = b"tEXtComment\0written by a test";
+            let mut chunk = ((data.len() - 4) as u32).to_be_bytes().to_vec();
+            chunk.extend_from_slice(data);
+            chunk.extend_from_slice(&(crc32fast::hash(data) ^ 1).to_be_bytes());
+            let mut bytes = good.clone();
+            bytes.splice(at..at, chunk);
+            bytes
+        };
+        let err = decode(&with_text(chunk_start(b"IDAT"))).expect_err("bad tEXt CRC before IDAT");
+        assert!(
+            err.to_string()
+                .contains("bad CRC in the tEXt chunk at byte 33"),
+            "{err}"
+        );
+        assert_eq!(
+            decode(&with_text(chunk_start(b"IEND"))),
+            Ok(Decoded::Rgb(img.clone()))
+        );
         // The header's (Pillow: "broken PNG file (bad header checksum in b'IHDR')").
         let err = decode(&flipped(&[b"IHDR"])).expect_err("bad IHDR CRC");
         assert_eq!(

@@ -35,39 +35,82 @@ fn load16(s: &[u8], at: usize) -> v128 {
 }
 
 /// One output row of the vertical pass: `dst[i] = clip8(HALF + sum_j lines[j][i] * k[j])`.
-/// Every line is at least `dst.len()` bytes.
+/// Every line is at least `dst.len()` bytes. Common tap counts run a copy of the loop with the
+/// count fixed, which LLVM unrolls: a loop in the Wasm code is an epoch check at its header
+/// each time round under wasmtime, the taps' loop one per tap and 16 pixels.
 pub(super) fn vertical_row(lines: &[&[u8]], k: &[i32], dst: &mut [u8]) {
-    let n = dst.len();
-    let blocks = n / 16;
-    for b in 0..blocks {
-        let at = b * 16;
-        let mut acc = [i32x4_splat(HALF); 4];
-        for (line, &kj) in lines.iter().zip(k) {
-            let v = load16(line, at);
-            let kk = i32x4_splat(kj);
-            let lo = u16x8_extend_low_u8x16(v);
-            let hi = u16x8_extend_high_u8x16(v);
-            let wide = [
-                u32x4_extend_low_u16x8(lo),
-                u32x4_extend_high_u16x8(lo),
-                u32x4_extend_low_u16x8(hi),
-                u32x4_extend_high_u16x8(hi),
-            ];
-            for (a, w) in acc.iter_mut().zip(wide) {
-                *a = i32x4_add(*a, i32x4_mul(w, kk));
+    macro_rules! fixed {
+        ($($n:literal)*) => {
+            match k.len().min(lines.len()) {
+                $($n => vertical_blocks::<$n>(
+                    lines[..$n].try_into().unwrap_or_else(|_| unreachable!()),
+                    k[..$n].try_into().unwrap_or_else(|_| unreachable!()),
+                    dst,
+                ),)*
+                _ => vertical_blocks_any(lines, k, dst),
             }
-        }
-        let out = &mut dst[at..at + 16];
-        // SAFETY: `out` is 16 writable bytes; Wasm stores may be unaligned.
-        unsafe { v128_store(out.as_mut_ptr().cast(), clip16(acc)) };
+        };
     }
-    for (i, d) in dst.iter_mut().enumerate().skip(blocks * 16) {
+    fixed!(1 2 3 4 5 6 7 8);
+    let n = dst.len();
+    for (i, d) in dst.iter_mut().enumerate().skip(n / 16 * 16) {
         let acc = lines
             .iter()
             .zip(k)
             .fold(HALF, |acc, (line, &kj)| acc + i32::from(line[i]) * kj);
         *d = clip8(acc);
     }
+}
+
+/// The whole 16-pixel blocks of [`vertical_row`] with `N` taps.
+#[inline(always)]
+fn vertical_blocks<const N: usize>(lines: &[&[u8]; N], k: &[i32; N], dst: &mut [u8]) {
+    for b in 0..dst.len() / 16 {
+        let at = b * 16;
+        let mut acc = [i32x4_splat(HALF); 4];
+        for j in 0..N {
+            add_tap(&mut acc, lines[j], at, k[j]);
+        }
+        store16(dst, at, acc);
+    }
+}
+
+/// [`vertical_blocks`] for any number of taps.
+fn vertical_blocks_any(lines: &[&[u8]], k: &[i32], dst: &mut [u8]) {
+    for b in 0..dst.len() / 16 {
+        let at = b * 16;
+        let mut acc = [i32x4_splat(HALF); 4];
+        for (line, &kj) in lines.iter().zip(k) {
+            add_tap(&mut acc, line, at, kj);
+        }
+        store16(dst, at, acc);
+    }
+}
+
+/// `acc[..] += line[at..at + 16] * kj`, 16 pixels as four i32x4.
+#[inline(always)]
+fn add_tap(acc: &mut [v128; 4], line: &[u8], at: usize, kj: i32) {
+    let v = load16(line, at);
+    let kk = i32x4_splat(kj);
+    let lo = u16x8_extend_low_u8x16(v);
+    let hi = u16x8_extend_high_u8x16(v);
+    let wide = [
+        u32x4_extend_low_u16x8(lo),
+        u32x4_extend_high_u16x8(lo),
+        u32x4_extend_low_u16x8(hi),
+        u32x4_extend_high_u16x8(hi),
+    ];
+    for (a, w) in acc.iter_mut().zip(wide) {
+        *a = i32x4_add(*a, i32x4_mul(w, kk));
+    }
+}
+
+/// `clip8` of 16 accumulators into `dst[at..at + 16]`.
+#[inline(always)]
+fn store16(dst: &mut [u8], at: usize, acc: [v128; 4]) {
+    let out = &mut dst[at..at + 16];
+    // SAFETY: `out` is 16 writable bytes; Wasm stores may be unaligned.
+    unsafe { v128_store(out.as_mut_ptr().cast(), clip16(acc)) };
 }
 
 /// One output pixel of the horizontal pass over 3-channel pixels: `taps` holds the source
@@ -187,13 +230,21 @@ impl Groups {
     /// per pixel) from `line`.
     pub(super) fn row(&self, line: &[u8], dst: &mut [u8]) {
         for g in &self.groups {
-            let mut acc = [i32x4_splat(HALF); 3];
-            for (j, k) in self.coef[g.taps.clone()].iter().enumerate() {
-                let v = load16(line, g.at + 3 * j);
-                for ((a, ix), kk) in acc.iter_mut().zip(&g.index).zip(k) {
-                    *a = i32x4_add(*a, i32x4_mul(i8x16_swizzle(v, *ix), *kk));
-                }
+            let coef = &self.coef[g.taps.clone()];
+            // As in `vertical_row`: common tap counts unrolled, no loop (epoch check) per tap.
+            macro_rules! fixed {
+                ($($n:literal)*) => {
+                    match coef.len() {
+                        $($n => {
+                            let coef: &[[v128; 3]; $n] =
+                                coef.try_into().unwrap_or_else(|_| unreachable!());
+                            group_sums(line, g, coef)
+                        })*
+                        _ => group_sums(line, g, coef),
+                    }
+                };
             }
+            let acc = fixed!(1 2 3 4 5 6 7 8);
             let lo = i16x8_narrow_i32x4(shifted(acc[0]), shifted(acc[1]));
             let hi = i16x8_narrow_i32x4(shifted(acc[2]), shifted(acc[2]));
             let b = u8x16_narrow_i16x8(lo, hi);
@@ -205,4 +256,18 @@ impl Groups {
             }
         }
     }
+}
+
+/// One group's three channel accumulators over its taps (`coef` is a fixed-size array for the
+/// common tap counts, so that the loop unrolls).
+#[inline(always)]
+fn group_sums(line: &[u8], g: &Group, coef: &[[v128; 3]]) -> [v128; 3] {
+    let mut acc = [i32x4_splat(HALF); 3];
+    for (j, k) in coef.iter().enumerate() {
+        let v = load16(line, g.at + 3 * j);
+        for ((a, ix), kk) in acc.iter_mut().zip(&g.index).zip(k) {
+            *a = i32x4_add(*a, i32x4_mul(i8x16_swizzle(v, *ix), *kk));
+        }
+    }
+    acc
 }

@@ -790,6 +790,38 @@ async fn a_hostile_tenant_cannot_break_isolation() {
         },
     )
     .await;
+    s.row(
+        5,
+        "4 guests spinning at a time, for 4 s",
+        HEAVY_CONCURRENCY * 2 * HEAVY_MEMORY + 64 * MIB,
+        None,
+        async {
+            let until = Instant::now() + Duration::from_secs(4);
+            let spin = async {
+                let started = Instant::now();
+                let loops = (0..HEAVY_CONCURRENCY).map(|_| async {
+                    let mut n = 0;
+                    while Instant::now() < until {
+                        let (o, _) = s
+                            .call(
+                                HEAVY,
+                                "hostile",
+                                hostile("spin", &[("iterations", "300000000")], &[]),
+                            )
+                            .await;
+                        assert_eq!(o.status, 200, "{o:?}");
+                        n += 1;
+                    }
+                    n
+                });
+                let calls: usize = futures::future::join_all(loops).await.into_iter().sum();
+                Outcome::of(200, "ok", started.elapsed()).note(format!("{calls} calls"))
+            };
+            let (o, v) = s.beside(spin).await;
+            (o, Some(v))
+        },
+    )
+    .await;
     let huge = (192 * 3 * 224 * 224 * 4).to_string();
     s.row(
         5,

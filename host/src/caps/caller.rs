@@ -1,4 +1,5 @@
-//! Who a host call is made for: the tenant, its invocation's memory account, deadline and usage.
+//! Who a host call is made for: the tenant, its invocation's memory account, deadline, usage and
+//! run slot.
 
 use crate::account::{Account, Deadline, Usage};
 use crate::policy::Tenant;
@@ -10,6 +11,8 @@ pub struct Caller {
     pub account: Arc<Account>,
     pub deadline: Arc<Deadline>,
     pub usage: Arc<Usage>,
+    /// The invocation's run slot on the workers: given back while a host call waits.
+    pub turn: Arc<crate::wasm::cpu::Turn>,
 }
 
 /// Why a host call stops the guest (a trap): the host's limits and the host's own answers, not

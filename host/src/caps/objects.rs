@@ -112,7 +112,8 @@ impl ObjectsCtx {
         range: Option<(u64, u64)>,
     ) -> Answer<Vec<u8>> {
         let started = Instant::now();
-        let planned = match self.scoped.plan(bucket, key, range).await {
+        let turn = Arc::clone(&self.caller.turn);
+        let planned = match turn.off(self.scoped.plan(bucket, key, range)).await {
             Ok(p) => p,
             Err(e) => {
                 self.read_time += started.elapsed();
@@ -124,7 +125,7 @@ impl ObjectsCtx {
             .account
             .check_incoming(planned.length, "object read")
             .map_err(|e| Stop::from(e).trap())?;
-        let bytes = self.scoped.read(&planned).await;
+        let bytes = turn.off(self.scoped.read(&planned)).await;
         self.read_time += started.elapsed();
         match bytes {
             Ok(b) => Ok(Ok(b)),
@@ -153,7 +154,8 @@ impl wit::Host for ObjectsCtx {
 
     async fn head(&mut self, bucket: String, key: String) -> Answer<wit::ObjectMeta> {
         let started = Instant::now();
-        let r = self.scoped.head(&bucket, &key).await;
+        let turn = Arc::clone(&self.caller.turn);
+        let r = turn.off(self.scoped.head(&bucket, &key)).await;
         self.read_time += started.elapsed();
         match r {
             Ok(m) => {
@@ -174,7 +176,8 @@ impl wit::Host for ObjectsCtx {
         limit: u32,
     ) -> Answer<Vec<wit::ObjectMeta>> {
         let started = Instant::now();
-        let r = self.scoped.list(&bucket, &prefix, limit).await;
+        let turn = Arc::clone(&self.caller.turn);
+        let r = turn.off(self.scoped.list(&bucket, &prefix, limit)).await;
         self.read_time += started.elapsed();
         match r {
             Ok(list) => {

@@ -18,6 +18,7 @@ use crate::models::Models;
 use crate::policy::{Capabilities, Tenant};
 use crate::store::Store as ObjectStore;
 use crate::wasm::compile::DeployError;
+use crate::wasm::cpu::{CpuShares, Turn};
 use crate::wasm::errors::{InvokeError, Witness, classify_trap, guest_error};
 use crate::wasm::limits::{Limiter, MAX_HANDLES, MAX_RANDOM_BYTES};
 use hapi_wire::invoke::Quantize;
@@ -204,6 +205,8 @@ pub struct Runtime {
     device: Arc<Device>,
     /// Runs invocations; `Some` until dropped.
     workers: Option<tokio::runtime::Runtime>,
+    /// The workers' run slots, shared by tenant.
+    cpu: Arc<CpuShares>,
 }
 
 impl std::fmt::Debug for Runtime {
@@ -247,6 +250,7 @@ impl Runtime {
                 linkers.insert(caps, l);
             }
         }
+        let cpu = CpuShares::new(workers.max(1));
         let workers = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(workers.max(1))
             .thread_name("hapi-invoke")
@@ -259,6 +263,7 @@ impl Runtime {
             objects,
             device,
             workers: Some(workers),
+            cpu,
         })
     }
 
@@ -306,6 +311,25 @@ impl Runtime {
         usage: Arc<Usage>,
     ) -> Finished {
         let started = Instant::now();
+        // The run slot is taken here, before a worker picks the invocation up: its tenant
+        // counts as wanting the workers from now, so that the others' shares shrink at their
+        // next tick rather than once this one has waited for a worker behind them.
+        let turn = Turn::new(&self.cpu, &tenant.name);
+        let limit = tenant.limits.timeout;
+        if tokio::time::timeout(limit, turn.take()).await.is_err() {
+            return Finished {
+                result: Err(InvokeError::Stopped(Stop::Time {
+                    limit,
+                    during: "waiting for its tenant's share of the workers",
+                })),
+                timings: Timings {
+                    total: started.elapsed(),
+                    ..Timings::default()
+                },
+                read: 0,
+                memory_peak: 0,
+            };
+        }
         let job = run(
             Arc::clone(tenant),
             function.pre.clone(),
@@ -315,6 +339,7 @@ impl Runtime {
             Arc::clone(&self.models),
             Arc::clone(&self.objects),
             Arc::clone(&self.device),
+            turn,
             started,
         );
         let Some(workers) = self.workers.as_ref() else {
@@ -355,6 +380,7 @@ async fn run(
     models: Arc<Models>,
     objects: Arc<ObjectStore>,
     device: Arc<Device>,
+    turn: Arc<Turn>,
     started: Instant,
 ) -> Finished {
     let limits = &tenant.limits;
@@ -365,6 +391,7 @@ async fn run(
         account: Arc::clone(&account),
         deadline: Arc::clone(&deadline),
         usage: Arc::clone(&usage),
+        turn: Arc::clone(&turn),
     };
     let mut table = ResourceTable::new();
     table.set_max_capacity(MAX_HANDLES);
@@ -383,20 +410,24 @@ async fn run(
     // What one host call's arguments may lift into host memory, whatever the guest holds: its
     // lists may all point at one buffer (wasmtime's default is 128 MiB, whatever the limit).
     store.set_hostcall_fuel(usize::try_from(limits.memory).unwrap_or(usize::MAX));
-    // Every tick: stop the guest past its deadline, else let other invocations run.
+    // Every tick: stop the guest past its deadline, else let other invocations run, and take
+    // a run slot again when the tenant's share of the workers allows (`cpu`).
     store.set_epoch_deadline(1);
     let d = Arc::clone(&deadline);
+    let t = Arc::clone(&turn);
     store.epoch_deadline_callback(move |_| {
         Ok(if d.expired() {
             UpdateDeadline::Interrupt
         } else {
-            UpdateDeadline::Yield(1)
+            let t = Arc::clone(&t);
+            UpdateDeadline::YieldCustom(1, Box::pin(async move { t.tick().await }))
         })
     });
     let mut instantiated = Duration::ZERO;
     let called = deadline
         .run_past(
             async {
+                turn.take().await;
                 let instance = pre.instantiate_async(&mut store).await?;
                 instantiated = started.elapsed();
                 instance.call_run(&mut store, &invocation).await
@@ -430,7 +461,9 @@ async fn run(
         Ok(Ok(Ok(out))) => {
             // It fits: the memory it was lifted from held it.
             match account.charge(out.data.len() as u64, "output") {
-                Ok(_held) => encode(out, limits.max_output, &reply, &account, &deadline).await,
+                Ok(_held) => {
+                    encode(out, limits.max_output, &reply, &account, &deadline, &turn).await
+                }
                 Err(e) => Err(InvokeError::Stopped(Stop::from(e))),
             }
         }
@@ -474,6 +507,7 @@ async fn encode(
     reply: &Reply,
     account: &Arc<Account>,
     deadline: &Deadline,
+    turn: &Turn,
 ) -> Result<Output, InvokeError> {
     let meta = &reply.meta;
     // Before its dimensions are widened or looked at (a guest may return millions of them).
@@ -514,7 +548,7 @@ async fn encode(
             .charge(plan.data_len() as u64, "int8 output")
             .map_err(|e| InvokeError::Stopped(Stop::from(e)))?;
         // In slices, like the guest's own time: the deadline is looked at, and the worker
-        // handed to the other invocations on it, between them.
+        // handed to the other invocations (and the run slot to the other tenants) between them.
         let mut data = vec![0u8; plan.data_len()];
         let mut at = Cursor::default();
         while !plan
@@ -527,7 +561,7 @@ async fn encode(
                     during: "while quantizing the output",
                 }));
             }
-            tokio::task::yield_now().await;
+            turn.tick().await;
         }
         return Ok(Output {
             header: plan.into_header(),
@@ -573,6 +607,11 @@ mod tests {
         }
     }
 
+    /// A run slot of a worker of its own.
+    fn turn() -> Arc<Turn> {
+        Turn::new(&CpuShares::new(1), "t")
+    }
+
     fn int8() -> Reply {
         Reply {
             meta: BTreeMap::new(),
@@ -603,7 +642,8 @@ mod tests {
             hapi_wire::quantize::quantize(&shape, &out.data, &BTreeMap::new()).expect("quantized");
         let account = Account::new(64 << 20);
         let deadline = Deadline::new(Duration::from_secs(60));
-        let (got, yields) = polled(encode(out, 64 << 20, &int8(), &account, &deadline)).await;
+        let (got, yields) =
+            polled(encode(out, 64 << 20, &int8(), &account, &deadline, &turn())).await;
         let got = got.expect("encoded");
         assert_eq!((got.header, got.data), (header, data));
         assert!(yields >= 1, "{yields} yields for 2 Mi reads, 1 Mi a slice");
@@ -618,7 +658,7 @@ mod tests {
     async fn quantizing_past_the_deadline_stops_the_invocation() {
         let account = Account::new(64 << 20);
         let deadline = Deadline::new(Duration::ZERO);
-        let e = encode(output(), 64 << 20, &int8(), &account, &deadline)
+        let e = encode(output(), 64 << 20, &int8(), &account, &deadline, &turn())
             .await
             .expect_err("past its deadline");
         assert!(
@@ -649,7 +689,7 @@ mod tests {
                 ty: ElementType::F32,
                 data: vec![0; 4],
             };
-            let e = encode(out, 64 << 20, &reply, &account, &deadline)
+            let e = encode(out, 64 << 20, &reply, &account, &deadline, &turn())
                 .await
                 .expect_err("refused");
             assert!(
@@ -663,7 +703,7 @@ mod tests {
             ty: ElementType::F32,
             data: vec![0; 4],
         };
-        let e = encode(out, 64 << 20, &int8(), &account, &deadline)
+        let e = encode(out, 64 << 20, &int8(), &account, &deadline, &turn())
             .await
             .expect_err("refused");
         assert!(

@@ -180,10 +180,13 @@ impl graph::Host for NnView<'_> {
         // Loading the package charges its weights to the device now, not at the first compute.
         let started = Instant::now();
         let who: Arc<str> = Arc::from(tenant.name.as_str());
-        let pin = self
-            .ctx
-            .device
-            .acquire(&resolved.id, &who, &self.ctx.caller.deadline)
+        let turn = Arc::clone(&self.ctx.caller.turn);
+        let pin = turn
+            .off(
+                self.ctx
+                    .device
+                    .acquire(&resolved.id, &who, &self.ctx.caller.deadline),
+            )
             .await;
         self.ctx.queue_time += started.elapsed();
         if let Err(e) = pin {
@@ -316,10 +319,13 @@ impl inference::HostGraphExecutionContext for NnView<'_> {
         let caller = self.ctx.caller.clone();
         let tenant: Arc<str> = Arc::from(caller.tenant.name.as_str());
         let started = Instant::now();
-        let pin = match self
-            .ctx
-            .device
-            .acquire(&info.model, &tenant, &caller.deadline)
+        let pin = match caller
+            .turn
+            .off(
+                self.ctx
+                    .device
+                    .acquire(&info.model, &tenant, &caller.deadline),
+            )
             .await
         {
             Ok(p) => p,
@@ -344,7 +350,7 @@ impl inference::HostGraphExecutionContext for NnView<'_> {
             account: Arc::clone(&caller.account),
             deadline: Arc::clone(&caller.deadline),
         };
-        let ran = self.ctx.device.run(job).await;
+        let ran = caller.turn.off(self.ctx.device.run(job)).await;
         let elapsed = started.elapsed();
         let ran = match ran {
             Ok(r) => r,

@@ -113,25 +113,35 @@ impl ObjectsCtx {
     ) -> Answer<Vec<u8>> {
         let started = Instant::now();
         let turn = Arc::clone(&self.caller.turn);
-        let planned = match turn.off(self.scoped.plan(bucket, key, range)).await {
-            Ok(p) => p,
-            Err(e) => {
-                self.read_time += started.elapsed();
-                return self.failed(key, e);
-            }
-        };
-        self.caller.usage.set_read_bytes(self.scoped.bytes_read);
-        self.caller
-            .account
-            .check_incoming(planned.length, "object read")
-            .map_err(|e| Stop::from(e).trap())?;
-        let bytes = turn.off(self.scoped.read(&planned)).await;
+        // Planning and reading are one wait: no run slot is taken between them.
+        let read = turn
+            .off(async {
+                let planned = self
+                    .scoped
+                    .plan(bucket, key, range)
+                    .await
+                    .map_err(Step::Failed)?;
+                self.caller.usage.set_read_bytes(self.scoped.bytes_read);
+                self.caller
+                    .account
+                    .check_incoming(planned.length, "object read")
+                    .map_err(Step::Over)?;
+                self.scoped.read(&planned).await.map_err(Step::Failed)
+            })
+            .await;
         self.read_time += started.elapsed();
-        match bytes {
+        match read {
             Ok(b) => Ok(Ok(b)),
-            Err(e) => self.failed(key, e),
+            Err(Step::Failed(e)) => self.failed(key, e),
+            Err(Step::Over(e)) => Err(Stop::from(e).trap()),
         }
     }
+}
+
+/// Why a read stopped: the store's answer (the guest's to handle), or the memory limit (a trap).
+enum Step {
+    Failed(ObjectError),
+    Over(crate::account::OverLimit),
 }
 
 /// `hapi:pushdown/types` has types only; its (empty) interface is linked with the objects.

@@ -14,8 +14,10 @@
 //! host call, until one of its tenant's slots is given back or the share grows. Its deadline
 //! runs on while it waits: the time limit is wall time.
 
+use super::engine::EPOCH_TICK;
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Instant;
 use tokio::sync::Notify;
 
 /// Run slots of the invocation workers, by tenant.
@@ -57,7 +59,20 @@ impl Inner {
         self.tenants.values().filter(|l| l.wants()).count()
     }
 
-    /// Every tenant's waiting invocations look again (the share changed).
+    /// Slots held, all tenants.
+    fn running(&self) -> usize {
+        self.tenants.values().map(|l| l.running).sum()
+    }
+
+    /// Whether a tenant other than `tenant` waits for a slot while holding fewer than
+    /// `running`: a free worker goes to it first.
+    fn poorer_waits(&self, tenant: &str, running: usize) -> bool {
+        self.tenants
+            .iter()
+            .any(|(t, l)| &**t != tenant && !l.queue.is_empty() && l.running < running)
+    }
+
+    /// Every tenant's waiting invocations look again (a slot came free, or the share grew).
     fn wake_all(&self) {
         for l in self.tenants.values().filter(|l| !l.queue.is_empty()) {
             l.wake.notify_waiters();
@@ -82,6 +97,13 @@ impl CpuShares {
         (self.workers / wanting.max(1)).max(1)
     }
 
+    /// Whether `tenant`, holding `running` slots and none of its invocations waiting ahead, may
+    /// hold one more while `held` are held in all: within its share, or a worker is free and no
+    /// tenant holding fewer waits for one (the workers stay busy whatever the mix).
+    fn may_hold(&self, g: &Inner, tenant: &str, running: usize, held: usize, share: usize) -> bool {
+        running < share || (held < self.workers && !g.poorer_waits(tenant, running))
+    }
+
     /// Slots held and invocations waiting, for `tenant`.
     pub fn load(&self, tenant: &str) -> (usize, usize) {
         self.lock()
@@ -90,7 +112,7 @@ impl CpuShares {
             .map_or((0, 0), |l| (l.running, l.queue.len()))
     }
 
-    /// A slot for `tenant` now if it is within its share and no invocation of its tenant waits
+    /// A slot for `tenant` now if it may hold one more and no invocation of its tenant waits
     /// ahead (`ticket`: this one's place in the queue, if it has one); else its place in the
     /// queue (a new one at the back if it had none) and the tenant's wake.
     fn try_take(&self, tenant: &Arc<str>, ticket: Option<u64>) -> Result<(), (u64, Arc<Notify>)> {
@@ -98,22 +120,26 @@ impl CpuShares {
         let newcomer = !g.tenants.get(tenant).is_some_and(Load::wants);
         // A newcomer counts among the wanting: its own arrival shrinks the share.
         let share = self.share(g.wanting() + usize::from(newcomer));
+        let held = g.running();
         let load = g.tenants.entry(Arc::clone(tenant)).or_default();
         let first = match ticket {
             None => load.queue.is_empty(),
             Some(t) => load.queue.front() == Some(&t),
         };
-        if load.running < share && first {
+        let running = load.running;
+        if first && self.may_hold(&g, tenant, running, held, share) {
+            let load = g.tenants.entry(Arc::clone(tenant)).or_default();
             if ticket.is_some() {
                 load.queue.pop_front();
             }
             load.running += 1;
-            // The next in line may fit too (the share grew by more than one).
-            if !load.queue.is_empty() && load.running < share {
+            // The next in line may fit too.
+            if !load.queue.is_empty() {
                 load.wake.notify_waiters();
             }
             return Ok(());
         }
+        let load = g.tenants.entry(Arc::clone(tenant)).or_default();
         let t = ticket.unwrap_or_else(|| {
             let t = load.next;
             load.next += 1;
@@ -123,10 +149,28 @@ impl CpuShares {
         Err((t, Arc::clone(&load.wake)))
     }
 
+    /// At a tick: whether `tenant`'s invocation keeps its slot, which it does if, giving it
+    /// back, it would be given it again first; else it gives it back (one step under the lock,
+    /// so that no other tenant sees the tenant gone in between).
+    fn keep(&self, tenant: &str) -> bool {
+        let g = self.lock();
+        let share = self.share(g.wanting());
+        let held = g.running();
+        let Some(load) = g.tenants.get(tenant) else {
+            return false;
+        };
+        let (running, alone) = (load.running, load.queue.is_empty());
+        if alone && running > 0 && self.may_hold(&g, tenant, running - 1, held - 1, share) {
+            return true;
+        }
+        drop(g);
+        self.give(tenant, None);
+        false
+    }
+
     /// Gives back one of `tenant`'s slots, or (`ticket`) a place in its queue.
     fn give(&self, tenant: &str, ticket: Option<u64>) {
         let mut g = self.lock();
-        let before = g.wanting();
         let Some(load) = g.tenants.get_mut(tenant) else {
             return;
         };
@@ -134,24 +178,21 @@ impl CpuShares {
             Some(t) => load.queue.retain(|&q| q != t),
             None => load.running = load.running.saturating_sub(1),
         }
-        if !load.queue.is_empty() {
-            load.wake.notify_waiters();
-        }
         if !load.wants() {
             g.tenants.remove(tenant);
         }
-        if g.wanting() != before {
-            g.wake_all();
-        }
+        // A worker came free or the share grew: whoever waits looks again.
+        g.wake_all();
     }
 }
 
 /// One invocation's place in [`CpuShares`]: it holds a slot from [`Turn::take`] until
-/// [`Turn::give`] (or its drop).
+/// [`Turn::give`] (or its drop). It waits for one until its deadline at most.
 #[derive(Debug)]
 pub struct Turn {
     cpu: Arc<CpuShares>,
     tenant: Arc<str>,
+    until: Instant,
     held: Mutex<bool>,
 }
 
@@ -171,10 +212,12 @@ impl Drop for Queued<'_> {
 }
 
 impl Turn {
-    pub fn new(cpu: &Arc<CpuShares>, tenant: &str) -> Arc<Self> {
+    /// The place of an invocation of `tenant` whose deadline is `until`.
+    pub fn new(cpu: &Arc<CpuShares>, tenant: &str, until: Instant) -> Arc<Self> {
         Arc::new(Self {
             cpu: Arc::clone(cpu),
             tenant: Arc::from(tenant),
+            until,
             held: Mutex::new(false),
         })
     }
@@ -183,11 +226,12 @@ impl Turn {
         self.held.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Takes a slot for the invocation, waiting while its tenant is over its share or others
-    /// of its invocations wait ahead of it.
-    pub async fn take(&self) {
+    /// Takes a slot for the invocation, waiting while its tenant may not hold another or
+    /// others of its invocations wait ahead of it; whether it holds one (not if its deadline
+    /// came first: the guest is then stopped at its next epoch check).
+    pub async fn take(&self) -> bool {
         if *self.held() {
-            return;
+            return true;
         }
         let mut queued = Queued {
             turn: self,
@@ -208,11 +252,16 @@ impl Turn {
             if self.cpu.try_take(&self.tenant, queued.ticket).is_ok() {
                 break;
             }
+            let now = Instant::now();
+            if now >= self.until {
+                return false;
+            }
             // A backstop: it looks again after a tick whatever happens.
-            let _ = tokio::time::timeout(super::engine::EPOCH_TICK, notified).await;
+            let _ = tokio::time::timeout(EPOCH_TICK.min(self.until - now), notified).await;
         }
         queued.ticket = None;
         *self.held() = true;
+        true
     }
 
     /// Gives the slot back (a host call that waits, the invocation's end).
@@ -227,16 +276,23 @@ impl Turn {
 
     /// A tick: the other tasks on the workers run first (the slot still held, so that its
     /// tenant's waiting invocations are not woken ahead of them: the scheduler runs a task woken
-    /// on a worker next), then the slot goes back and the invocation takes one again when its
-    /// tenant's share allows, behind its tenant's waiting invocations. A tenant that woke
-    /// meanwhile and took a slot has shrunk the share.
+    /// on a worker next); then the invocation keeps its slot if it may, else gives it back and
+    /// waits behind its tenant's waiting invocations. A tenant that woke meanwhile and took a
+    /// slot has shrunk the share.
     pub async fn tick(&self) {
         tokio::task::yield_now().await;
-        self.give();
-        self.take().await;
+        if !*self.held() {
+            self.take().await;
+            return;
+        }
+        if !self.cpu.keep(&self.tenant) {
+            *self.held() = false;
+            self.take().await;
+        }
     }
 
-    /// Runs `wait` (a host call's wait: an object read, the device) without a slot.
+    /// Runs `wait` (a host call's wait: an object read, the device, a guest's sleep) without a
+    /// slot.
     pub async fn off<F: Future>(&self, wait: F) -> F::Output {
         self.give();
         let out = wait.await;
@@ -263,44 +319,102 @@ mod tests {
             .expect("runtime")
     }
 
+    fn turn(cpu: &Arc<CpuShares>, tenant: &str) -> Arc<Turn> {
+        Turn::new(cpu, tenant, Instant::now() + Duration::from_secs(60))
+    }
+
+    /// Well under the backstop's tick: what completes within it was woken, not polled again.
+    const AT_ONCE: Duration = Duration::from_millis(3);
+
+    async fn at_once(what: &str, f: impl Future<Output = bool>) {
+        let got = tokio::time::timeout(AT_ONCE, f).await;
+        assert_eq!(got, Ok(true), "{what}");
+    }
+
+    async fn waits(f: std::pin::Pin<&mut impl Future<Output = bool>>) -> bool {
+        tokio::time::timeout(Duration::from_millis(30), f)
+            .await
+            .is_err()
+    }
+
     #[test]
     fn a_tenant_alone_holds_every_worker_and_two_tenants_half_each() {
         rt().block_on(async {
             let cpu = CpuShares::new(2);
-            let heavy: Vec<_> = (0..4).map(|_| Turn::new(&cpu, "heavy")).collect();
-            heavy[0].take().await;
-            heavy[1].take().await;
-            assert_eq!(cpu.load("heavy"), (2, 0), "alone: both workers");
-            // A third waits for a slot of its tenant.
+            let heavy: Vec<_> = (0..3).map(|_| turn(&cpu, "heavy")).collect();
+            at_once("alone: a first worker", heavy[0].take()).await;
+            at_once("alone: both workers", heavy[1].take()).await;
             let third = heavy[2].take();
             tokio::pin!(third);
-            assert!(
-                tokio::time::timeout(Duration::from_millis(30), third.as_mut())
-                    .await
-                    .is_err()
-            );
+            assert!(waits(third.as_mut()).await, "no third worker");
             assert_eq!(cpu.load("heavy"), (2, 1));
-            // The light tenant arrives: the share is one each, and it gets its slot at once
-            // (the heavy tenant's second drops at its next tick).
-            let light = Turn::new(&cpu, "light");
-            tokio::time::timeout(Duration::from_millis(5), light.take())
-                .await
-                .expect("the light tenant is within its share");
-            assert_eq!(cpu.load("light"), (1, 0));
-            heavy[1].give();
+            // The light tenant arrives: its share is one, which it gets at once (the heavy
+            // tenant's second gives its slot back at its next tick).
+            let light = turn(&cpu, "light");
+            at_once("the light tenant within its share", light.take()).await;
+            let tick = heavy[1].tick();
+            tokio::pin!(tick);
             assert!(
-                tokio::time::timeout(Duration::from_millis(30), third.as_mut())
+                tokio::time::timeout(Duration::from_millis(30), tick.as_mut())
                     .await
                     .is_err(),
-                "heavy holds its one slot: the third still waits"
+                "over its share: it waits at its tick"
             );
-            // The light tenant goes to the device: heavy may hold two again.
+            assert_eq!(cpu.load("heavy"), (1, 2));
+            // Its first ticks while its tenant's invocations wait: the slot goes to the first
+            // in line, and it queues behind the others.
+            let tick0 = heavy[0].tick();
+            tokio::pin!(tick0);
+            let (t0, got) = tokio::join!(
+                tokio::time::timeout(Duration::from_millis(30), tick0.as_mut()),
+                tokio::time::timeout(AT_ONCE, third.as_mut()),
+            );
+            assert!(t0.is_err(), "behind its tenant's waiting invocations");
+            assert_eq!(got, Ok(true), "the first in line got the slot");
+            assert_eq!(cpu.load("heavy"), (1, 2));
+            // The light tenant goes to the device: the share grows back to two, and the next
+            // in line (the second's tick) gets a worker at once.
             light.give();
-            tokio::time::timeout(Duration::from_millis(30), third.as_mut())
-                .await
-                .expect("the share grew back");
-            assert_eq!(cpu.load("heavy"), (2, 0));
+            assert_eq!(
+                tokio::time::timeout(AT_ONCE, tick.as_mut()).await,
+                Ok(()),
+                "the share grew back"
+            );
+            assert_eq!(cpu.load("heavy"), (2, 1));
             assert_eq!(cpu.load("light"), (0, 0));
+        });
+    }
+
+    #[test]
+    fn a_free_worker_goes_to_whoever_waits_with_fewest_slots() {
+        rt().block_on(async {
+            // Three tenants on four workers: a share of one each, and the fourth worker to
+            // whoever wants it.
+            let cpu = CpuShares::new(4);
+            let (a, b, c) = (turn(&cpu, "a"), turn(&cpu, "b"), turn(&cpu, "c"));
+            for (t, what) in [(&a, "a"), (&b, "b"), (&c, "c")] {
+                at_once(what, t.take()).await;
+            }
+            let a2 = turn(&cpu, "a");
+            at_once("a free worker, nobody waiting", a2.take()).await;
+            let (b2, c2) = (turn(&cpu, "b"), turn(&cpu, "c"));
+            let b2t = b2.take();
+            let c2t = c2.take();
+            tokio::pin!(b2t, c2t);
+            assert!(waits(b2t.as_mut()).await && waits(c2t.as_mut()).await);
+            // a2 ticks: b and c, waiting with one slot each, hold no fewer than a would after
+            // giving its second back, so a keeps it; when it ends, b's (first in line by
+            // tenant) or c's waiting invocation takes the worker at once, not both.
+            a2.tick().await;
+            assert_eq!(cpu.load("a"), (2, 0));
+            drop(a2);
+            let first = tokio::select! {
+                r = b2t.as_mut() => r,
+                r = c2t.as_mut() => r,
+            };
+            assert!(first);
+            assert_eq!(cpu.load("b").0 + cpu.load("c").0, 3);
+            assert_eq!(cpu.lock().running(), 4);
         });
     }
 
@@ -308,11 +422,11 @@ mod tests {
     fn a_tick_lets_the_tenants_own_waiting_invocation_go_first() {
         rt().block_on(async {
             let cpu = CpuShares::new(1);
-            let (a, b) = (Turn::new(&cpu, "t"), Turn::new(&cpu, "t"));
-            a.take().await;
+            let (a, b) = (turn(&cpu, "t"), turn(&cpu, "t"));
+            at_once("a", a.take()).await;
             let order = Mutex::new(Vec::new());
             let waits = async {
-                b.take().await;
+                assert!(b.take().await);
                 order.lock().expect("order").push("b");
                 b.give();
             };
@@ -321,28 +435,31 @@ mod tests {
                 a.tick().await;
                 order.lock().expect("order").push("a");
             };
-            tokio::join!(waits, ticks);
+            tokio::time::timeout(Duration::from_secs(5), async { tokio::join!(waits, ticks) })
+                .await
+                .expect("no deadlock");
             assert_eq!(*order.lock().expect("order"), ["b", "a"]);
         });
     }
 
     #[test]
-    fn a_wait_dropped_gives_its_place_back() {
+    fn a_wait_dropped_or_past_its_deadline_gives_its_place_back() {
         rt().block_on(async {
             let cpu = CpuShares::new(1);
-            let (a, b) = (Turn::new(&cpu, "t"), Turn::new(&cpu, "t"));
-            a.take().await;
+            let (a, b) = (turn(&cpu, "t"), turn(&cpu, "t"));
+            at_once("a", a.take()).await;
             assert!(
                 tokio::time::timeout(Duration::from_millis(20), b.take())
                     .await
                     .is_err()
             );
             assert_eq!(cpu.load("t"), (1, 0), "the dropped wait is not counted");
+            let late = Turn::new(&cpu, "t", Instant::now() + Duration::from_millis(15));
+            assert!(!late.take().await, "no slot before its deadline");
+            assert_eq!(cpu.load("t"), (1, 0));
             drop(a);
             assert_eq!(cpu.load("t"), (0, 0), "a dropped turn gives its slot back");
-            tokio::time::timeout(Duration::from_millis(5), b.take())
-                .await
-                .expect("free now");
+            at_once("free now", b.take()).await;
         });
     }
 }

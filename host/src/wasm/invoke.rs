@@ -44,6 +44,8 @@ pub struct State {
     objects: ObjectsCtx,
     models: ModelsCtx,
     nn: NnCtx,
+    /// The invocation's run slot, given back while the guest blocks in `wasi:io/poll`.
+    turn: Arc<Turn>,
 }
 
 impl std::fmt::Debug for State {
@@ -80,8 +82,9 @@ fn linker(engine: &Engine, caps: Capabilities) -> wasmtime::Result<Linker<State>
     use wasmtime_wasi::random::{WasiRandom, WasiRandomView};
     let mut l = Linker::new(engine);
     io::error::add_to_linker::<State, HasTable>(&mut l, |s| &mut s.table)?;
-    io::poll::add_to_linker::<State, super::poll::HasBounded>(&mut l, |s| {
-        super::poll::Bounded(&mut s.table)
+    io::poll::add_to_linker::<State, super::poll::HasBounded>(&mut l, |s| super::poll::Bounded {
+        table: &mut s.table,
+        turn: &s.turn,
     })?;
     io::streams::add_to_linker::<State, HasTable>(&mut l, |s| &mut s.table)?;
     cli::exit::add_to_linker::<State, WasiCli>(&mut l, State::cli)?;
@@ -314,9 +317,9 @@ impl Runtime {
         // The run slot is taken here, before a worker picks the invocation up: its tenant
         // counts as wanting the workers from now, so that the others' shares shrink at their
         // next tick rather than once this one has waited for a worker behind them.
-        let turn = Turn::new(&self.cpu, &tenant.name);
         let limit = tenant.limits.timeout;
-        if tokio::time::timeout(limit, turn.take()).await.is_err() {
+        let turn = Turn::new(&self.cpu, &tenant.name, started + limit);
+        if !turn.take().await {
             return Finished {
                 result: Err(InvokeError::Stopped(Stop::Time {
                     limit,
@@ -404,6 +407,7 @@ async fn run(
         objects: ObjectsCtx::new(caller.clone(), objects),
         models: ModelsCtx::new(caller.clone(), Arc::clone(&models)),
         nn: NnCtx::new(caller, device, models),
+        turn: Arc::clone(&turn),
     };
     let mut store = Store::new(pre.engine(), state);
     store.limiter(|s| &mut s.limiter);
@@ -427,7 +431,6 @@ async fn run(
     let called = deadline
         .run_past(
             async {
-                turn.take().await;
                 let instance = pre.instantiate_async(&mut store).await?;
                 instantiated = started.elapsed();
                 instance.call_run(&mut store, &invocation).await
@@ -609,7 +612,11 @@ mod tests {
 
     /// A run slot of a worker of its own.
     fn turn() -> Arc<Turn> {
-        Turn::new(&CpuShares::new(1), "t")
+        Turn::new(
+            &CpuShares::new(1),
+            "t",
+            Instant::now() + Duration::from_secs(60),
+        )
     }
 
     fn int8() -> Reply {

@@ -6,14 +6,19 @@
 //! list is lifted before this sees it: that is wasmtime's work, bounded by the store's hostcall
 //! fuel (the tenant's memory limit), and it does not yield either.
 
+use super::cpu::Turn;
 use super::limits::MAX_HANDLES;
 use wasmtime::component::{HasData, Resource, ResourceTable};
 use wasmtime_wasi::p2::DynPollable;
 use wasmtime_wasi::p2::bindings::io::poll;
 
-/// The store's handle table, seen through the bounded `poll`.
+/// The store's handle table, seen through the bounded `poll`; the invocation's run slot is
+/// given back while the guest blocks.
 #[derive(Debug)]
-pub struct Bounded<'a>(pub &'a mut ResourceTable);
+pub struct Bounded<'a> {
+    pub table: &'a mut ResourceTable,
+    pub turn: &'a Turn,
+}
 
 /// Links [`Bounded`] (`add_to_linker::<State, HasBounded>`).
 #[derive(Debug)]
@@ -31,21 +36,25 @@ impl poll::Host for Bounded<'_> {
                 pollables.len()
             ));
         }
-        poll::Host::poll(&mut *self.0, pollables).await
+        let turn = self.turn;
+        turn.off(poll::Host::poll(&mut *self.table, pollables))
+            .await
     }
 }
 
 impl poll::HostPollable for Bounded<'_> {
     async fn block(&mut self, pollable: Resource<DynPollable>) -> wasmtime::Result<()> {
-        poll::HostPollable::block(&mut *self.0, pollable).await
+        let turn = self.turn;
+        turn.off(poll::HostPollable::block(&mut *self.table, pollable))
+            .await
     }
 
     async fn ready(&mut self, pollable: Resource<DynPollable>) -> wasmtime::Result<bool> {
-        poll::HostPollable::ready(&mut *self.0, pollable).await
+        poll::HostPollable::ready(&mut *self.table, pollable).await
     }
 
     fn drop(&mut self, pollable: Resource<DynPollable>) -> wasmtime::Result<()> {
-        poll::HostPollable::drop(&mut *self.0, pollable)
+        poll::HostPollable::drop(&mut *self.table, pollable)
     }
 }
 
@@ -64,7 +73,16 @@ mod tests {
                 .map(|_| Resource::new_borrow(pollable.rep()))
                 .collect()
         };
-        let mut bounded = Bounded(&mut table);
+        let cpu = super::super::cpu::CpuShares::new(1);
+        let turn = Turn::new(
+            &cpu,
+            "t",
+            std::time::Instant::now() + std::time::Duration::from_secs(60),
+        );
+        let mut bounded = Bounded {
+            table: &mut table,
+            turn: &turn,
+        };
         let e = poll::Host::poll(&mut bounded, copies(MAX_HANDLES + 1))
             .await
             .expect_err("too long");

@@ -319,38 +319,33 @@ impl inference::HostGraphExecutionContext for NnView<'_> {
         let caller = self.ctx.caller.clone();
         let tenant: Arc<str> = Arc::from(caller.tenant.name.as_str());
         let started = Instant::now();
-        let pin = match caller
-            .turn
-            .off(
-                self.ctx
-                    .device
-                    .acquire(&info.model, &tenant, &caller.deadline),
-            )
-            .await
-        {
-            Ok(p) => p,
-            Err(e) => {
-                self.ctx.queue_time += started.elapsed();
-                return self.device_error(e);
-            }
-        };
+        let device = Arc::clone(&self.ctx.device);
         let Tensor { data, charge, .. } = tensor;
-        let job = Job {
-            tenant,
-            weight: caller.tenant.limits.weight,
-            pin,
-            range: info.range.clone(),
-            input: Input {
-                bytes: data,
-                charge,
-                shape: info.input_shape.clone(),
-                n,
-            },
-            out: info.out,
-            account: Arc::clone(&caller.account),
-            deadline: Arc::clone(&caller.deadline),
-        };
-        let ran = caller.turn.off(self.ctx.device.run(job)).await;
+        // The model's pin and the device call are one wait: no run slot is taken between them.
+        let ran = caller
+            .turn
+            .off(async {
+                let pin = device
+                    .acquire(&info.model, &tenant, &caller.deadline)
+                    .await?;
+                let job = Job {
+                    tenant: Arc::clone(&tenant),
+                    weight: caller.tenant.limits.weight,
+                    pin,
+                    range: info.range.clone(),
+                    input: Input {
+                        bytes: data,
+                        charge,
+                        shape: info.input_shape.clone(),
+                        n,
+                    },
+                    out: info.out,
+                    account: Arc::clone(&caller.account),
+                    deadline: Arc::clone(&caller.deadline),
+                };
+                device.run(job).await
+            })
+            .await;
         let elapsed = started.elapsed();
         let ran = match ran {
             Ok(r) => r,

@@ -193,6 +193,24 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 impl Suite {
+    /// The heavy tenant's `hostile` calls with `body`, as many at a time as it may run, each
+    /// loop calling again until `for_` has passed; every call must succeed.
+    async fn heavy_loops(&self, for_: Duration, body: Value) -> Outcome {
+        let started = Instant::now();
+        let until = started + for_;
+        let loops = (0..HEAVY_CONCURRENCY).map(|_| async {
+            let mut n = 0;
+            while Instant::now() < until {
+                let (o, _) = self.call(HEAVY, "hostile", body.clone()).await;
+                assert_eq!(o.status, 200, "{o:?}");
+                n += 1;
+            }
+            n
+        });
+        let calls: usize = futures::future::join_all(loops).await.into_iter().sum();
+        Outcome::of(200, "ok", started.elapsed()).note(format!("{calls} calls"))
+    }
+
     async fn call(&self, token: &str, function: &str, body: Value) -> (Outcome, Vec<u8>) {
         let started = Instant::now();
         let resp = self
@@ -756,67 +774,34 @@ async fn a_hostile_tenant_cannot_break_isolation() {
         HEAVY_CONCURRENCY * 2 * HEAVY_MEMORY + 64 * MIB,
         None,
         async {
-            let until = Instant::now() + Duration::from_secs(6);
-            let flood = async {
-                let started = Instant::now();
-                let loops = (0..HEAVY_CONCURRENCY).map(|_| async {
-                    let mut n = 0;
-                    while Instant::now() < until {
-                        let (o, _) = s
-                            .call(
-                                HEAVY,
-                                "hostile",
-                                hostile(
-                                    "graph",
-                                    &[
-                                        ("graph", "resnet18[0..4]"),
-                                        ("dims", "48,3,224,224"),
-                                        ("bytes", &heavy_input),
-                                    ],
-                                    &[],
-                                ),
-                            )
-                            .await;
-                        assert_eq!(o.status, 200, "{o:?}");
-                        n += 1;
-                    }
-                    n
-                });
-                let calls: usize = futures::future::join_all(loops).await.into_iter().sum();
-                Outcome::of(200, "ok", started.elapsed()).note(format!("{calls} calls"))
-            };
+            let flood = s.heavy_loops(
+                Duration::from_secs(6),
+                hostile(
+                    "graph",
+                    &[
+                        ("graph", "resnet18[0..4]"),
+                        ("dims", "48,3,224,224"),
+                        ("bytes", &heavy_input),
+                    ],
+                    &[],
+                ),
+            );
             let (o, v) = s.beside(flood).await;
             (o, Some(v))
         },
     )
     .await;
+    // 5. Fairness by worker time: guests that never wait.
     s.row(
         5,
         "4 guests spinning at a time, for 4 s",
         HEAVY_CONCURRENCY * 2 * HEAVY_MEMORY + 64 * MIB,
         None,
         async {
-            let until = Instant::now() + Duration::from_secs(4);
-            let spin = async {
-                let started = Instant::now();
-                let loops = (0..HEAVY_CONCURRENCY).map(|_| async {
-                    let mut n = 0;
-                    while Instant::now() < until {
-                        let (o, _) = s
-                            .call(
-                                HEAVY,
-                                "hostile",
-                                hostile("spin", &[("iterations", "300000000")], &[]),
-                            )
-                            .await;
-                        assert_eq!(o.status, 200, "{o:?}");
-                        n += 1;
-                    }
-                    n
-                });
-                let calls: usize = futures::future::join_all(loops).await.into_iter().sum();
-                Outcome::of(200, "ok", started.elapsed()).note(format!("{calls} calls"))
-            };
+            let spin = s.heavy_loops(
+                Duration::from_secs(4),
+                hostile("spin", &[("iterations", "300000000")], &[]),
+            );
             let (o, v) = s.beside(spin).await;
             (o, Some(v))
         },

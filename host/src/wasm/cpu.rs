@@ -7,12 +7,13 @@
 //! the light tenant at 6.4x its solo median, its decode stage 48.7 ms against 2.6).
 //!
 //! A tenant's invocation holds a run slot ([`Turn`]) while it runs guest code or the host's work
-//! on its output, and gives it back while it waits in a host call (an object read, the device)
-//! and at every tick. While `n` tenants want slots, each may hold `workers / n` of them (at
-//! least one); a tenant alone may hold every worker, so the workers stay busy whatever the mix.
-//! An invocation over its tenant's share waits at its next tick, or when it comes back from a
-//! host call, until one of its tenant's slots is given back or the share grows. Its deadline
-//! runs on while it waits: the time limit is wall time.
+//! on its output, and gives it back while it waits in a host call (an object read, a model
+//! load, the device, `wasi:io/poll`) and, at a tick, when another tenant needs it. While `n`
+//! tenants want slots, each may hold `workers / n` of them (at least one), and a tenant over its
+//! share may take a free worker while no tenant holding fewer waits for one: a tenant alone
+//! holds every worker, and the workers stay busy whatever the mix. An invocation that may not
+//! hold another slot waits, behind its tenant's invocations that came before it, until a slot
+//! comes free or the share grows, and no longer than its deadline (the time limit is wall time).
 
 use super::engine::EPOCH_TICK;
 use std::collections::{HashMap, VecDeque};

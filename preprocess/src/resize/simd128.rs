@@ -39,15 +39,12 @@ fn load16(s: &[u8], at: usize) -> v128 {
 /// count fixed, which LLVM unrolls: a loop in the Wasm code is an epoch check at its header
 /// each time round under wasmtime, the taps' loop one per tap and 16 pixels.
 pub(super) fn vertical_row(lines: &[&[u8]], k: &[i32], dst: &mut [u8]) {
+    // A slice of a literal length: the taps' loop has a known count once inlined.
     macro_rules! fixed {
         ($($n:literal)*) => {
             match k.len().min(lines.len()) {
-                $($n => vertical_blocks::<$n>(
-                    lines[..$n].try_into().unwrap_or_else(|_| unreachable!()),
-                    k[..$n].try_into().unwrap_or_else(|_| unreachable!()),
-                    dst,
-                ),)*
-                _ => vertical_blocks_any(lines, k, dst),
+                $($n => vertical_blocks(&lines[..$n], &k[..$n], dst),)*
+                _ => vertical_blocks(lines, k, dst),
             }
         };
     }
@@ -62,21 +59,10 @@ pub(super) fn vertical_row(lines: &[&[u8]], k: &[i32], dst: &mut [u8]) {
     }
 }
 
-/// The whole 16-pixel blocks of [`vertical_row`] with `N` taps.
+/// The whole 16-pixel blocks of [`vertical_row`] (inlined, so that a literal number of taps
+/// unrolls their loop).
 #[inline(always)]
-fn vertical_blocks<const N: usize>(lines: &[&[u8]; N], k: &[i32; N], dst: &mut [u8]) {
-    for b in 0..dst.len() / 16 {
-        let at = b * 16;
-        let mut acc = [i32x4_splat(HALF); 4];
-        for j in 0..N {
-            add_tap(&mut acc, lines[j], at, k[j]);
-        }
-        store16(dst, at, acc);
-    }
-}
-
-/// [`vertical_blocks`] for any number of taps.
-fn vertical_blocks_any(lines: &[&[u8]], k: &[i32], dst: &mut [u8]) {
+fn vertical_blocks(lines: &[&[u8]], k: &[i32], dst: &mut [u8]) {
     for b in 0..dst.len() / 16 {
         let at = b * 16;
         let mut acc = [i32x4_splat(HALF); 4];
@@ -235,11 +221,7 @@ impl Groups {
             macro_rules! fixed {
                 ($($n:literal)*) => {
                     match coef.len() {
-                        $($n => {
-                            let coef: &[[v128; 3]; $n] =
-                                coef.try_into().unwrap_or_else(|_| unreachable!());
-                            group_sums(line, g, coef)
-                        })*
+                        $($n => group_sums(line, g, &coef[..$n]),)*
                         _ => group_sums(line, g, coef),
                     }
                 };
@@ -258,8 +240,8 @@ impl Groups {
     }
 }
 
-/// One group's three channel accumulators over its taps (`coef` is a fixed-size array for the
-/// common tap counts, so that the loop unrolls).
+/// One group's three channel accumulators over its taps (inlined, so that a literal number of
+/// taps unrolls their loop).
 #[inline(always)]
 fn group_sums(line: &[u8], g: &Group, coef: &[[v128; 3]]) -> [v128; 3] {
     let mut acc = [i32x4_splat(HALF); 3];

@@ -320,16 +320,17 @@ fn check_header_crcs(bytes: &[u8]) -> Result<(), PreprocessError> {
 /// checksum error. In the Wasm guest the image data's CRC was a tenth of a photo's decoding
 /// (table-driven there; natively it uses PCLMULQDQ).
 fn decode_png(bytes: &[u8]) -> Result<Decoded, PreprocessError> {
+    use image::ImageBuffer;
     use png::{BitDepth::*, ColorType::*};
+    let bad = |message: String| PreprocessError::Decode {
+        format: "PNG",
+        message,
+    };
     let err = |e: png::DecodingError| match e {
-        png::DecodingError::LimitsExceeded => PreprocessError::Decode {
-            format: "PNG",
-            message: format!("it needs more than {MAX_DECODE_BYTES} bytes"),
-        },
-        e => PreprocessError::Decode {
-            format: "PNG",
-            message: e.to_string(),
-        },
+        png::DecodingError::LimitsExceeded => {
+            bad(format!("it needs more than {MAX_DECODE_BYTES} bytes"))
+        }
+        e => bad(e.to_string()),
     };
     let limits = png::Limits {
         bytes: usize::try_from(MAX_DECODE_BYTES).unwrap_or(usize::MAX),
@@ -345,19 +346,15 @@ fn decode_png(bytes: &[u8]) -> Result<Decoded, PreprocessError> {
     }
     decoder.set_transformations(png::Transformations::EXPAND);
     let mut reader = decoder.read_info().map_err(err)?;
-    let size = reader
-        .output_buffer_size()
-        .ok_or_else(|| PreprocessError::Decode {
-            format: "PNG",
-            message: format!("a {width}x{height} image overflows this machine's sizes"),
-        })?;
+    let size = reader.output_buffer_size().ok_or_else(|| {
+        bad(format!(
+            "a {width}x{height} image overflows this machine's sizes"
+        ))
+    })?;
     if size as u64 > MAX_DECODE_BYTES {
-        return Err(PreprocessError::Decode {
-            format: "PNG",
-            message: format!(
-                "a {width}x{height} image of {size} bytes is over the limit of {MAX_DECODE_BYTES}"
-            ),
-        });
+        return Err(bad(format!(
+            "a {width}x{height} image of {size} bytes is over the limit of {MAX_DECODE_BYTES}"
+        )));
     }
     // 16-bit samples are read into the buffer of the image they become (big-endian from the
     // decoder, swapped in place), as `image` does: one buffer of `size` bytes either way.
@@ -378,32 +375,26 @@ fn decode_png(bytes: &[u8]) -> Result<Decoded, PreprocessError> {
     for v in &mut wide {
         *v = u16::from_be(*v);
     }
+    let (w, h) = (width, height);
     let img = match (frame.color_type, frame.bit_depth) {
-        (Grayscale, Eight) => image::ImageBuffer::from_raw(width, height, buf).map(Decoded::Gray),
-        (Rgb, Eight) => image::ImageBuffer::from_raw(width, height, buf).map(Decoded::Rgb),
-        (GrayscaleAlpha, Eight) => image::ImageBuffer::from_raw(width, height, buf)
-            .map(|i| narrow(DynamicImage::ImageLumaA8(i))),
-        (Rgba, Eight) => image::ImageBuffer::from_raw(width, height, buf)
-            .map(|i| narrow(DynamicImage::ImageRgba8(i))),
-        (Grayscale, Sixteen) => image::ImageBuffer::from_raw(width, height, wide)
-            .map(|i| narrow(DynamicImage::ImageLuma16(i))),
-        (GrayscaleAlpha, Sixteen) => image::ImageBuffer::from_raw(width, height, wide)
-            .map(|i| narrow(DynamicImage::ImageLumaA16(i))),
-        (Rgb, Sixteen) => image::ImageBuffer::from_raw(width, height, wide)
-            .map(|i| narrow(DynamicImage::ImageRgb16(i))),
-        (Rgba, Sixteen) => image::ImageBuffer::from_raw(width, height, wide)
-            .map(|i| narrow(DynamicImage::ImageRgba16(i))),
+        (Grayscale, Eight) => ImageBuffer::from_raw(w, h, buf).map(DynamicImage::ImageLuma8),
+        (Rgb, Eight) => ImageBuffer::from_raw(w, h, buf).map(DynamicImage::ImageRgb8),
+        (GrayscaleAlpha, Eight) => ImageBuffer::from_raw(w, h, buf).map(DynamicImage::ImageLumaA8),
+        (Rgba, Eight) => ImageBuffer::from_raw(w, h, buf).map(DynamicImage::ImageRgba8),
+        (Grayscale, Sixteen) => ImageBuffer::from_raw(w, h, wide).map(DynamicImage::ImageLuma16),
+        (GrayscaleAlpha, Sixteen) => {
+            ImageBuffer::from_raw(w, h, wide).map(DynamicImage::ImageLumaA16)
+        }
+        (Rgb, Sixteen) => ImageBuffer::from_raw(w, h, wide).map(DynamicImage::ImageRgb16),
+        (Rgba, Sixteen) => ImageBuffer::from_raw(w, h, wide).map(DynamicImage::ImageRgba16),
         (color, depth) => {
-            return Err(PreprocessError::Decode {
-                format: "PNG",
-                message: format!("{color:?} at {depth:?} bits after expansion is not supported"),
-            });
+            return Err(bad(format!(
+                "{color:?} at {depth:?} bits after expansion is not supported"
+            )));
         }
     };
-    img.ok_or_else(|| PreprocessError::Decode {
-        format: "PNG",
-        message: format!("the decoder gave a short {width}x{height} frame"),
-    })
+    img.map(narrow)
+        .ok_or_else(|| bad(format!("the decoder gave a short {width}x{height} frame")))
 }
 
 /// The size torchvision's `Resize(size)` gives a `w` x `h` image: the shorter side becomes

@@ -79,6 +79,22 @@ impl Inner {
             l.wake.notify_waiters();
         }
     }
+
+    /// Gives back one of `tenant`'s slots, or (`ticket`) a place in its queue.
+    fn give(&mut self, tenant: &str, ticket: Option<u64>) {
+        let Some(load) = self.tenants.get_mut(tenant) else {
+            return;
+        };
+        match ticket {
+            Some(t) => load.queue.retain(|&q| q != t),
+            None => load.running = load.running.saturating_sub(1),
+        }
+        if !load.wants() {
+            self.tenants.remove(tenant);
+        }
+        // A worker came free or the share grew: whoever waits looks again.
+        self.wake_all();
+    }
 }
 
 impl CpuShares {
@@ -122,14 +138,16 @@ impl CpuShares {
         // A newcomer counts among the wanting: its own arrival shrinks the share.
         let share = self.share(g.wanting() + usize::from(newcomer));
         let held = g.running();
+        let (running, first) = g.tenants.get(tenant).map_or((0, true), |l| {
+            let first = match ticket {
+                None => l.queue.is_empty(),
+                Some(t) => l.queue.front() == Some(&t),
+            };
+            (l.running, first)
+        });
+        let may = first && self.may_hold(&g, tenant, running, held, share);
         let load = g.tenants.entry(Arc::clone(tenant)).or_default();
-        let first = match ticket {
-            None => load.queue.is_empty(),
-            Some(t) => load.queue.front() == Some(&t),
-        };
-        let running = load.running;
-        if first && self.may_hold(&g, tenant, running, held, share) {
-            let load = g.tenants.entry(Arc::clone(tenant)).or_default();
+        if may {
             if ticket.is_some() {
                 load.queue.pop_front();
             }
@@ -140,7 +158,6 @@ impl CpuShares {
             }
             return Ok(());
         }
-        let load = g.tenants.entry(Arc::clone(tenant)).or_default();
         let t = ticket.unwrap_or_else(|| {
             let t = load.next;
             load.next += 1;
@@ -154,7 +171,7 @@ impl CpuShares {
     /// back, it would be given it again first; else it gives it back (one step under the lock,
     /// so that no other tenant sees the tenant gone in between).
     fn keep(&self, tenant: &str) -> bool {
-        let g = self.lock();
+        let mut g = self.lock();
         let share = self.share(g.wanting());
         let held = g.running();
         let Some(load) = g.tenants.get(tenant) else {
@@ -164,26 +181,13 @@ impl CpuShares {
         if alone && running > 0 && self.may_hold(&g, tenant, running - 1, held - 1, share) {
             return true;
         }
-        drop(g);
-        self.give(tenant, None);
+        g.give(tenant, None);
         false
     }
 
     /// Gives back one of `tenant`'s slots, or (`ticket`) a place in its queue.
     fn give(&self, tenant: &str, ticket: Option<u64>) {
-        let mut g = self.lock();
-        let Some(load) = g.tenants.get_mut(tenant) else {
-            return;
-        };
-        match ticket {
-            Some(t) => load.queue.retain(|&q| q != t),
-            None => load.running = load.running.saturating_sub(1),
-        }
-        if !load.wants() {
-            g.tenants.remove(tenant);
-        }
-        // A worker came free or the share grew: whoever waits looks again.
-        g.wake_all();
+        self.lock().give(tenant, ticket);
     }
 }
 

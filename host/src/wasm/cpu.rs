@@ -8,10 +8,13 @@
 //!
 //! A tenant's invocation holds a run slot ([`Turn`]) while it runs guest code or the host's work
 //! on its output, and gives it back while it waits in a host call (an object read, a model
-//! load, the device, `wasi:io/poll`) and, at a tick, when another tenant needs it. While `n`
-//! tenants want slots, each may hold `workers / n` of them (at least one), and a tenant over its
-//! share may take a free worker while no tenant holding fewer waits for one: a tenant alone
-//! holds every worker, and the workers stay busy whatever the mix. An invocation that may not
+//! load, the device, `wasi:io/poll`) and, at a tick, when another tenant needs it. While
+//! tenants of weights `w1 .. wn` (the policy's `weight`, the device's too) want slots, tenant
+//! `i` may hold `workers * wi / (w1 + .. + wn)` of them, rounded down, at least one (equal
+//! weights: `workers / n`), and a tenant over its share may take a free worker while no tenant
+//! holding fewer per unit of weight waits for one: a tenant alone holds every worker, and the
+//! workers stay busy whatever the mix. Shares are whole workers, so weights shape them only
+//! where there are more workers than wanting tenants. An invocation that may not
 //! hold another slot waits, behind its tenant's invocations that came before it, until a slot
 //! comes free or the share grows, and no longer than its deadline (the time limit is wall time).
 
@@ -36,6 +39,8 @@ struct Inner {
 /// One tenant's slots.
 #[derive(Debug, Default)]
 struct Load {
+    /// Its weight (the policy's; the latest invocation's, should a reload change it).
+    weight: u32,
     /// Slots held: invocations running guest code (or the host's work on their output).
     running: usize,
     /// Tickets of the invocations waiting for a slot, in the order they came: the first takes
@@ -52,12 +57,20 @@ impl Load {
     fn wants(&self) -> bool {
         self.running > 0 || !self.queue.is_empty()
     }
+
+    fn weight(&self) -> u64 {
+        u64::from(self.weight.max(1))
+    }
 }
 
 impl Inner {
-    /// Tenants that hold or want slots.
-    fn wanting(&self) -> usize {
-        self.tenants.values().filter(|l| l.wants()).count()
+    /// Weights of the tenants that hold or want slots, together.
+    fn wanting(&self) -> u64 {
+        self.tenants
+            .values()
+            .filter(|l| l.wants())
+            .map(Load::weight)
+            .sum()
     }
 
     /// Slots held, all tenants.
@@ -65,12 +78,14 @@ impl Inner {
         self.tenants.values().map(|l| l.running).sum()
     }
 
-    /// Whether a tenant other than `tenant` waits for a slot while holding fewer than
-    /// `running`: a free worker goes to it first.
-    fn poorer_waits(&self, tenant: &str, running: usize) -> bool {
-        self.tenants
-            .iter()
-            .any(|(t, l)| &**t != tenant && !l.queue.is_empty() && l.running < running)
+    /// Whether a tenant other than `tenant` (of weight `weight`) waits for a slot while
+    /// holding fewer than `running` per unit of weight: a free worker goes to it first.
+    fn poorer_waits(&self, tenant: &str, running: usize, weight: u64) -> bool {
+        self.tenants.iter().any(|(t, l)| {
+            &**t != tenant
+                && !l.queue.is_empty()
+                && (l.running as u64) * weight < (running as u64) * l.weight()
+        })
     }
 
     /// Every tenant's waiting invocations look again (a slot came free, or the share grew).
@@ -109,16 +124,29 @@ impl CpuShares {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Slots a tenant may hold while `wanting` tenants hold or want them.
-    fn share(&self, wanting: usize) -> usize {
-        (self.workers / wanting.max(1)).max(1)
+    /// Slots a tenant of weight `weight` may hold while tenants of weights summing to
+    /// `wanting` (its own included) hold or want them.
+    fn share(&self, weight: u64, wanting: u64) -> usize {
+        let share = self.workers as u64 * weight / wanting.max(1);
+        usize::try_from(share).unwrap_or(usize::MAX).max(1)
     }
 
-    /// Whether `tenant`, holding `running` slots and none of its invocations waiting ahead, may
-    /// hold one more while `held` are held in all: within its share, or a worker is free and no
-    /// tenant holding fewer waits for one (the workers stay busy whatever the mix).
-    fn may_hold(&self, g: &Inner, tenant: &str, running: usize, held: usize, share: usize) -> bool {
-        running < share || (held < self.workers && !g.poorer_waits(tenant, running))
+    /// Whether `tenant` (of weight `weight`), holding `running` slots and none of its
+    /// invocations waiting ahead, may hold one more while `held` are held in all and tenants of
+    /// weights summing to `wanting` want them: within its share, or a worker is free and no
+    /// tenant holding fewer per unit of weight waits for one (the workers stay busy whatever
+    /// the mix).
+    fn may_hold(
+        &self,
+        g: &Inner,
+        tenant: &str,
+        weight: u64,
+        wanting: u64,
+        running: usize,
+        held: usize,
+    ) -> bool {
+        running < self.share(weight, wanting)
+            || (held < self.workers && !g.poorer_waits(tenant, running, weight))
     }
 
     /// Slots held and invocations waiting, for `tenant`.
@@ -132,20 +160,25 @@ impl CpuShares {
     /// A slot for `tenant` now if it may hold one more and no invocation of its tenant waits
     /// ahead (`ticket`: this one's place in the queue, if it has one); else its place in the
     /// queue (a new one at the back if it had none) and the tenant's wake.
-    fn try_take(&self, tenant: &Arc<str>, ticket: Option<u64>) -> Result<(), (u64, Arc<Notify>)> {
+    fn try_take(
+        &self,
+        tenant: &Arc<str>,
+        weight: u32,
+        ticket: Option<u64>,
+    ) -> Result<(), (u64, Arc<Notify>)> {
         let mut g = self.lock();
-        let newcomer = !g.tenants.get(tenant).is_some_and(Load::wants);
-        // A newcomer counts among the wanting: its own arrival shrinks the share.
-        let share = self.share(g.wanting() + usize::from(newcomer));
-        let held = g.running();
-        let (running, first) = g.tenants.get(tenant).map_or((0, true), |l| {
-            let first = match ticket {
-                None => l.queue.is_empty(),
-                Some(t) => l.queue.front() == Some(&t),
-            };
-            (l.running, first)
-        });
-        let may = first && self.may_hold(&g, tenant, running, held, share);
+        // Left wanting on either path below: it takes a slot or a place in the queue.
+        let load = g.tenants.entry(Arc::clone(tenant)).or_default();
+        load.weight = weight;
+        let (weight, running) = (load.weight(), load.running);
+        let first = match ticket {
+            None => load.queue.is_empty(),
+            Some(t) => load.queue.front() == Some(&t),
+        };
+        // A newcomer counts among the wanting: its own arrival shrinks the shares.
+        let newcomer = if load.wants() { 0 } else { weight };
+        let wanting = g.wanting() + newcomer;
+        let may = first && self.may_hold(&g, tenant, weight, wanting, running, g.running());
         let load = g.tenants.entry(Arc::clone(tenant)).or_default();
         if may {
             if ticket.is_some() {
@@ -172,13 +205,14 @@ impl CpuShares {
     /// so that no other tenant sees the tenant gone in between).
     fn keep(&self, tenant: &str) -> bool {
         let mut g = self.lock();
-        let share = self.share(g.wanting());
-        let held = g.running();
+        let (wanting, held) = (g.wanting(), g.running());
         let Some(load) = g.tenants.get(tenant) else {
             return false;
         };
-        let (running, alone) = (load.running, load.queue.is_empty());
-        if alone && running > 0 && self.may_hold(&g, tenant, running - 1, held - 1, share) {
+        let (weight, running, alone) = (load.weight(), load.running, load.queue.is_empty());
+        // As if given back: one slot fewer, its own and in all.
+        if alone && running > 0 && self.may_hold(&g, tenant, weight, wanting, running - 1, held - 1)
+        {
             return true;
         }
         g.give(tenant, None);
@@ -197,6 +231,8 @@ impl CpuShares {
 pub struct Turn {
     cpu: Arc<CpuShares>,
     tenant: Arc<str>,
+    /// The tenant's weight.
+    weight: u32,
     until: Instant,
     held: Mutex<bool>,
 }
@@ -217,11 +253,12 @@ impl Drop for Queued<'_> {
 }
 
 impl Turn {
-    /// The place of an invocation of `tenant` whose deadline is `until`.
-    pub fn new(cpu: &Arc<CpuShares>, tenant: &str, until: Instant) -> Arc<Self> {
+    /// The place of an invocation of `tenant` (of weight `weight`) whose deadline is `until`.
+    pub fn new(cpu: &Arc<CpuShares>, tenant: &str, weight: u32, until: Instant) -> Arc<Self> {
         Arc::new(Self {
             cpu: Arc::clone(cpu),
             tenant: Arc::from(tenant),
+            weight,
             until,
             held: Mutex::new(false),
         })
@@ -243,7 +280,7 @@ impl Turn {
             ticket: None,
         };
         loop {
-            let wake = match self.cpu.try_take(&self.tenant, queued.ticket) {
+            let wake = match self.cpu.try_take(&self.tenant, self.weight, queued.ticket) {
                 Ok(()) => break,
                 Err((t, wake)) => {
                     queued.ticket = Some(t);
@@ -254,7 +291,11 @@ impl Turn {
             let notified = wake.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            if self.cpu.try_take(&self.tenant, queued.ticket).is_ok() {
+            if self
+                .cpu
+                .try_take(&self.tenant, self.weight, queued.ticket)
+                .is_ok()
+            {
                 break;
             }
             let now = Instant::now();
@@ -325,7 +366,16 @@ mod tests {
     }
 
     fn turn(cpu: &Arc<CpuShares>, tenant: &str) -> Arc<Turn> {
-        Turn::new(cpu, tenant, Instant::now() + Duration::from_secs(60))
+        weighted(cpu, tenant, 1)
+    }
+
+    fn weighted(cpu: &Arc<CpuShares>, tenant: &str, weight: u32) -> Arc<Turn> {
+        Turn::new(
+            cpu,
+            tenant,
+            weight,
+            Instant::now() + Duration::from_secs(60),
+        )
     }
 
     /// Well under the backstop's tick: what completes within it was woken, not polled again.
@@ -336,7 +386,7 @@ mod tests {
         assert_eq!(got, Ok(true), "{what}");
     }
 
-    async fn waits(f: std::pin::Pin<&mut impl Future<Output = bool>>) -> bool {
+    async fn waits(f: std::pin::Pin<&mut impl Future>) -> bool {
         tokio::time::timeout(Duration::from_millis(30), f)
             .await
             .is_err()
@@ -424,6 +474,75 @@ mod tests {
     }
 
     #[test]
+    fn shares_follow_the_tenants_weights() {
+        rt().block_on(async {
+            // Eight workers: a tenant of weight 3 alone holds all eight.
+            let cpu = CpuShares::new(8);
+            let gold: Vec<_> = (0..8).map(|_| weighted(&cpu, "gold", 3)).collect();
+            for g in &gold {
+                at_once("alone: every worker", g.take()).await;
+            }
+            // A tenant of weight 1 arrives: its share is 8 * 1/4, which it gets at once.
+            let tin: Vec<_> = (0..3).map(|_| weighted(&cpu, "tin", 1)).collect();
+            at_once("tin's first", tin[0].take()).await;
+            at_once("tin's second", tin[1].take()).await;
+            {
+                let third = tin[2].take();
+                tokio::pin!(third);
+                assert!(waits(third.as_mut()).await, "past tin's share of two");
+            }
+            // Gold's share is now 8 * 3/4: two of its ticks give slots back, and those
+            // invocations wait.
+            let t0 = gold[0].tick();
+            let t1 = gold[1].tick();
+            tokio::pin!(t0, t1);
+            assert!(waits(t0.as_mut()).await, "gold over its share of six");
+            assert!(waits(t1.as_mut()).await, "gold still over it");
+            assert_eq!(cpu.load("gold"), (6, 2));
+            assert_eq!(cpu.load("tin"), (2, 0));
+            // Gold's next tick hands its slot to its first waiting invocation: still six.
+            let t2 = gold[2].tick();
+            tokio::pin!(t2);
+            let (t0, t2) = tokio::join!(
+                tokio::time::timeout(AT_ONCE, t0.as_mut()),
+                tokio::time::timeout(Duration::from_millis(30), t2.as_mut()),
+            );
+            assert_eq!(t0, Ok(()), "the first in line took the slot");
+            assert!(t2.is_err(), "the ticking one queues behind the other");
+            assert_eq!(cpu.load("gold"), (6, 2));
+            // Tin leaves: gold's share is every worker again.
+            drop(tin);
+            assert_eq!(cpu.load("tin"), (0, 0));
+            assert_eq!(
+                tokio::time::timeout(AT_ONCE, t1.as_mut()).await,
+                Ok(()),
+                "the share grew back"
+            );
+            assert_eq!(cpu.load("gold"), (7, 1));
+        });
+    }
+
+    #[test]
+    fn a_free_worker_goes_to_the_tenant_holding_fewest_per_unit_of_weight() {
+        let load = |weight, running| Load {
+            weight,
+            running,
+            queue: VecDeque::from([0]),
+            ..Load::default()
+        };
+        let mut g = Inner::default();
+        g.tenants.insert(Arc::from("big"), load(4, 3));
+        g.tenants.insert(Arc::from("small"), load(1, 1));
+        // Per unit of weight big holds 3/4, small 1: big waits poorer though it holds more.
+        assert!(g.poorer_waits("small", 1, 1));
+        assert!(!g.poorer_waits("big", 3, 4));
+        // Of equal weights, the one holding fewer slots.
+        g.tenants.insert(Arc::from("big"), load(1, 3));
+        assert!(!g.poorer_waits("small", 1, 1));
+        assert!(g.poorer_waits("big", 3, 1));
+    }
+
+    #[test]
     fn a_tick_lets_the_tenants_own_waiting_invocation_go_first() {
         rt().block_on(async {
             let cpu = CpuShares::new(1);
@@ -459,7 +578,7 @@ mod tests {
                     .is_err()
             );
             assert_eq!(cpu.load("t"), (1, 0), "the dropped wait is not counted");
-            let late = Turn::new(&cpu, "t", Instant::now() + Duration::from_millis(15));
+            let late = Turn::new(&cpu, "t", 1, Instant::now() + Duration::from_millis(15));
             assert!(!late.take().await, "no slot before its deadline");
             assert_eq!(cpu.load("t"), (1, 0));
             drop(a);

@@ -199,6 +199,22 @@ pub struct Finished {
     pub memory_peak: u64,
 }
 
+impl Finished {
+    /// An invocation that ended in `error` with nothing measured but its wall time since
+    /// `started` (its slot never came, the workers stopped, its task panicked).
+    fn failed(error: InvokeError, started: Instant) -> Self {
+        Self {
+            result: Err(error),
+            timings: Timings {
+                total: started.elapsed(),
+                ..Timings::default()
+            },
+            read: 0,
+            memory_peak: 0,
+        }
+    }
+}
+
 /// The engine, the linkers and what every store needs.
 pub struct Runtime {
     engine: Engine,
@@ -318,20 +334,16 @@ impl Runtime {
         // counts as wanting the workers from now, so that the others' shares shrink at their
         // next tick rather than once this one has waited for a worker behind them.
         let limit = tenant.limits.timeout;
-        let turn = Turn::new(&self.cpu, &tenant.name, started + limit);
+        let turn = Turn::new(
+            &self.cpu,
+            &tenant.name,
+            tenant.limits.weight,
+            started + limit,
+        );
         if !turn.take().await {
-            return Finished {
-                result: Err(InvokeError::Stopped(Stop::Time {
-                    limit,
-                    during: "waiting for its tenant's share of the workers",
-                })),
-                timings: Timings {
-                    total: started.elapsed(),
-                    ..Timings::default()
-                },
-                read: 0,
-                memory_peak: 0,
-            };
+            let during = "waiting for its tenant's share of the workers";
+            let stop = InvokeError::Stopped(Stop::Time { limit, during });
+            return Finished::failed(stop, started);
         }
         let job = run(
             Arc::clone(tenant),
@@ -346,28 +358,18 @@ impl Runtime {
             started,
         );
         let Some(workers) = self.workers.as_ref() else {
-            return Finished {
-                result: Err(InvokeError::HostFault(
-                    "the invocation workers stopped".into(),
-                )),
-                timings: Timings::default(),
-                read: 0,
-                memory_peak: 0,
-            };
+            let stopped = InvokeError::HostFault("the invocation workers stopped".into());
+            return Finished::failed(stopped, started);
         };
         let handle = workers.spawn(job);
         let _abort = AbortOnDrop(handle.abort_handle());
         match handle.await {
             Ok(f) => f,
-            Err(e) => Finished {
-                result: Err(InvokeError::HostFault(format!("invocation task: {e}"))),
-                timings: Timings {
-                    total: started.elapsed(),
-                    ..Timings::default()
-                },
-                read: 0,
-                memory_peak: 0,
-            },
+            // A panic or abort of the task: what it had measured went with it.
+            Err(e) => {
+                let fault = InvokeError::HostFault(format!("invocation task: {e}"));
+                Finished::failed(fault, started)
+            }
         }
     }
 }
@@ -615,6 +617,7 @@ mod tests {
         Turn::new(
             &CpuShares::new(1),
             "t",
+            1,
             Instant::now() + Duration::from_secs(60),
         )
     }

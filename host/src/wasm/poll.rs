@@ -77,6 +77,7 @@ mod tests {
         let turn = Turn::new(
             &cpu,
             "t",
+            1,
             std::time::Instant::now() + std::time::Duration::from_secs(60),
         );
         let mut bounded = Bounded {

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::components::{component, guest_with, module, variant};
+use common::components::{component, defining, guest_with, instantiating, module, variant};
 use common::{ALICE, BOB, TestHost, error_code, guest, raw, start_tenants, tenant_token};
 use hapi_host::Host;
 use hapi_host::policy::Policy;
@@ -114,6 +114,44 @@ async fn until_compiling(h: &TestHost) {
         );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
+}
+
+/// A component that instantiates a module many times, each instance holding a memory, a table
+/// or only its place, took slots of the pooling allocator that every tenant's instances share:
+/// 250 memories of 0 pages cost its memory limit nothing and left the other tenants' calls 429
+/// `busy` for as long as its own ran. What one component instance may hold is bounded, the
+/// pool's totals are the instance limit times those bounds, and an upload past them is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn components_that_would_take_other_tenants_instance_slots_are_refused() {
+    let h = TestHost::start().await;
+    for (item, times, needle) in [
+        (
+            Some(5),
+            3,
+            "Wasm linear memories, which exceeds the configured maximum of 2",
+        ),
+        (
+            Some(4),
+            3,
+            "tables, which exceeds the configured maximum of 4",
+        ),
+        (
+            None,
+            20,
+            "core module instances, which exceeds the configured maximum of 16",
+        ),
+    ] {
+        let body = instantiating("hostile", &defining(item), times);
+        let (code, message) = error_code(h.put_function(ALICE, "pool", body).await, 422).await;
+        assert_eq!(code, "bad_component", "{message}");
+        assert!(message.contains(needle), "{needle}: {message}");
+    }
+    // Within the bounds (a second memory, as a composition of two components has), it is
+    // deployed and runs.
+    let body = instantiating("hostile", &defining(Some(5)), 1);
+    assert_eq!(h.put_function(ALICE, "pool", body).await.status(), 201);
+    let call = json!({"bucket": "datasets", "keys": [], "model": "resnet18", "split": 0, "options": {"mode": "output", "bytes": "3"}});
+    assert_eq!(raw(h.invoke(ALICE, "pool", call).await).await, [7, 7, 7]);
 }
 
 /// Deploys alice's own function `mine` (a variant of `hostile`); gives its sha256.

@@ -10,6 +10,15 @@ use wasmtime::{
 pub const EPOCH_TICK: Duration = Duration::from_millis(10);
 /// Instances alive at once across all tenants (pooling allocator slots).
 pub const MAX_INSTANCES: u32 = 256;
+/// Core instances one component instance may create, its nested components' included (a
+/// pushdown function from `cargo component` or `wasm32-wasip2` creates three: its module, and
+/// the shim and fix-up modules `wit-component` adds). Checked when the component is compiled.
+pub const MAX_CORE_INSTANCES_PER_COMPONENT: u32 = 16;
+/// Linear memories one component instance may define (ours define one; two leave room for a
+/// composition of two components).
+pub const MAX_MEMORIES_PER_COMPONENT: u32 = 2;
+/// Tables one component instance may define (ours define two: the module's and the shim's).
+pub const MAX_TABLES_PER_COMPONENT: u32 = 4;
 /// Stack of a guest's call into the host (async fiber): what Rust guests and the host's
 /// bindings need, with room to spare.
 pub const STACK_BYTES: usize = 2 << 20;
@@ -39,11 +48,18 @@ pub fn engine(max_memory: u64, keep_resident: u64) -> anyhow::Result<Engine> {
     config.parallel_compilation(false);
     config.async_stack_size(STACK_BYTES);
     config.epoch_interruption(true);
+    // The pool's totals are the instances' times what one may hold, so that a component full of
+    // core instances, memories or tables cannot take the slots of other tenants' instances: the
+    // instance count binds first (an upload past the per-component maxima is refused when it
+    // is compiled, "The component transitively contains ...").
     let mut pool = PoolingAllocationConfig::default();
     pool.total_component_instances(MAX_INSTANCES)
-        .total_core_instances(MAX_INSTANCES * 4)
-        .total_memories(MAX_INSTANCES)
-        .total_tables(MAX_INSTANCES * 2)
+        .max_core_instances_per_component(MAX_CORE_INSTANCES_PER_COMPONENT)
+        .max_memories_per_component(MAX_MEMORIES_PER_COMPONENT)
+        .max_tables_per_component(MAX_TABLES_PER_COMPONENT)
+        .total_core_instances(MAX_INSTANCES * MAX_CORE_INSTANCES_PER_COMPONENT)
+        .total_memories(MAX_INSTANCES * MAX_MEMORIES_PER_COMPONENT)
+        .total_tables(MAX_INSTANCES * MAX_TABLES_PER_COMPONENT)
         .total_stacks(MAX_INSTANCES)
         .max_memory_size(usize::try_from(max_memory).unwrap_or(usize::MAX))
         .linear_memory_keep_resident(usize::try_from(keep_resident).unwrap_or(usize::MAX))

@@ -75,3 +75,57 @@ pub fn variant(name: &str, tag: &str) -> Vec<u8> {
     section(0, &payload, &mut bytes);
     bytes
 }
+
+/// Core modules defined at the top level of a component (its core module index space, which
+/// `wit-component` fills with module sections only).
+fn top_level_modules(component: &[u8]) -> usize {
+    let (mut at, mut modules) = (8, 0);
+    while at < component.len() {
+        let id = component[at];
+        at += 1;
+        let (mut len, mut shift) = (0usize, 0);
+        loop {
+            let byte = component[at];
+            at += 1;
+            len |= usize::from(byte & 0x7f) << shift;
+            shift += 7;
+            if byte & 0x80 == 0 {
+                break;
+            }
+        }
+        modules += usize::from(id == 1);
+        at += len;
+    }
+    modules
+}
+
+/// Guest `name`'s component with core module `module` added and instantiated `times` times
+/// (no imports): each instance holds what the module defines (a memory, a table) for as long
+/// as the component instance lives.
+pub fn instantiating(name: &str, module: &[u8], times: usize) -> Vec<u8> {
+    let mut bytes = std::fs::read(guest(name)).expect("guest");
+    let index = top_level_modules(&bytes);
+    section(1, module, &mut bytes);
+    let mut instances = Vec::new();
+    leb(times, &mut instances);
+    for _ in 0..times {
+        instances.push(0x00); // instantiate
+        leb(index, &mut instances);
+        instances.push(0); // no arguments
+    }
+    section(2, &instances, &mut bytes);
+    bytes
+}
+
+/// A core module defining one section's item: a memory of 0 pages (`5`), a table of 0
+/// elements (`4`), or nothing at all (`None`).
+pub fn defining(item: Option<u8>) -> Vec<u8> {
+    let mut module = b"\0asm\x01\0\0\0".to_vec();
+    match item {
+        Some(5) => section(5, &[1, 0x00, 0x00], &mut module),
+        Some(4) => section(4, &[1, 0x70, 0x00, 0x00], &mut module),
+        Some(other) => panic!("no item of section {other}"),
+        None => {}
+    }
+    module
+}

@@ -375,6 +375,47 @@ async fn s3_store_conforms_and_serves_the_whole_pushdown_path() {
     assert_eq!(error_code(plain, 404).await.0, "no_route");
 }
 
+/// A listing of a grant's parent (`""`, or part of the grant's name) walks the grants only: it
+/// walked the whole bucket, other tenants' directories included, up to the visit bound (whose
+/// error then told how large they were).
+#[tokio::test]
+async fn a_listing_above_the_grants_walks_only_the_grants() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let mine = tmp.path().join("datasets/fashion-mnist");
+    std::fs::create_dir_all(&mine).expect("mkdir");
+    for i in 0..3 {
+        std::fs::write(mine.join(format!("{i}.png")), b"x").expect("write");
+    }
+    let other = tmp.path().join("datasets/other-tenant");
+    for d in 0..100 {
+        std::fs::create_dir_all(other.join(format!("{d}"))).expect("mkdir");
+    }
+    let store =
+        Arc::new(Store::open(&StoreLocation::Local(tmp.path().to_path_buf())).expect("store"));
+    let o = Scoped::new(tenant(), store);
+    for prefix in ["", "fash", "fashion-mnist/"] {
+        let listed = o.list_within("datasets", prefix, 10, 20).await;
+        let keys: Vec<String> = listed
+            .unwrap_or_else(|e| panic!("listing {prefix:?}: {e}"))
+            .into_iter()
+            .map(|m| m.key)
+            .collect();
+        assert_eq!(
+            keys,
+            [
+                "fashion-mnist/0.png",
+                "fashion-mnist/1.png",
+                "fashion-mnist/2.png"
+            ],
+            "{prefix:?}"
+        );
+    }
+    assert!(matches!(
+        o.list_within("datasets", "other-tenant/", 10, 20).await,
+        Err(ObjectError::Denied(_))
+    ));
+}
+
 /// The listing bounds, obeyed and violated, on the local store: at most `MAX_LIST` entries come
 /// back however many match, and a listing that would visit more entries than its bound fails
 /// instead of walking on.

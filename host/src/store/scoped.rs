@@ -137,9 +137,41 @@ impl Scoped {
     ) -> Result<Vec<ObjectMeta>, ObjectError> {
         self.authorise(bucket, prefix, true)?;
         let (tenant, b) = (Arc::clone(&self.tenant), bucket.to_string());
-        let keep = Arc::new(move |k: &str| check_key(k).is_ok() && granted(&tenant, &b, k, false));
-        self.store
-            .list(bucket, prefix, limit.min(MAX_LIST) as usize, visits, keep)
-            .await
+        let keep: Arc<dyn Fn(&str) -> bool + Send + Sync> =
+            Arc::new(move |k: &str| check_key(k).is_ok() && granted(&tenant, &b, k, false));
+        let limit = limit.min(MAX_LIST) as usize;
+        let walks = self.walks(bucket, prefix);
+        // The visits are shared by the walks: a listing visits at most `visits` entries.
+        let each = visits.div_ceil(walks.len().max(1));
+        let mut listed = Vec::new();
+        for walk in &walks {
+            let found = self
+                .store
+                .list(bucket, walk, limit, each, Arc::clone(&keep));
+            listed.extend(found.await?);
+        }
+        listed.sort_by(|a, b| a.key.cmp(&b.key));
+        listed.truncate(limit);
+        Ok(listed)
+    }
+
+    /// The prefixes a listing of `prefix` walks: `prefix` itself if a grant holds it, else the
+    /// grants under it (a listing of a grant's parent walks the grants, not their neighbours:
+    /// `""` does not walk the whole bucket, other tenants' data included), none inside another.
+    fn walks(&self, bucket: &str, prefix: &str) -> Vec<String> {
+        let mut walks = Vec::new();
+        for g in self.tenant.grants.iter().filter(|g| g.bucket == bucket) {
+            let p = grant_prefix(g);
+            if prefix.starts_with(&p) {
+                return vec![prefix.to_string()];
+            }
+            if p.starts_with(prefix) {
+                walks.push(p);
+            }
+        }
+        // Sorted, a prefix inside another comes after it.
+        walks.sort();
+        walks.dedup_by(|inner, outer| inner.starts_with(outer.as_str()));
+        walks
     }
 }

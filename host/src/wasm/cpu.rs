@@ -21,6 +21,7 @@
 use super::engine::EPOCH_TICK;
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::task::Poll;
 use std::time::Instant;
 use tokio::sync::Notify;
 
@@ -337,9 +338,17 @@ impl Turn {
         }
     }
 
-    /// Runs `wait` (a host call's wait: an object read, the device, a guest's sleep) without a
-    /// slot.
+    /// Runs `wait` (a host call: an object read, the device, a guest's sleep), without a slot
+    /// while it waits. Its first poll runs on the slot: what the call does before it first
+    /// waits (`wasi:io/poll` builds a future for each of up to 10,000 pollables, a read is
+    /// checked and planned) is work for the tenant on a worker, not a wait; a call that is
+    /// ready then never gives the slot back.
     pub async fn off<F: Future>(&self, wait: F) -> F::Output {
+        let mut wait = std::pin::pin!(wait);
+        let first = std::future::poll_fn(|cx| Poll::Ready(wait.as_mut().poll(cx))).await;
+        if let Poll::Ready(out) = first {
+            return out;
+        }
         self.give();
         let out = wait.await;
         self.take().await;
@@ -563,6 +572,29 @@ mod tests {
                 .await
                 .expect("no deadlock");
             assert_eq!(*order.lock().expect("order"), ["b", "a"]);
+        });
+    }
+
+    #[test]
+    fn a_host_calls_work_before_its_wait_runs_on_the_slot() {
+        rt().block_on(async {
+            let cpu = CpuShares::new(1);
+            let t = turn(&cpu, "t");
+            at_once("a slot", t.take()).await;
+            let seen = Mutex::new(Vec::new());
+            let look = || seen.lock().expect("seen").push(cpu.load("t").0);
+            // Its set-up, then a wait, then what it does when woken.
+            t.off(async {
+                look();
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                look();
+            })
+            .await;
+            assert_eq!(*seen.lock().expect("seen"), [1, 0]);
+            assert_eq!(cpu.load("t"), (1, 0), "held again after the call");
+            // A call ready at once keeps the slot throughout.
+            let kept = t.off(async { cpu.load("t").0 }).await;
+            assert_eq!(kept, 1);
         });
     }
 

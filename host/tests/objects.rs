@@ -450,6 +450,6 @@ async fn listing_bounds_obeyed_and_violated() {
     );
     assert_eq!(
         o.list_within("datasets", "fashion-mnist/", 10, n - 1).await,
-        Err(ObjectError::TooLarge((n - 1) as u64))
+        Err(ObjectError::TooManyEntries((n - 1) as u64))
     );
 }

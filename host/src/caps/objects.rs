@@ -21,6 +21,8 @@ pub enum Failure {
     NotFound,
     Denied,
     TooLarge,
+    /// A listing past its bound on entries visited (the guest sees `too-large`, carrying it).
+    TooManyEntries,
     Io,
 }
 
@@ -57,7 +59,7 @@ fn to_wit(e: ObjectError) -> wit::ObjectError {
     match e {
         ObjectError::NotFound(m) => wit::ObjectError::NotFound(m),
         ObjectError::Denied(m) => wit::ObjectError::Denied(m),
-        ObjectError::TooLarge(n) => wit::ObjectError::TooLarge(n),
+        ObjectError::TooLarge(n) | ObjectError::TooManyEntries(n) => wit::ObjectError::TooLarge(n),
         ObjectError::Io(m) => wit::ObjectError::Io(m),
     }
 }
@@ -90,6 +92,7 @@ impl ObjectsCtx {
             ObjectError::NotFound(_) => Failure::NotFound,
             ObjectError::Denied(_) => Failure::Denied,
             ObjectError::TooLarge(_) => Failure::TooLarge,
+            ObjectError::TooManyEntries(_) => Failure::TooManyEntries,
             ObjectError::Io(m) => {
                 tracing::warn!(
                     "tenant `{}`: object store error on `{}`: {m}",

@@ -2,8 +2,8 @@
 
 /// Why an object operation failed.
 ///
-/// `NotFound`, `Denied` and `TooLarge` are the caller's (4xx); `Io` is the store's own failure,
-/// the only one the host answers with a 5xx.
+/// `NotFound`, `Denied`, `TooLarge` and `TooManyEntries` are the caller's (4xx); `Io` is the
+/// store's own failure, the only one the host answers with a 5xx.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ObjectError {
     #[error("not found: {0}")]
@@ -12,6 +12,9 @@ pub enum ObjectError {
     Denied(String),
     #[error("too large: over the cap of {0} bytes")]
     TooLarge(u64),
+    /// A listing that would visit more entries than its bound (carries the bound).
+    #[error("too many entries: a listing visits at most {0}")]
+    TooManyEntries(u64),
     #[error("i/o: {0}")]
     Io(String),
 }

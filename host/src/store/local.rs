@@ -183,7 +183,7 @@ impl Local {
                     go_on(cancel, &prefix)?;
                     visits += 1;
                     if visits > max_visits {
-                        return Err(ObjectError::TooLarge(max_visits as u64));
+                        return Err(ObjectError::TooManyEntries(max_visits as u64));
                     }
                     let entry = entry.map_err(|e| map(&path, e))?;
                     let Ok(name) = entry.file_name().into_string() else {

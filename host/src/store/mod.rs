@@ -74,7 +74,7 @@ impl Store {
     }
 
     /// At most `limit` objects whose keys start with `prefix` and pass `keep`, in key order,
-    /// after visiting at most `visits` entries (else `TooLarge(visits)`).
+    /// after visiting at most `visits` entries (else `TooManyEntries(visits)`).
     pub async fn list(
         &self,
         bucket: &str,

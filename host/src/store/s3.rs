@@ -144,7 +144,7 @@ impl S3 {
         while let Some(m) = stream.next().await {
             visits += 1;
             if visits > max_visits {
-                return Err(ObjectError::TooLarge(max_visits as u64));
+                return Err(ObjectError::TooManyEntries(max_visits as u64));
             }
             let m = m.map_err(|e| map(prefix, e))?;
             let k = m.location.as_ref();

@@ -164,11 +164,23 @@ pub fn guest_error(e: GuestError, seen: Witness) -> InvokeError {
             format!("access denied: {m}"),
             key_of(Failure::Denied),
         ),
-        GuestError::Object(WitObjectError::TooLarge(n)) => guest(
-            ErrorCode::ObjectTooLarge,
-            format!("read over the byte cap of {n}"),
-            key_of(Failure::TooLarge),
-        ),
+        // `too-large` carries a byte cap, or a listing's bound on entries visited: the host
+        // saw which.
+        GuestError::Object(WitObjectError::TooLarge(n)) => match key_of(Failure::TooManyEntries) {
+            Some(prefix) => guest(
+                ErrorCode::ObjectTooLarge,
+                format!(
+                    "a listing visits at most {n} entries and `{prefix}` holds more within \
+                     the tenant's grants; list a longer prefix"
+                ),
+                Some(prefix),
+            ),
+            None => guest(
+                ErrorCode::ObjectTooLarge,
+                format!("read over the byte cap of {n}"),
+                key_of(Failure::TooLarge),
+            ),
+        },
         GuestError::Object(WitObjectError::Io(m)) => match seen.store_fault {
             Some(fault) => InvokeError::Store(fault),
             None => guest(
@@ -177,5 +189,33 @@ pub fn guest_error(e: GuestError, seen: Witness) -> InvokeError {
                 None,
             ),
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn message(e: InvokeError) -> String {
+        match e {
+            InvokeError::Guest { message, .. } => message,
+            other => panic!("not the guest's error: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn too_large_says_whether_a_byte_cap_or_a_listings_bound_was_passed() {
+        let seen = |kind| Witness {
+            store_fault: None,
+            last_object_failure: Some((kind, "train/".to_string())),
+        };
+        let too_large = || GuestError::Object(WitObjectError::TooLarge(200_000));
+        let listing = message(guest_error(too_large(), seen(Failure::TooManyEntries)));
+        assert!(
+            listing.starts_with("a listing visits at most 200000 entries and `train/` holds more"),
+            "{listing}"
+        );
+        let read = message(guest_error(too_large(), seen(Failure::TooLarge)));
+        assert_eq!(read, "read over the byte cap of 200000");
     }
 }

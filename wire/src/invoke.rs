@@ -1,10 +1,14 @@
 //! The body of `POST /v1/invoke/{function}`.
 //!
 //! Every field a client controls has a named bound, checked by [`InvokeRequest::check`] before
-//! the host allocates anything sized by it.
+//! the host allocates anything sized by it. The lists and maps are checked while they are
+//! parsed too ([`bounded_strings`]), so that a body never becomes more than the bounds allow on
+//! its way to that check.
 
-use serde::{Deserialize, Serialize};
+use serde::de::{Error as _, MapAccess, SeqAccess, Visitor};
+use serde::{Deserialize, Deserializer, Serialize};
 use std::collections::BTreeMap;
+use std::fmt;
 
 /// Largest invoke body: 4,096 keys of a few hundred bytes each fit easily; anything larger is
 /// not an invocation.
@@ -28,6 +32,7 @@ pub const MAX_OPTION_BYTES: usize = 4096;
 #[serde(deny_unknown_fields)]
 pub struct InvokeRequest {
     pub bucket: String,
+    #[serde(deserialize_with = "keys")]
     pub keys: Vec<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
@@ -38,7 +43,11 @@ pub struct InvokeRequest {
     )]
     pub split: Option<u32>,
     /// Function-specific options (a function rejects those it does not know).
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[serde(
+        default,
+        skip_serializing_if = "BTreeMap::is_empty",
+        deserialize_with = "options"
+    )]
     pub options: BTreeMap<String, String>,
     /// `"int8"`: the host sends the function's f32 output as int8 with per-channel scales
     /// ([`crate::quantize`]); absent, as the function returned it.
@@ -53,8 +62,103 @@ pub enum Quantize {
     Int8,
 }
 
+/// A list of strings read one at a time and refused at the first past `max` or longer than
+/// `max_bytes` (`what`: what one is, `per`: what the list belongs to, for the error), so that
+/// parsing holds no more than the bounds allow, whatever the body holds: a 4 MiB body of
+/// one-letter keys would otherwise become a million allocations before its count is looked at.
+pub fn bounded_strings<'de, D: Deserializer<'de>>(
+    d: D,
+    max: usize,
+    max_bytes: usize,
+    what: &'static str,
+    per: &'static str,
+) -> Result<Vec<String>, D::Error> {
+    struct Strings {
+        max: usize,
+        max_bytes: usize,
+        what: &'static str,
+        per: &'static str,
+    }
+    impl<'de> Visitor<'de> for Strings {
+        type Value = Vec<String>;
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            write!(f, "a list of at most {} {}s", self.max, self.what)
+        }
+
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<String>, A::Error> {
+            let Self {
+                max,
+                max_bytes,
+                what,
+                per,
+            } = self;
+            let mut out = Vec::new();
+            while let Some(s) = seq.next_element::<String>()? {
+                if out.len() == max {
+                    return Err(A::Error::custom(format!(
+                        "more than {max} {what}s; at most {max} per {per}"
+                    )));
+                }
+                if s.len() > max_bytes {
+                    return Err(A::Error::custom(format!(
+                        "{what} {} is {} bytes; at most {max_bytes}",
+                        out.len(),
+                        s.len()
+                    )));
+                }
+                out.push(s);
+            }
+            Ok(out)
+        }
+    }
+    d.deserialize_seq(Strings {
+        max,
+        max_bytes,
+        what,
+        per,
+    })
+}
+
+/// `keys`, bounded as it is parsed.
+fn keys<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    bounded_strings(d, MAX_KEYS, MAX_KEY_BYTES, "key", "invocation")
+}
+
+/// `options`, bounded as they are parsed (count, and each name's and value's length).
+fn options<'de, D: Deserializer<'de>>(d: D) -> Result<BTreeMap<String, String>, D::Error> {
+    struct Options;
+    impl<'de> Visitor<'de> for Options {
+        type Value = BTreeMap<String, String>;
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            write!(f, "a map of at most {MAX_OPTIONS} options")
+        }
+
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+            let mut out = BTreeMap::new();
+            while let Some((k, v)) = map.next_entry::<String, String>()? {
+                if k.len() > MAX_OPTION_BYTES || v.len() > MAX_OPTION_BYTES {
+                    let k: String = k.chars().take(64).collect();
+                    return Err(A::Error::custom(format!(
+                        "option `{k}`: names and values are at most {MAX_OPTION_BYTES} bytes"
+                    )));
+                }
+                out.insert(k, v);
+                if out.len() > MAX_OPTIONS {
+                    return Err(A::Error::custom(format!(
+                        "more than {MAX_OPTIONS} options; at most {MAX_OPTIONS}"
+                    )));
+                }
+            }
+            Ok(out)
+        }
+    }
+    d.deserialize_map(Options)
+}
+
 /// `split`, with an error that names it (serde's own would only say "expected u32").
-fn layer_index<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u32>, D::Error> {
+fn layer_index<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u32>, D::Error> {
     let v = Option::<serde_json::Number>::deserialize(d)?;
     v.map(|n| {
         n.as_u64()
@@ -210,6 +314,19 @@ mod tests {
             })
             .is_err()
         );
+        // The same bounds while parsing, with errors that say which.
+        let parse = |keys: Vec<String>| {
+            let body = serde_json::json!({"bucket": "b", "keys": keys});
+            InvokeRequest::parse(&serde_json::to_vec(&body).expect("json"))
+        };
+        assert!(parse(vec!["k".into(); MAX_KEYS]).is_ok());
+        let e = parse(vec!["k".into(); MAX_KEYS + 1]).expect_err("too many");
+        assert!(
+            e.contains("more than 4096 keys; at most 4096 per invocation"),
+            "{e}"
+        );
+        let e = parse(vec!["k".into(), "k".repeat(MAX_KEY_BYTES + 1)]).expect_err("too long");
+        assert!(e.contains("key 1 is 1025 bytes; at most 1024"), "{e}");
         let big = vec![b' '; MAX_INVOKE_BODY + 1];
         assert!(
             InvokeRequest::parse(&big)

@@ -41,7 +41,20 @@ pub async fn report(
 #[serde(deny_unknown_fields)]
 pub struct Ask {
     bucket: String,
+    #[serde(deserialize_with = "keys")]
     keys: Vec<String>,
+}
+
+/// `keys`, refused while parsed at the first past [`MAX_PLACEMENT_KEYS`] or longer than a key
+/// may be, so that a body of tiny keys does not become an allocation for each.
+fn keys<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    hapi_wire::invoke::bounded_strings(
+        d,
+        MAX_PLACEMENT_KEYS,
+        hapi_wire::invoke::MAX_KEY_BYTES,
+        "key",
+        "placement request",
+    )
 }
 
 #[derive(Debug, Serialize)]
@@ -68,15 +81,6 @@ pub async fn lookup(
     let bytes = extract::body(body, MAX_BODY, timeout).await?;
     let ask: Ask = serde_json::from_slice(&bytes)
         .map_err(|e| ApiError::new(ErrorCode::BadJson, format!("placement request: {e}")))?;
-    if ask.keys.len() > MAX_PLACEMENT_KEYS {
-        return Err(ApiError::new(
-            ErrorCode::BadRequest,
-            format!(
-                "{} keys: at most {MAX_PLACEMENT_KEYS} per placement request",
-                ask.keys.len()
-            ),
-        ));
-    }
     for key in &ask.keys {
         check_key(key).map_err(|e| ApiError::new(ErrorCode::BadRequest, e))?;
         if !granted(&tenant, &ask.bucket, key, false) {

@@ -41,20 +41,48 @@ pub async fn report(
 #[serde(deny_unknown_fields)]
 pub struct Ask {
     bucket: String,
-    #[serde(deserialize_with = "keys")]
-    keys: Vec<String>,
+    keys: Keys,
 }
 
-/// `keys`, refused while parsed at the first past [`MAX_PLACEMENT_KEYS`] or longer than a key
-/// may be, so that a body of tiny keys does not become an allocation for each.
-fn keys<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
-    hapi_wire::invoke::bounded_strings(
-        d,
-        MAX_PLACEMENT_KEYS,
-        hapi_wire::invoke::MAX_KEY_BYTES,
-        "key",
-        "placement request",
-    )
+/// The keys asked about: the first [`MAX_PLACEMENT_KEYS`] kept, the rest only counted while
+/// parsed, so that a body of tiny keys does not become an allocation for each before the
+/// count is checked.
+#[derive(Debug)]
+struct Keys {
+    kept: Vec<String>,
+    total: usize,
+}
+
+impl<'de> Deserialize<'de> for Keys {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Counting;
+        impl<'de> serde::de::Visitor<'de> for Counting {
+            type Value = Keys;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a list of keys")
+            }
+
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Keys, A::Error> {
+                let mut keys = Keys {
+                    kept: Vec::new(),
+                    total: 0,
+                };
+                while keys.kept.len() < MAX_PLACEMENT_KEYS {
+                    match seq.next_element::<String>()? {
+                        Some(k) => keys.kept.push(k),
+                        None => break,
+                    }
+                }
+                keys.total = keys.kept.len();
+                while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {
+                    keys.total += 1;
+                }
+                Ok(keys)
+            }
+        }
+        d.deserialize_seq(Counting)
+    }
 }
 
 #[derive(Debug, Serialize)]
@@ -81,7 +109,16 @@ pub async fn lookup(
     let bytes = extract::body(body, MAX_BODY, timeout).await?;
     let ask: Ask = serde_json::from_slice(&bytes)
         .map_err(|e| ApiError::new(ErrorCode::BadJson, format!("placement request: {e}")))?;
-    for key in &ask.keys {
+    if ask.keys.total > MAX_PLACEMENT_KEYS {
+        return Err(ApiError::new(
+            ErrorCode::BadRequest,
+            format!(
+                "{} keys: at most {MAX_PLACEMENT_KEYS} per placement request",
+                ask.keys.total
+            ),
+        ));
+    }
+    for key in &ask.keys.kept {
         check_key(key).map_err(|e| ApiError::new(ErrorCode::BadRequest, e))?;
         if !granted(&tenant, &ask.bucket, key, false) {
             return Err(ApiError::new(
@@ -95,6 +132,8 @@ pub async fn lookup(
         }
     }
     Ok(Json(Answer {
-        volumes: near.placement(&tenant.name, &ask.bucket, &ask.keys).await,
+        volumes: near
+            .placement(&tenant.name, &ask.bucket, &ask.keys.kept)
+            .await,
     }))
 }

@@ -21,7 +21,7 @@
 use super::engine::EPOCH_TICK;
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::task::Poll;
+use std::task::{Context, Poll, Wake, Waker};
 use std::time::Instant;
 use tokio::sync::Notify;
 
@@ -338,27 +338,47 @@ impl Turn {
         }
     }
 
-    /// Runs `wait` (a host call: an object read, the device, a guest's sleep), without a slot
-    /// while it waits. Its first poll runs on the slot: what the call does before it first
-    /// waits (`wasi:io/poll` builds a future for each of up to 10,000 pollables, a read is
-    /// checked and planned) is work for the tenant on a worker, not a wait; a call that is
-    /// ready then never gives the slot back.
+    /// Runs `wait` (a host call: an object read, the device, a guest's sleep) on the slot
+    /// whenever it runs and without it while it waits: each poll of the call is work for the
+    /// tenant on a worker (`wasi:io/poll` building a future for each of up to 10,000
+    /// pollables, or looking at them again when one is ready; an S3 listing parsing the page
+    /// that came), so it runs on a slot of the tenant's share, taken again after each wait
+    /// (the call's waker wakes this task, which takes a slot before it polls the call
+    /// again). A call that is ready when first polled never gives the slot back.
     pub async fn off<F: Future>(&self, wait: F) -> F::Output {
         let mut wait = std::pin::pin!(wait);
-        let first = std::future::poll_fn(|cx| Poll::Ready(wait.as_mut().poll(cx))).await;
-        if let Poll::Ready(out) = first {
-            return out;
+        let woken = Arc::new(Woken(Notify::new()));
+        let waker = Waker::from(Arc::clone(&woken));
+        loop {
+            if let Poll::Ready(out) = wait.as_mut().poll(&mut Context::from_waker(&waker)) {
+                return out;
+            }
+            self.give();
+            // A wake that came during the poll left its permit: no wake is lost.
+            woken.0.notified().await;
+            // Past the deadline it polls without one: the call's own deadline ends it.
+            self.take().await;
         }
-        self.give();
-        let out = wait.await;
-        self.take().await;
-        out
     }
 }
 
 impl Drop for Turn {
     fn drop(&mut self) {
         self.give();
+    }
+}
+
+/// A host call's waker in [`Turn::off`]: it wakes the invocation's task, which takes a slot
+/// before it polls the call again.
+struct Woken(Notify);
+
+impl Wake for Woken {
+    fn wake(self: Arc<Self>) {
+        self.0.notify_one();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.0.notify_one();
     }
 }
 
@@ -576,21 +596,28 @@ mod tests {
     }
 
     #[test]
-    fn a_host_calls_work_before_its_wait_runs_on_the_slot() {
+    fn a_host_calls_work_runs_on_the_slot_and_its_waits_do_not() {
         rt().block_on(async {
             let cpu = CpuShares::new(1);
             let t = turn(&cpu, "t");
             at_once("a slot", t.take()).await;
             let seen = Mutex::new(Vec::new());
-            let look = || seen.lock().expect("seen").push(cpu.load("t").0);
-            // Its set-up, then a wait, then what it does when woken.
-            t.off(async {
-                look();
-                tokio::time::sleep(Duration::from_millis(5)).await;
-                look();
-            })
-            .await;
-            assert_eq!(*seen.lock().expect("seen"), [1, 0]);
+            let look = |who| seen.lock().expect("seen").push((who, cpu.load("t").0));
+            // Its set-up, a wait (during which another task looks), what it does when woken.
+            let call = t.off(async {
+                look("set-up");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                look("woken");
+            });
+            let meanwhile = async {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                look("while it waits");
+            };
+            tokio::join!(call, meanwhile);
+            assert_eq!(
+                *seen.lock().expect("seen"),
+                [("set-up", 1), ("while it waits", 0), ("woken", 1)]
+            );
             assert_eq!(cpu.load("t"), (1, 0), "held again after the call");
             // A call ready at once keeps the slot throughout.
             let kept = t.off(async { cpu.load("t").0 }).await;

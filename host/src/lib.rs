@@ -51,7 +51,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
-/// Longest a profile request waits for its model to be loaded and measured.
+/// Longest a profile request waits for its model to be loaded and for room to measure it
+/// (and no longer than its tenant's time limit).
 pub const PROFILE_TIMEOUT: Duration = Duration::from_secs(600);
 /// Function removals that may wait on a blocking thread at once, host-wide.
 pub const UNDEPLOYS_AT_ONCE: usize = 2;
@@ -269,14 +270,16 @@ impl Host {
     }
 
     /// Per-layer time, output size and memory of model `id` on this host's device (loaded and
-    /// measured on first use), reported under `tenant`'s name for it, `model`.
+    /// measured on first use), reported under `tenant`'s name for it, `model`. It waits for the
+    /// model and for room no longer than the tenant's time limit.
     pub async fn profile(
         &self,
-        tenant: &str,
+        tenant: &Tenant,
         id: &str,
         model: &str,
     ) -> Result<ModelProfile, DeviceError> {
-        let deadline = Deadline::new(PROFILE_TIMEOUT);
+        let deadline = Deadline::new(PROFILE_TIMEOUT.min(tenant.limits.timeout));
+        let tenant = tenant.name.as_str();
         let pin = self
             .device
             .acquire(id, &Arc::from(tenant), &deadline)
@@ -305,8 +308,10 @@ impl Host {
         // Measuring runs every layer on the device outside the dispatcher: the memory it takes
         // is held in the budget while it runs, at the largest batch (up to PROFILE_BATCH) that
         // the budget can hold beside the weights now without unloading models other tenants
-        // keep within their shares (one sample at least: it waits for that). The measurement
-        // is kept: a first profile under contention is measured at a smaller batch.
+        // keep within their shares (one sample at least: it waits for that, and never takes
+        // it from such a model, as a batch that every tenant waits behind may). The
+        // measurement is kept: a first profile under contention is measured at a smaller
+        // batch.
         let cost = pin.memory.segment(0..pin.memory.layers.len());
         let ceiling = self.device.ceiling(pin.memory.weights());
         let one = cost.run_bytes(1);
@@ -324,7 +329,7 @@ impl Host {
         let what = format!("profiling model `{model}` at batch {batch}");
         let held = self
             .device
-            .reserve(cost.run_bytes(batch as u64), one, tenant, &deadline, &what)
+            .reserve(cost.run_bytes(batch as u64), 0, tenant, &deadline, &what)
             .await?;
         // The model stays pinned, and the memory and the turn held, until the measurement
         // ends, even when the caller goes away.

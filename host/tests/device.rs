@@ -161,6 +161,84 @@ async fn a_profile_runs_once_in_memory_held_from_the_budget_at_a_batch_the_budge
     assert_eq!(again.layers, p.layers);
 }
 
+/// A model's first profile makes room as a tenant's own work does: never from a neighbour's
+/// model within its share, not even one sample's (the fallback for a batch every tenant waits
+/// behind; nobody waits behind a profile), and it waits for room no longer than its tenant's
+/// time limit. Here the prober's room beside its own resnet18 is one byte short of a sample,
+/// and unloading the neighbour's efficientnet_lite0, idle, within its half of the budget,
+/// would make it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_first_profile_does_not_unload_a_neighbours_model_within_its_share() {
+    let _one = serial().lock().await;
+    let (theirs, mine) = ("efficientnet_lite0", "resnet18");
+    let probe = start("").await;
+    let models = probe.host.runtime().models();
+    let memory = |m: &str| {
+        let pkg = models.load(m).expect(m);
+        models.memory(m, &pkg).expect(m)
+    };
+    let (m_theirs, m_mine) = (memory(theirs), memory(mine));
+    drop(probe);
+    let one = m_mine.segment(0..m_mine.layers.len()).run_bytes(1);
+    let budget = m_theirs.weights() + m_mine.weights() + one - 1;
+    assert!(
+        m_theirs.weights() <= budget / 2,
+        "the neighbour within its share"
+    );
+    let h = start_tenants(|store, state| {
+        let text = tenants_policy(
+            store,
+            state,
+            &format!("memory_budget = \"{budget}B\"\nresident_for = \"10m\""),
+            2,
+            &[theirs, mine],
+            |_| String::new(),
+        );
+        // The prober's time limit: 3 s.
+        let (before, after) = text.split_at(text.find("[tenants.t1]").expect("t1"));
+        format!(
+            "{before}{}",
+            after.replacen("timeout = \"120s\"", "timeout = \"3s\"", 1)
+        )
+    })
+    .await;
+    let call = json!({"bucket": "datasets", "keys": [sample_key(SAMPLES[0])], "model": theirs, "split": 3});
+    let resp = h.invoke(&token(0), "feature-extract", call).await;
+    assert_eq!(
+        resp.status(),
+        200,
+        "{}",
+        resp.text().await.unwrap_or_default()
+    );
+    let started = std::time::Instant::now();
+    let resp = h
+        .client
+        .get(format!("{}/v1/models/{mine}/profile", h.url))
+        .bearer_auth(token(1))
+        .send()
+        .await
+        .expect("profile request");
+    let waited = started.elapsed();
+    let status = resp.status();
+    let mut text = resp.text().await.unwrap_or_default();
+    text.truncate(400);
+    eprintln!("the profile: {status} after {waited:?}: {text}");
+    let d = h.host.device().memory();
+    assert_eq!(
+        d.evictions, 0,
+        "the neighbour's model stayed: {d:?}; the profile: {status} {text}"
+    );
+    assert!(
+        status == 429 || status == 503,
+        "no room by the rules: refused, {status} {text}"
+    );
+    assert!(text.contains("found no room"), "{text}");
+    assert!(
+        waited < Duration::from_secs(10),
+        "waited {waited:?}, past the prober's 3 s limit"
+    );
+}
+
 /// The model packages of the test policy, opened as a host opens them, for tests of the
 /// device's budget on its own.
 struct Packages {

@@ -62,5 +62,5 @@ pub async fn profile(
         .admit()
         .await
         .ok_or_else(|| refused(ApiError::busy(&tenant)))?;
-    Ok(Json(host.profile(&tenant.name, &model.id, &name).await?))
+    Ok(Json(host.profile(&tenant, &model.id, &name).await?))
 }

@@ -2,7 +2,7 @@
 //!
 //! Every field a client controls has a named bound, checked by [`InvokeRequest::check`] before
 //! the host allocates anything sized by it. The lists and maps are checked while they are
-//! parsed too ([`bounded_strings`]), so that a body never becomes more than the bounds allow on
+//! parsed too (`keys`, `options`), so that a body never becomes more than the bounds allow on
 //! its way to that check.
 
 use serde::de::{Error as _, MapAccess, SeqAccess, Visitor};
@@ -62,67 +62,40 @@ pub enum Quantize {
     Int8,
 }
 
-/// A list of strings read one at a time and refused at the first past `max` or longer than
-/// `max_bytes` (`what`: what one is, `per`: what the list belongs to, for the error), so that
-/// parsing holds no more than the bounds allow, whatever the body holds: a 4 MiB body of
-/// one-letter keys would otherwise become a million allocations before its count is looked at.
-pub fn bounded_strings<'de, D: Deserializer<'de>>(
-    d: D,
-    max: usize,
-    max_bytes: usize,
-    what: &'static str,
-    per: &'static str,
-) -> Result<Vec<String>, D::Error> {
-    struct Strings {
-        max: usize,
-        max_bytes: usize,
-        what: &'static str,
-        per: &'static str,
-    }
-    impl<'de> Visitor<'de> for Strings {
+/// `keys`, read one at a time and refused at the first past [`MAX_KEYS`] or longer than
+/// [`MAX_KEY_BYTES`], so that parsing holds no more than the bounds allow, whatever the body
+/// holds: a 4 MiB body of one-letter keys would otherwise become a million allocations before
+/// their count is looked at.
+fn keys<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    struct Keys;
+    impl<'de> Visitor<'de> for Keys {
         type Value = Vec<String>;
 
         fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-            write!(f, "a list of at most {} {}s", self.max, self.what)
+            write!(f, "a list of at most {MAX_KEYS} keys")
         }
 
         fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<String>, A::Error> {
-            let Self {
-                max,
-                max_bytes,
-                what,
-                per,
-            } = self;
-            let mut out = Vec::new();
-            while let Some(s) = seq.next_element::<String>()? {
-                if out.len() == max {
+            let mut keys = Vec::new();
+            while let Some(k) = seq.next_element::<String>()? {
+                if keys.len() == MAX_KEYS {
                     return Err(A::Error::custom(format!(
-                        "more than {max} {what}s; at most {max} per {per}"
+                        "more than {MAX_KEYS} keys; at most {MAX_KEYS} per invocation"
                     )));
                 }
-                if s.len() > max_bytes {
+                if k.len() > MAX_KEY_BYTES {
                     return Err(A::Error::custom(format!(
-                        "{what} {} is {} bytes; at most {max_bytes}",
-                        out.len(),
-                        s.len()
+                        "key {} is {} bytes; at most {MAX_KEY_BYTES}",
+                        keys.len(),
+                        k.len()
                     )));
                 }
-                out.push(s);
+                keys.push(k);
             }
-            Ok(out)
+            Ok(keys)
         }
     }
-    d.deserialize_seq(Strings {
-        max,
-        max_bytes,
-        what,
-        per,
-    })
-}
-
-/// `keys`, bounded as it is parsed.
-fn keys<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
-    bounded_strings(d, MAX_KEYS, MAX_KEY_BYTES, "key", "invocation")
+    d.deserialize_seq(Keys)
 }
 
 /// `options`, bounded as they are parsed (count, and each name's and value's length).

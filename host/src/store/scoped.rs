@@ -148,7 +148,11 @@ impl Scoped {
             let found = self
                 .store
                 .list(bucket, walk, limit, each, Arc::clone(&keep));
-            listed.extend(found.await?);
+            // Past its part of the bound, the listing is past the bound.
+            listed.extend(found.await.map_err(|e| match e {
+                ObjectError::TooManyEntries(_) => ObjectError::TooManyEntries(visits as u64),
+                other => other,
+            })?);
         }
         listed.sort_by(|a, b| a.key.cmp(&b.key));
         listed.truncate(limit);

@@ -538,7 +538,14 @@ async fn a_hostile_tenant_cannot_break_isolation() {
     let dir = tempfile::tempdir().expect("tmp");
     let store = dir.path().join("store");
     common::write_store(&store);
-    // The large-call attacks read 192 objects; the samples are small PNGs.
+    // The large-call attacks read 192 objects; the samples are small PNGs. The store-work rows
+    // list a directory of 20,000 objects and read one of 1 MiB.
+    let many = store.join("datasets/fashion-mnist/many");
+    std::fs::create_dir_all(&many).expect("mkdir");
+    for i in 0..20_000 {
+        std::fs::write(many.join(format!("{i:05}")), b"x").expect("write");
+    }
+    std::fs::write(many.join("large"), vec![7u8; 1 << 20]).expect("write");
     let host = serve(dir.path(), &store, BUDGET);
     let rss = Rss(host.child.id());
     let client = reqwest::Client::builder()
@@ -803,6 +810,47 @@ async fn a_hostile_tenant_cannot_break_isolation() {
                 hostile("spin", &[("iterations", "300000000")], &[]),
             );
             let (o, v) = s.beside(spin).await;
+            (o, Some(v))
+        },
+    )
+    .await;
+    // 5. Fairness by worker time, done by the host: the store's own work for a call (a walk's
+    // directory entries and their metadata, a read's opens and copies) is the tenant's, not
+    // free CPU beside its share.
+    s.row(
+        5,
+        "4 guests listing 20,000 objects (1 key asked) again and again, for 4 s",
+        HEAVY_CONCURRENCY * 2 * HEAVY_MEMORY + 64 * MIB,
+        None,
+        async {
+            let list = s.heavy_loops(
+                Duration::from_secs(4),
+                hostile(
+                    "list",
+                    &[
+                        ("prefix", "fashion-mnist/many/"),
+                        ("limit", "1"),
+                        ("count", "20"),
+                    ],
+                    &[],
+                ),
+            );
+            let (o, v) = s.beside(list).await;
+            (o, Some(v))
+        },
+    )
+    .await;
+    s.row(
+        5,
+        "4 guests reading a 1 MiB object again and again, for 4 s",
+        HEAVY_CONCURRENCY * 2 * HEAVY_MEMORY + 64 * MIB,
+        None,
+        async {
+            let read = s.heavy_loops(
+                Duration::from_secs(4),
+                hostile("reread", &[("count", "200")], &["fashion-mnist/many/large"]),
+            );
+            let (o, v) = s.beside(read).await;
             (o, Some(v))
         },
     )

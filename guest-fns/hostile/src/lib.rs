@@ -3,18 +3,20 @@
 //! Modes (option `mode`): `alloc` (allocate and touch `bytes` bytes), `loop` (never return),
 //! `spin` (count to `iterations`, then return the count),
 //! `output` (return a `bytes`-byte tensor), `read` (read every key; return the bytes),
-//! `range` (read `length` bytes at `offset` of the first key), `graph` (load the graph named by
+//! `reread` (read the first key `count` times; return the bytes read), `range` (read `length`
+//! bytes at `offset` of the first key), `graph` (load the graph named by
 //! option `graph` and run it `count` times (default 1) on a tensor of `dims` with `bytes` bytes
 //! of data, keeping the outputs), `tensors` (create `count` tensors of `bytes` bytes and keep
 //! them), `dims` (create `count` tensors of `rank` dimensions of 1 and 4 bytes, keep them),
 //! `names` (load `count` graphs named by `bytes` bytes, keeping the error values), `graphs`
 //! (load every graph of option `graphs`, comma-separated, and keep them), `list` (list option
-//! `prefix`), `panic`, `bad-output` (dimensions that do not match the data), `long-error`
-//! (fail with a `bytes`-byte message), `wide-output` (a tensor of `rank` dimensions of 1 and
-//! one byte), `f32-output` (an f32 tensor `[n, 64, 32, 32]` of about `bytes`), `claim-io`
-//! (claim a store failure that did not happen), `recurse` (recurse `depth` calls deep). With
-//! option `hang` (any value), the guest never returns after the mode's work: a caller that
-//! gives up on it still had that work done on its behalf.
+//! `prefix`, at most `limit` keys (default 1,000), `count` times (default 1)), `panic`,
+//! `bad-output` (dimensions that do not match the data), `long-error` (fail with a
+//! `bytes`-byte message), `wide-output` (a tensor of `rank` dimensions of 1 and one byte),
+//! `f32-output` (an f32 tensor `[n, 64, 32, 32]` of about `bytes`), `claim-io` (claim a store
+//! failure that did not happen), `recurse` (recurse `depth` calls deep). With option `hang`
+//! (any value), the guest never returns after the mode's work: a caller that gives up on it
+//! still had that work done on its behalf.
 
 #[allow(clippy::too_many_arguments)] // generated bindings
 mod bindings {
@@ -102,9 +104,21 @@ fn act(inv: &Invocation) -> Result<TensorOut, Error> {
         }
         "list" => {
             let prefix = option(inv, "prefix").unwrap_or("");
-            let keys = objects::list(&inv.bucket, prefix, 1000).map_err(Error::Object)?;
-            let names: Vec<String> = keys.into_iter().map(|m| m.key).collect();
+            let limit = number(inv, "limit").map_or(1000, |n| n as u32);
+            let mut names = Vec::new();
+            for _ in 0..number(inv, "count").unwrap_or(1) {
+                let keys = objects::list(&inv.bucket, prefix, limit).map_err(Error::Object)?;
+                names = keys.into_iter().map(|m| m.key).collect();
+            }
             Ok(bytes_out(names.join("\n").into_bytes()))
+        }
+        "reread" => {
+            let key = inv.keys.first().map(String::as_str).unwrap_or("");
+            let mut total = 0u64;
+            for _ in 0..number(inv, "count")? {
+                total += objects::get(&inv.bucket, key).map_err(Error::Object)?.len() as u64;
+            }
+            Ok(bytes_out(total.to_le_bytes().to_vec()))
         }
         "graph" => {
             let name = option(inv, "graph").unwrap_or("");

@@ -10,7 +10,8 @@ use crate::account::text::quote;
 use crate::bindings::hapi::pushdown::objects as wit;
 use crate::caps::caller::{Caller, Stop};
 use crate::store::scoped::Scoped;
-use crate::store::{ObjectError, ObjectMeta, Store};
+use crate::store::{ObjectError, ObjectMeta, Pace, Store};
+use crate::wasm::cpu::Turn;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use wasmtime::component::{HasData, Linker};
@@ -78,11 +79,23 @@ type Answer<T> = wasmtime::Result<Result<T, wit::ObjectError>>;
 impl ObjectsCtx {
     pub fn new(caller: Caller, store: Arc<Store>) -> Self {
         Self {
-            scoped: Scoped::new(Arc::clone(&caller.tenant), store),
+            scoped: Scoped::new(Arc::clone(&caller.tenant), store)
+                .paced(Arc::clone(&caller.turn) as Arc<dyn Pace>),
             caller,
             read_time: Duration::ZERO,
             store_fault: None,
             last_failure: None,
+        }
+    }
+
+    /// Runs a store call on the invocation's turn: the local store's work (on a blocking
+    /// thread, paced by the turn) holds the tenant's slot as guest code does; a remote store's
+    /// waits give it back.
+    async fn on_turn<F: Future>(here: bool, turn: &Turn, call: F) -> F::Output {
+        if here {
+            turn.hold(call).await
+        } else {
+            turn.off(call).await
         }
     }
 
@@ -116,22 +129,22 @@ impl ObjectsCtx {
     ) -> Answer<Vec<u8>> {
         let started = Instant::now();
         let turn = Arc::clone(&self.caller.turn);
-        // Planning and reading are one wait: no run slot is taken between them.
-        let read = turn
-            .off(async {
-                let planned = self
-                    .scoped
-                    .plan(bucket, key, range)
-                    .await
-                    .map_err(Step::Failed)?;
-                self.caller.usage.set_read_bytes(self.scoped.bytes_read);
-                self.caller
-                    .account
-                    .check_incoming(planned.length, "object read")
-                    .map_err(Step::Over)?;
-                self.scoped.read(&planned).await.map_err(Step::Failed)
-            })
-            .await;
+        // Planning and reading are one call on the turn.
+        let here = self.scoped.works_here();
+        let read = Self::on_turn(here, &turn, async {
+            let planned = self
+                .scoped
+                .plan(bucket, key, range)
+                .await
+                .map_err(Step::Failed)?;
+            self.caller.usage.set_read_bytes(self.scoped.bytes_read);
+            self.caller
+                .account
+                .check_incoming(planned.length, "object read")
+                .map_err(Step::Over)?;
+            self.scoped.read(&planned).await.map_err(Step::Failed)
+        })
+        .await;
         self.read_time += started.elapsed();
         match read {
             Ok(b) => Ok(Ok(b)),
@@ -168,7 +181,8 @@ impl wit::Host for ObjectsCtx {
     async fn head(&mut self, bucket: String, key: String) -> Answer<wit::ObjectMeta> {
         let started = Instant::now();
         let turn = Arc::clone(&self.caller.turn);
-        let r = turn.off(self.scoped.head(&bucket, &key)).await;
+        let here = self.scoped.works_here();
+        let r = Self::on_turn(here, &turn, self.scoped.head(&bucket, &key)).await;
         self.read_time += started.elapsed();
         match r {
             Ok(m) => {
@@ -190,7 +204,8 @@ impl wit::Host for ObjectsCtx {
     ) -> Answer<Vec<wit::ObjectMeta>> {
         let started = Instant::now();
         let turn = Arc::clone(&self.caller.turn);
-        let r = turn.off(self.scoped.list(&bucket, &prefix, limit)).await;
+        let here = self.scoped.works_here();
+        let r = Self::on_turn(here, &turn, self.scoped.list(&bucket, &prefix, limit)).await;
         self.read_time += started.elapsed();
         match r {
             Ok(list) => {

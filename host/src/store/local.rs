@@ -5,18 +5,23 @@
 //! (every MiB read, every directory entry) once its caller has gone away: an invocation
 //! stopped at its deadline, or abandoned by its client, leaves no reads or walks running for
 //! nobody (a blocking job cannot be aborted, and a walk of a large prefix runs for seconds).
+//! The job's work is its caller's: at those looks, once per epoch tick, it lets the caller's
+//! [`Pace`] decide whether it goes on now (an invocation's tenant within its share of the
+//! workers) or waits its turn; a blocking thread is otherwise CPU beside every tenant's share.
 //! Errors that say the key cannot exist here (a name too long for the file system, a key below
 //! an object) are `NotFound`; an escape is `Denied`; only real I/O failures are `Io`.
 
 use super::error::{ObjectError, ObjectMeta, Smallest};
+use super::{Pace, Paced};
 use crate::account::Cancel;
 use crate::account::text::quote;
+use crate::wasm::engine::EPOCH_TICK;
 use cap_std::ambient_authority;
 use cap_std::fs::Dir;
 use std::io::{ErrorKind, Read, Seek, SeekFrom};
 use std::path::Path;
 use std::sync::Arc;
-use std::time::UNIX_EPOCH;
+use std::time::{Instant, UNIX_EPOCH};
 
 /// Bytes a read takes between two looks at whether its caller is still there.
 const READ_CHUNK: u64 = 1 << 20;
@@ -48,25 +53,48 @@ fn modified_ms(meta: &cap_std::fs::Metadata) -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
-/// An error once the job's caller is gone: the job stops where it is.
-fn go_on(cancel: &Cancel, key: &str) -> Result<(), ObjectError> {
-    if cancel.is_cancelled() {
-        return Err(ObjectError::Io(format!(
-            "{}: stopped, its caller went away",
-            quote(key)
-        )));
-    }
-    Ok(())
+/// What a blocking job looks at between its steps: whether its caller is still there, and,
+/// once per epoch tick, the caller's pace.
+struct Steps {
+    cancel: Cancel,
+    pace: Option<Arc<dyn Pace>>,
+    next_pace: Instant,
 }
 
-/// Runs blocking file system work off the async threads; `f` looks at what it is given
-/// between steps, and stops once the caller has gone.
+impl Steps {
+    /// An error once the job's caller is gone: the job stops where it is. Once per tick, first
+    /// the caller's pace (which may wait for its turn).
+    fn go_on(&mut self, key: &str) -> Result<(), ObjectError> {
+        if let Some(pace) = &self.pace
+            && Instant::now() >= self.next_pace
+        {
+            pace.pace();
+            self.next_pace = Instant::now() + EPOCH_TICK;
+        }
+        if self.cancel.is_cancelled() {
+            return Err(ObjectError::Io(format!(
+                "{}: stopped, its caller went away",
+                quote(key)
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Runs blocking file system work off the async threads, paced by `pace`; `f` looks at what
+/// it is given between steps, and stops once the caller has gone.
 async fn blocking<T: Send + 'static>(
-    f: impl FnOnce(&Cancel) -> Result<T, ObjectError> + Send + 'static,
+    pace: Paced<'_>,
+    f: impl FnOnce(&mut Steps) -> Result<T, ObjectError> + Send + 'static,
 ) -> Result<T, ObjectError> {
     let cancel = Cancel::default();
     let _cancel = cancel.on_drop();
-    tokio::task::spawn_blocking(move || f(&cancel))
+    let mut steps = Steps {
+        cancel,
+        pace: pace.map(Arc::clone),
+        next_pace: Instant::now() + EPOCH_TICK,
+    };
+    tokio::task::spawn_blocking(move || f(&mut steps))
         .await
         .map_err(|e| ObjectError::Io(format!("store worker: {e}")))?
 }
@@ -87,9 +115,14 @@ impl Local {
         })
     }
 
-    pub async fn head(&self, bucket: &str, key: &str) -> Result<ObjectMeta, ObjectError> {
+    pub async fn head(
+        &self,
+        bucket: &str,
+        key: &str,
+        pace: Paced<'_>,
+    ) -> Result<ObjectMeta, ObjectError> {
         let (root, bucket, key) = (Arc::clone(&self.root), bucket.to_string(), key.to_string());
-        blocking(move |_| {
+        blocking(pace, move |_| {
             let meta = Self::bucket(&root, &bucket)?
                 .metadata(&key)
                 .map_err(|e| map(&key, e))?;
@@ -112,9 +145,10 @@ impl Local {
         key: &str,
         offset: u64,
         length: u64,
+        pace: Paced<'_>,
     ) -> Result<Vec<u8>, ObjectError> {
         let (root, bucket, key) = (Arc::clone(&self.root), bucket.to_string(), key.to_string());
-        blocking(move |cancel| {
+        blocking(pace, move |steps| {
             let mut file = Self::bucket(&root, &bucket)?
                 .open(&key)
                 .map_err(|e| map(&key, e))?;
@@ -126,7 +160,7 @@ impl Local {
             let mut buf = Vec::with_capacity(usize::try_from(length).unwrap_or(0));
             let mut rest = file.take(length);
             loop {
-                go_on(cancel, &key)?;
+                steps.go_on(&key)?;
                 let got = rest
                     .by_ref()
                     .take(READ_CHUNK)
@@ -147,13 +181,14 @@ impl Local {
         limit: usize,
         max_visits: usize,
         keep: Arc<dyn Fn(&str) -> bool + Send + Sync>,
+        pace: Paced<'_>,
     ) -> Result<Vec<ObjectMeta>, ObjectError> {
         let (root, bucket, prefix) = (
             Arc::clone(&self.root),
             bucket.to_string(),
             prefix.to_string(),
         );
-        blocking(move |cancel| {
+        blocking(pace, move |steps| {
             let dir = Self::bucket(&root, &bucket)?;
             // Walk from the deepest directory the prefix names. The directories still to walk
             // are kept as paths and opened in turn, so that a walk holds two descriptors
@@ -180,7 +215,7 @@ impl Local {
                     &opened
                 };
                 for entry in d.entries().map_err(|e| map(&path, e))? {
-                    go_on(cancel, &prefix)?;
+                    steps.go_on(&prefix)?;
                     visits += 1;
                     if visits > max_visits {
                         return Err(ObjectError::TooManyEntries(max_visits as u64));
@@ -224,9 +259,9 @@ mod tests {
     #[tokio::test]
     async fn a_job_whose_caller_went_away_stops_at_its_next_look() {
         let (looks, looked) = std::sync::mpsc::channel::<Result<(), ObjectError>>();
-        let job = blocking(move |cancel| {
+        let job = blocking(None, move |steps| {
             loop {
-                let look = go_on(cancel, "big/prefix");
+                let look = steps.go_on("big/prefix");
                 let stop = look.is_err();
                 looks.send(look).ok();
                 if stop {
@@ -241,10 +276,10 @@ mod tests {
                 .await
                 .is_err()
         );
-        let give_up = std::time::Instant::now() + Duration::from_secs(5);
+        let give_up = Instant::now() + Duration::from_secs(5);
         let stopped = loop {
             match looked.recv_timeout(Duration::from_secs(5)) {
-                Ok(Ok(())) if std::time::Instant::now() < give_up => continue,
+                Ok(Ok(())) if Instant::now() < give_up => continue,
                 Ok(Err(e)) => break e,
                 Ok(Ok(())) => panic!("the job still runs 5 s after its caller went away"),
                 Err(e) => panic!("the job did not see that it was abandoned: {e}"),
@@ -279,7 +314,7 @@ mod tests {
             true
         });
         let listed = store
-            .list("b", "train/", 10_000, 100_000, keep)
+            .list("b", "train/", 10_000, 100_000, keep, None)
             .await
             .expect("list");
         assert_eq!(listed.len(), 1000);
@@ -306,7 +341,10 @@ mod tests {
             (0, 0),
             (bytes.len() as u64 - 3, 100),
         ] {
-            let got = store.read("b", "k", offset, length).await.expect("read");
+            let got = store
+                .read("b", "k", offset, length, None)
+                .await
+                .expect("read");
             let end = (offset + length).min(bytes.len() as u64) as usize;
             assert_eq!(got, bytes[offset as usize..end], "{offset}+{length}");
         }

@@ -21,11 +21,26 @@ pub mod scoped;
 pub use error::{ObjectError, ObjectMeta};
 
 use crate::policy::StoreLocation;
+use std::sync::Arc;
 
 /// Most entries one `list` call returns.
 pub const MAX_LIST: u32 = 10_000;
 /// Most entries one `list` call visits, so a huge bucket cannot stall the host.
 pub const MAX_LIST_VISITS: usize = 200_000;
+
+/// Where a backend's own work for a caller is charged. The local store does a call's work (a
+/// stat, an open and its reads, a walk's directory entries and their metadata) on a blocking
+/// thread, out of sight of the caller's share of the invocation workers; between its steps, at
+/// most once per epoch tick, it calls [`Pace::pace`], which returns once the caller may go on
+/// (for an invocation: its tenant's share of the workers, as at a guest's epoch tick). The S3
+/// store's calls are waits on the network, given back to the other tenants while they wait; it
+/// never calls it.
+pub trait Pace: Send + Sync + std::fmt::Debug {
+    fn pace(&self);
+}
+
+/// A caller's [`Pace`], if its work is charged to anyone (tests and tools: no one).
+pub type Paced<'a> = Option<&'a Arc<dyn Pace>>;
 
 /// The object store the host reads from.
 #[derive(Debug)]
@@ -50,10 +65,21 @@ impl Store {
         }
     }
 
+    /// Whether a call's work is done on this host's threads (the local store's file system
+    /// calls) rather than mostly waiting on another machine (S3).
+    pub fn works_here(&self) -> bool {
+        matches!(self, Store::Local(_))
+    }
+
     /// The object's size, without its bytes (to check caps before reading).
-    pub async fn head(&self, bucket: &str, key: &str) -> Result<ObjectMeta, ObjectError> {
+    pub async fn head(
+        &self,
+        bucket: &str,
+        key: &str,
+        pace: Paced<'_>,
+    ) -> Result<ObjectMeta, ObjectError> {
         match self {
-            Store::Local(l) => l.head(bucket, key).await,
+            Store::Local(l) => l.head(bucket, key, pace).await,
             Store::S3(s) => s.head(bucket, key).await,
         }
     }
@@ -66,9 +92,10 @@ impl Store {
         key: &str,
         offset: u64,
         length: u64,
+        pace: Paced<'_>,
     ) -> Result<Vec<u8>, ObjectError> {
         match self {
-            Store::Local(l) => l.read(bucket, key, offset, length).await,
+            Store::Local(l) => l.read(bucket, key, offset, length, pace).await,
             Store::S3(s) => s.read(bucket, key, offset, length).await,
         }
     }
@@ -81,10 +108,11 @@ impl Store {
         prefix: &str,
         limit: usize,
         visits: usize,
-        keep: std::sync::Arc<dyn Fn(&str) -> bool + Send + Sync>,
+        keep: Arc<dyn Fn(&str) -> bool + Send + Sync>,
+        pace: Paced<'_>,
     ) -> Result<Vec<ObjectMeta>, ObjectError> {
         match self {
-            Store::Local(l) => l.list(bucket, prefix, limit, visits, keep).await,
+            Store::Local(l) => l.list(bucket, prefix, limit, visits, keep, pace).await,
             Store::S3(s) => s.list(bucket, prefix, limit, visits, keep).await,
         }
     }

@@ -3,7 +3,7 @@
 
 use super::error::{ObjectError, ObjectMeta};
 use super::keys::{check_key, check_prefix};
-use super::{MAX_LIST, MAX_LIST_VISITS, Store};
+use super::{MAX_LIST, MAX_LIST_VISITS, Pace, Store};
 use crate::account::text::quote;
 use crate::policy::{Grant, Tenant};
 use std::sync::Arc;
@@ -22,6 +22,8 @@ pub struct Read {
 pub struct Scoped {
     tenant: Arc<Tenant>,
     store: Arc<Store>,
+    /// Who the local store's work for these calls is charged to.
+    pace: Option<Arc<dyn Pace>>,
     /// Bytes read (charged) so far by this invocation.
     pub bytes_read: u64,
 }
@@ -48,8 +50,24 @@ impl Scoped {
         Self {
             tenant,
             store,
+            pace: None,
             bytes_read: 0,
         }
+    }
+
+    /// The same view, with the store's own work for its calls charged to `pace` (an
+    /// invocation's turn on the workers).
+    pub fn paced(self, pace: Arc<dyn Pace>) -> Self {
+        Self {
+            pace: Some(pace),
+            ..self
+        }
+    }
+
+    /// Whether the store's work for a call is done on this host's threads (see
+    /// [`Store::works_here`]).
+    pub fn works_here(&self) -> bool {
+        self.store.works_here()
     }
 
     /// Checks that `bucket`/`key` (or a key prefix) is a valid key within a grant.
@@ -81,7 +99,7 @@ impl Scoped {
         range: Option<(u64, u64)>,
     ) -> Result<Read, ObjectError> {
         self.authorise(bucket, key, false)?;
-        let size = self.store.head(bucket, key).await?.size;
+        let size = self.store.head(bucket, key, self.pace.as_ref()).await?.size;
         let (offset, length) = match range {
             None => (0, size),
             Some((offset, length)) => (offset, length.min(size.saturating_sub(offset))),
@@ -107,12 +125,14 @@ impl Scoped {
         if r.length == 0 {
             return Ok(Vec::new());
         }
-        self.store.read(&r.bucket, &r.key, r.offset, r.length).await
+        self.store
+            .read(&r.bucket, &r.key, r.offset, r.length, self.pace.as_ref())
+            .await
     }
 
     pub async fn head(&self, bucket: &str, key: &str) -> Result<ObjectMeta, ObjectError> {
         self.authorise(bucket, key, false)?;
-        self.store.head(bucket, key).await
+        self.store.head(bucket, key, self.pace.as_ref()).await
     }
 
     /// Objects under `prefix` within the grants, in key order, at most `limit` (and
@@ -145,9 +165,14 @@ impl Scoped {
         let each = visits.div_ceil(walks.len().max(1));
         let mut listed = Vec::new();
         for walk in &walks {
-            let found = self
-                .store
-                .list(bucket, walk, limit, each, Arc::clone(&keep));
+            let found = self.store.list(
+                bucket,
+                walk,
+                limit,
+                each,
+                Arc::clone(&keep),
+                self.pace.as_ref(),
+            );
             // Past its part of the bound, the listing is past the bound.
             listed.extend(found.await.map_err(|e| match e {
                 ObjectError::TooManyEntries(_) => ObjectError::TooManyEntries(visits as u64),

@@ -6,9 +6,11 @@
 //! images) waited behind their slices (`host/tests/attacks.rs`, "4 guests spinning at a time":
 //! the light tenant at 6.4x its solo median, its decode stage 48.7 ms against 2.6).
 //!
-//! A tenant's invocation holds a run slot ([`Turn`]) while it runs guest code or the host's work
-//! on its output, and gives it back while it waits in a host call (an object read, a model
-//! load, the device, `wasi:io/poll`) and, at a tick, when another tenant needs it. While
+//! A tenant's invocation holds a run slot ([`Turn`]) while it runs guest code, the host's work
+//! on its output or the local store's work for its calls (on a blocking thread, paced at each
+//! tick: [`Turn::hold`], [`Pace`]), and gives it back while it waits in a host call (an S3
+//! read, a model load, the device, `wasi:io/poll`) and, at a tick, when another tenant needs
+//! it. While
 //! tenants of weights `w1 .. wn` (the policy's `weight`, the device's too) want slots, tenant
 //! `i` may hold `workers * wi / (w1 + .. + wn)` of them, rounded down, at least one (equal
 //! weights: `workers / n`), and a tenant over its share may take a free worker while no tenant
@@ -19,6 +21,7 @@
 //! comes free or the share grows, and no longer than its deadline (the time limit is wall time).
 
 use super::engine::EPOCH_TICK;
+use crate::store::Pace;
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll, Wake, Waker};
@@ -338,7 +341,23 @@ impl Turn {
         }
     }
 
-    /// Runs `wait` (a host call: an object read, the device, a guest's sleep) on the slot
+    /// Runs `work`, a host call whose work is done for the tenant on another thread (the local
+    /// store's file system calls, which [`Pace`] the invocation at each tick), holding the slot
+    /// throughout: unlike [`Turn::off`]'s waits, its waits are that work, and the tenant's
+    /// share covers it.
+    pub async fn hold<F: Future>(&self, work: F) -> F::Output {
+        if !*self.held() {
+            self.take().await;
+        }
+        let out = work.await;
+        // Past the deadline a pace may have given the slot back without getting one again.
+        if !*self.held() {
+            self.take().await;
+        }
+        out
+    }
+
+    /// Runs `wait` (a host call: an S3 read, the device, a guest's sleep) on the slot
     /// whenever it runs and without it while it waits: each poll of the call is work for the
     /// tenant on a worker (`wasi:io/poll` building a future for each of up to 10,000
     /// pollables, or looking at them again when one is ready; an S3 listing parsing the page
@@ -365,6 +384,20 @@ impl Turn {
 impl Drop for Turn {
     fn drop(&mut self) {
         self.give();
+    }
+}
+
+/// The local store's work for an invocation (a walk's entries, a read's chunks, on a blocking
+/// thread) runs on the invocation's slot, held for it by [`Turn::hold`], and at each tick lets
+/// the tenant's share decide as a guest's epoch tick does: the blocking thread goes on, or
+/// waits for its turn.
+impl Pace for Turn {
+    fn pace(&self) {
+        // Called on a blocking thread of the workers' runtime (the local store's jobs), where
+        // a thread may wait on the runtime's futures.
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.block_on(self.tick());
+        }
     }
 }
 
@@ -622,6 +655,66 @@ mod tests {
             // A call ready at once keeps the slot throughout.
             let kept = t.off(async { cpu.load("t").0 }).await;
             assert_eq!(kept, 1);
+        });
+    }
+
+    #[test]
+    fn the_local_stores_work_holds_the_slot_and_gives_it_up_at_a_tick() {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(async {
+            let dir = tempfile::tempdir().expect("tmp");
+            let bucket = dir.path().join("b");
+            std::fs::create_dir(&bucket).expect("bucket");
+            for i in 0..1000 {
+                std::fs::write(bucket.join(format!("{i:04}")), b"x").expect("object");
+            }
+            let store = Arc::new(crate::store::local::Local::open(dir.path()).expect("store"));
+            let cpu = CpuShares::new(2);
+            let heavy: Vec<_> = (0..2).map(|_| turn(&cpu, "heavy")).collect();
+            for t in &heavy {
+                at_once("the heavy tenant alone: both workers", t.take()).await;
+            }
+            // A walk of at least a second of the store's work (1 ms per object found), as a
+            // heavy invocation's host call.
+            let (walker, pace) = (
+                Arc::clone(&heavy[0]),
+                Arc::clone(&heavy[0]) as Arc<dyn Pace>,
+            );
+            let walk = tokio::spawn(async move {
+                let keep = Arc::new(|_: &str| {
+                    std::thread::sleep(Duration::from_millis(1));
+                    true
+                });
+                walker
+                    .hold(store.list("b", "", 10_000, 100_000, keep, Some(&pace)))
+                    .await
+            });
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            assert_eq!(cpu.load("heavy"), (2, 0), "the walk holds its slot");
+            // The light tenant comes, within its share: at its next tick the walk, over its
+            // tenant's share now, gives its slot up and waits for its turn.
+            let light = turn(&cpu, "light");
+            at_once("the light tenant within its share", light.take()).await;
+            let gave = async {
+                while cpu.load("heavy") != (1, 1) {
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+            };
+            let gave = tokio::time::timeout(Duration::from_millis(150), gave).await;
+            assert!(
+                gave.is_ok(),
+                "the walk gave its slot up at a tick: {:?}",
+                cpu.load("heavy")
+            );
+            assert!(!walk.is_finished(), "while it still had work");
+            light.give();
+            let listed = walk.await.expect("walk").expect("list");
+            assert_eq!(listed.len(), 1000);
+            assert_eq!(cpu.load("heavy"), (2, 0), "held again after the call");
         });
     }
 

@@ -717,6 +717,38 @@ async fn a_hostile_tenant_cannot_break_isolation() {
         .await;
     }
 
+    // 3. The store's work for a call stops at the time limit too, and is answered as the time
+    // limit, not as a store failure.
+    s.row(
+        3,
+        "listings of 20,000 objects, 1,000 in a row",
+        bound,
+        limit,
+        async {
+            let o = s
+                .attack(
+                    "hostile",
+                    hostile(
+                        "list",
+                        &[
+                            ("prefix", "fashion-mnist/many/"),
+                            ("limit", "1"),
+                            ("count", "1000"),
+                        ],
+                        &[],
+                    ),
+                )
+                .await;
+            assert_eq!(
+                (o.status, o.code.as_str()),
+                (422, "time_limit_exceeded"),
+                "{o:?}"
+            );
+            (o, None)
+        },
+    )
+    .await;
+
     // 2. Host memory: held across many calls, and many bombs at once.
     let small = (8 * 3 * 224 * 224 * 4).to_string();
     s.row(

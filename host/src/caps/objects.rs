@@ -99,8 +99,17 @@ impl ObjectsCtx {
         }
     }
 
-    /// Records a failure on `key` and turns it into the guest's error.
+    /// Records a failure on `key` and turns it into the guest's error; past the invocation's
+    /// deadline, any failure (the local store's job stops there) stops the invocation at its
+    /// time limit instead.
     fn failed<T>(&mut self, key: &str, e: ObjectError) -> Answer<T> {
+        if self.caller.deadline.expired() {
+            return Err(Stop::Time {
+                limit: self.caller.deadline.limit(),
+                during: "in an object store call",
+            }
+            .trap());
+        }
         let kind = match &e {
             ObjectError::NotFound(_) => Failure::NotFound,
             ObjectError::Denied(_) => Failure::Denied,

@@ -62,20 +62,25 @@ struct Steps {
 }
 
 impl Steps {
-    /// An error once the job's caller is gone: the job stops where it is. Once per tick, first
-    /// the caller's pace (which may wait for its turn).
+    /// An error once the job's caller is gone, or at its pace (the first step, then once per
+    /// tick) once the caller's time is up: the job stops where it is. The pace may wait for
+    /// the caller's turn.
     fn go_on(&mut self, key: &str) -> Result<(), ObjectError> {
+        let stopped = |why: &str| Err(ObjectError::Io(format!("{}: stopped, {why}", quote(key))));
+        if self.cancel.is_cancelled() {
+            return stopped("its caller went away");
+        }
         if let Some(pace) = &self.pace
             && Instant::now() >= self.next_pace
         {
-            pace.pace();
+            if !pace.pace() {
+                return stopped("its caller's time is up");
+            }
             self.next_pace = Instant::now() + EPOCH_TICK;
-        }
-        if self.cancel.is_cancelled() {
-            return Err(ObjectError::Io(format!(
-                "{}: stopped, its caller went away",
-                quote(key)
-            )));
+            // It may have waited for its turn meanwhile.
+            if self.cancel.is_cancelled() {
+                return stopped("its caller went away");
+            }
         }
         Ok(())
     }
@@ -92,7 +97,8 @@ async fn blocking<T: Send + 'static>(
     let mut steps = Steps {
         cancel,
         pace: pace.map(Arc::clone),
-        next_pace: Instant::now() + EPOCH_TICK,
+        // The first step paces: a job that starts past its caller's time does nothing.
+        next_pace: Instant::now(),
     };
     tokio::task::spawn_blocking(move || f(&mut steps))
         .await

@@ -390,14 +390,20 @@ impl Drop for Turn {
 /// The local store's work for an invocation (a walk's entries, a read's chunks, on a blocking
 /// thread) runs on the invocation's slot, held for it by [`Turn::hold`], and at each tick lets
 /// the tenant's share decide as a guest's epoch tick does: the blocking thread goes on, or
-/// waits for its turn.
+/// waits for its turn; past the invocation's deadline it stops.
 impl Pace for Turn {
-    fn pace(&self) {
+    fn pace(&self) -> bool {
+        // Past the deadline the work stops: the invocation is stopped within its guard's grace,
+        // and work done meanwhile would be done without a slot (none is taken past it).
+        if Instant::now() >= self.until {
+            return false;
+        }
         // Called on a blocking thread of the workers' runtime (the local store's jobs), where
         // a thread may wait on the runtime's futures.
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             rt.block_on(self.tick());
         }
+        *self.held()
     }
 }
 
@@ -418,6 +424,7 @@ impl Wake for Woken {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::ObjectError;
     use std::time::Duration;
 
     fn rt() -> tokio::runtime::Runtime {
@@ -715,6 +722,50 @@ mod tests {
             let listed = walk.await.expect("walk").expect("list");
             assert_eq!(listed.len(), 1000);
             assert_eq!(cpu.load("heavy"), (2, 0), "held again after the call");
+        });
+    }
+
+    #[test]
+    fn the_local_stores_work_stops_at_its_invocations_deadline() {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(async {
+            let dir = tempfile::tempdir().expect("tmp");
+            let bucket = dir.path().join("b");
+            std::fs::create_dir(&bucket).expect("bucket");
+            for i in 0..1000 {
+                std::fs::write(bucket.join(format!("{i:04}")), b"x").expect("object");
+            }
+            let store = crate::store::local::Local::open(dir.path()).expect("store");
+            let cpu = CpuShares::new(2);
+            let until = Instant::now() + Duration::from_millis(50);
+            let t = Turn::new(&cpu, "t", 1, until);
+            at_once("a slot", t.take()).await;
+            // A walk of at least a second (1 ms per object found), counting its work past the
+            // deadline.
+            let late = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+            let counted = Arc::clone(&late);
+            let keep = Arc::new(move |_: &str| {
+                std::thread::sleep(Duration::from_millis(1));
+                if Instant::now() >= until {
+                    counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+                true
+            });
+            let pace = Arc::clone(&t) as Arc<dyn Pace>;
+            let walk = t.hold(store.list("b", "", 10_000, 100_000, keep, Some(&pace)));
+            let r = walk.await;
+            let late = late.load(std::sync::atomic::Ordering::Relaxed);
+            assert!(
+                matches!(&r, Err(ObjectError::Io(m)) if m.contains("time is up")),
+                "{r:?}"
+            );
+            // A tick and a step past it at most (10 ms at 1 ms an object), with room for a
+            // slow machine; unpaced, the walk would go on for every object left.
+            assert!(late < 100, "{late} objects looked at past the deadline");
         });
     }
 

@@ -282,7 +282,7 @@ impl Host {
         let tenant = tenant.name.as_str();
         let pin = self
             .device
-            .acquire(id, &Arc::from(tenant), &deadline)
+            .acquire(id, &Arc::from(tenant), &deadline, None)
             .await?;
         let models = Arc::clone(self.runtime.models());
         // Measured before (or failed less than `models::FAILURE_KEPT` ago): nothing runs.

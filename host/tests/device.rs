@@ -273,7 +273,7 @@ impl Packages {
     ) -> Result<hapi_host::device::budget::Pin, hapi_host::device::DeviceError> {
         let deadline = Deadline::new(limit);
         budget
-            .acquire(&self.models, model, &Arc::from(tenant), &deadline)
+            .acquire(&self.models, model, &Arc::from(tenant), &deadline, None)
             .await
     }
 
@@ -447,6 +447,57 @@ async fn a_tenant_loads_one_model_at_a_time() {
         "resnet50 is loaded"
     );
     assert_eq!(p.use_model(&budget, next, "me").await, 0, "lite0 is loaded");
+}
+
+/// A model's load is CPU work for the tenant that asked for it (a libtorch load on a blocking
+/// thread): it waits for a slot of the tenant's share of the invocation workers and holds it
+/// until the load ends, as the tenant's guest code would (a tenant alternating two models that
+/// do not fit its room together reloads on every call, a core's worth of loads beside every
+/// tenant's share).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_load_runs_on_a_slot_of_its_tenants_share() {
+    use hapi_host::account::Pace;
+    use hapi_host::wasm::cpu::{CpuShares, Turn};
+    let _one = serial().lock().await;
+    let p = Packages::open();
+    let budget = Budget::new(4 << 30, RESIDENT_FOR);
+    let cpu = CpuShares::new(1);
+    let me: Arc<str> = Arc::from("me");
+    // The tenant's guest code holds the one worker; its invocation then loads densenet121
+    // (not resnet50, whose slow first load the test above counts on: a load here would leave
+    // its files in the page cache).
+    let guest = Turn::new(&cpu, &me, 1, std::time::Instant::now() + LONG);
+    assert!(guest.take().await, "a slot");
+    let pace = guest.sibling() as Arc<dyn Pace>;
+    let loading = {
+        let (budget, models, me) = (Arc::clone(&budget), Arc::clone(&p.models), Arc::clone(&me));
+        tokio::spawn(async move {
+            let deadline = Deadline::new(LONG);
+            budget
+                .acquire(&models, "densenet121", &me, &deadline, Some(pace))
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !loading.is_finished(),
+        "the load waits for the tenant's slot"
+    );
+    assert_eq!(cpu.load(&me), (1, 1), "held by the guest; the load waits");
+    // The guest waits in a host call: the load takes the slot and holds it while it runs.
+    guest.give();
+    let mut held_while_loading = 0;
+    while !loading.is_finished() {
+        held_while_loading = held_while_loading.max(cpu.load(&me).0);
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let pin = loading
+        .await
+        .expect("load task")
+        .expect("densenet121 loads");
+    assert_eq!(held_while_loading, 1, "the load held a slot while it ran");
+    assert_eq!(cpu.load(&me), (0, 0), "and gave it back when it ended");
+    drop(pin);
 }
 
 /// A tenant whose model does not fit beside what a neighbour within its share keeps waits,

@@ -6,11 +6,12 @@
 //! otherwise. The context remembers what failed (for the host's answer: the key an error is
 //! about, and whether the store itself failed).
 
+use crate::account::Pace;
 use crate::account::text::quote;
 use crate::bindings::hapi::pushdown::objects as wit;
 use crate::caps::caller::{Caller, Stop};
 use crate::store::scoped::Scoped;
-use crate::store::{ObjectError, ObjectMeta, Pace, Store};
+use crate::store::{ObjectError, ObjectMeta, Store};
 use crate::wasm::cpu::Turn;
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -5,7 +5,7 @@
 //! thread in time-bounded sub-batches. Either way the caller waits at most until its deadline:
 //! then the call is abandoned (the dispatcher or the thread drops it and its memory).
 
-use crate::account::{Cancel, Deadline};
+use crate::account::{Cancel, Deadline, Pace};
 use crate::device::batch::{self, Dest};
 use crate::device::budget::{Budget, Pin, Reservation};
 use crate::device::dispatcher::{Call, Progress, Shared, lock};
@@ -88,16 +88,18 @@ impl Device {
         stats.render(&stats.memory(&b), out);
     }
 
-    /// Pins model `name` for a call of `tenant`, loading it (weights charged) if need be.
+    /// Pins model `name` for a call of `tenant`, loading it (weights charged) if need be, the
+    /// load paced by `pace` (see [`Budget::acquire`]).
     pub async fn acquire(
         &self,
         name: &str,
         tenant: &Arc<str>,
         deadline: &Deadline,
+        pace: Option<Arc<dyn Pace>>,
     ) -> Result<Pin, DeviceError> {
         self.shared
             .budget
-            .acquire(&self.models, name, tenant, deadline)
+            .acquire(&self.models, name, tenant, deadline, pace)
             .await
     }
 

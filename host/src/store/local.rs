@@ -12,9 +12,8 @@
 //! an object) are `NotFound`; an escape is `Denied`; only real I/O failures are `Io`.
 
 use super::error::{ObjectError, ObjectMeta, Smallest};
-use super::{Pace, Paced};
-use crate::account::Cancel;
 use crate::account::text::quote;
+use crate::account::{Cancel, Pace, Paced};
 use crate::wasm::engine::EPOCH_TICK;
 use cap_std::ambient_authority;
 use cap_std::fs::Dir;

@@ -20,6 +20,7 @@ pub mod scoped;
 
 pub use error::{ObjectError, ObjectMeta};
 
+use crate::account::Paced;
 use crate::policy::StoreLocation;
 use std::sync::Arc;
 
@@ -27,22 +28,6 @@ use std::sync::Arc;
 pub const MAX_LIST: u32 = 10_000;
 /// Most entries one `list` call visits, so a huge bucket cannot stall the host.
 pub const MAX_LIST_VISITS: usize = 200_000;
-
-/// Where a backend's own work for a caller is charged. The local store does a call's work (a
-/// stat, an open and its reads, a walk's directory entries and their metadata) on a blocking
-/// thread, out of sight of the caller's share of the invocation workers; at its first step and
-/// then at most once per epoch tick it calls [`Pace::pace`], which returns once the caller may
-/// go on (for an invocation: its tenant's share of the workers, as at a guest's epoch tick).
-/// The S3 store's calls are waits on the network, given back to the other tenants while they
-/// wait; it never calls it.
-pub trait Pace: Send + Sync + std::fmt::Debug {
-    /// Returns once the caller may go on: true, or false if it never may (its time is up),
-    /// and the work stops there.
-    fn pace(&self) -> bool;
-}
-
-/// A caller's [`Pace`], if its work is charged to anyone (tests and tools: no one).
-pub type Paced<'a> = Option<&'a Arc<dyn Pace>>;
 
 /// The object store the host reads from.
 #[derive(Debug)]

@@ -3,7 +3,8 @@
 
 use super::error::{ObjectError, ObjectMeta};
 use super::keys::{check_key, check_prefix};
-use super::{MAX_LIST, MAX_LIST_VISITS, Pace, Store};
+use super::{MAX_LIST, MAX_LIST_VISITS, Store};
+use crate::account::Pace;
 use crate::account::text::quote;
 use crate::policy::{Grant, Tenant};
 use std::sync::Arc;

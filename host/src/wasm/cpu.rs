@@ -21,7 +21,7 @@
 //! comes free or the share grows, and no longer than its deadline (the time limit is wall time).
 
 use super::engine::EPOCH_TICK;
-use crate::store::Pace;
+use crate::account::Pace;
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll, Wake, Waker};
@@ -266,6 +266,14 @@ impl Turn {
             until,
             held: Mutex::new(false),
         })
+    }
+
+    /// Another place of the same invocation (tenant, weight, deadline), holding no slot: for
+    /// host work on its behalf on another thread while the invocation itself waits (a model's
+    /// load), which takes its own slot of the tenant's share ([`Pace`]) and gives it back when
+    /// dropped.
+    pub fn sibling(&self) -> Arc<Self> {
+        Self::new(&self.cpu, &self.tenant, self.weight, self.until)
     }
 
     fn held(&self) -> std::sync::MutexGuard<'_, bool> {

@@ -182,11 +182,12 @@ impl graph::Host for NnView<'_> {
         let who: Arc<str> = Arc::from(tenant.name.as_str());
         let turn = Arc::clone(&self.ctx.caller.turn);
         let pin = turn
-            .off(
-                self.ctx
-                    .device
-                    .acquire(&resolved.id, &who, &self.ctx.caller.deadline),
-            )
+            .off(self.ctx.device.acquire(
+                &resolved.id,
+                &who,
+                &self.ctx.caller.deadline,
+                Some(turn.sibling()),
+            ))
             .await;
         self.ctx.queue_time += started.elapsed();
         if let Err(e) = pin {
@@ -326,7 +327,12 @@ impl inference::HostGraphExecutionContext for NnView<'_> {
             .turn
             .off(async {
                 let pin = device
-                    .acquire(&info.model, &tenant, &caller.deadline)
+                    .acquire(
+                        &info.model,
+                        &tenant,
+                        &caller.deadline,
+                        Some(caller.turn.sibling()),
+                    )
                     .await?;
                 let job = Job {
                     tenant: Arc::clone(&tenant),

@@ -243,11 +243,24 @@ impl Locality {
 
     /// Each key's volumes (empty where the filer does not know it or its chunks cannot be
     /// read from a volume server), for `tenant`: its lookups take one of its
-    /// [`TENANT_LOOKUPS`] first, then a host-wide slot.
+    /// [`TENANT_LOOKUPS`] first, then a host-wide slot. A key named more than once is looked
+    /// up once (a request naming its largest object 1,024 times had the filer send, and the
+    /// host parse, up to 256 KiB of chunk list 1,024 times).
     pub async fn placement(&self, tenant: &str, bucket: &str, keys: &[String]) -> Vec<Vec<u32>> {
         use futures::StreamExt;
+        let mut unique: Vec<&str> = Vec::new();
+        let mut first: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+        let at: Vec<usize> = keys
+            .iter()
+            .map(|k| {
+                *first.entry(k.as_str()).or_insert_with(|| {
+                    unique.push(k);
+                    unique.len() - 1
+                })
+            })
+            .collect();
         let share = self.tenant_share(tenant);
-        futures::stream::iter(keys.iter().cloned())
+        let found: Vec<Vec<u32>> = futures::stream::iter(unique.into_iter().map(str::to_string))
             .map(|key: String| {
                 let share = Arc::clone(&share);
                 async move {
@@ -268,7 +281,8 @@ impl Locality {
             })
             .buffered(TENANT_LOOKUPS)
             .collect()
-            .await
+            .await;
+        at.into_iter().map(|i| found[i].clone()).collect()
     }
 
     /// `tenant`'s lookup semaphore (made on first use; those of tenants with nothing in flight
@@ -362,14 +376,17 @@ mod tests {
     }
 
     /// A filer on a socket that answers `GET /buckets/b/fast` with one chunk on volume 3 and
-    /// holds every other request unanswered (for 30 s).
-    fn stalling_filer() -> String {
+    /// holds every other request unanswered (for 30 s); the count of `fast`'s lookups.
+    fn stalling_filer() -> (String, Arc<std::sync::atomic::AtomicUsize>) {
         use std::io::{Read, Write};
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         let addr = listener.local_addr().expect("addr");
+        let fast = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = Arc::clone(&fast);
         std::thread::spawn(move || {
             for conn in listener.incoming() {
                 let Ok(mut conn) = conn else { return };
+                let counted = Arc::clone(&counted);
                 std::thread::spawn(move || {
                     let mut got = Vec::new();
                     let mut buf = [0u8; 4096];
@@ -380,6 +397,7 @@ mod tests {
                         }
                     }
                     if got.starts_with(b"GET /buckets/b/fast?") {
+                        counted.fetch_add(1, Ordering::Relaxed);
                         let body = r#"{"chunks":[{"file_id":"3,01aa","size":5}]}"#;
                         let _ = write!(
                             conn,
@@ -392,13 +410,25 @@ mod tests {
                 });
             }
         });
-        format!("http://{addr}")
+        (format!("http://{addr}"), fast)
+    }
+
+    #[tokio::test]
+    async fn a_key_named_again_is_looked_up_once() {
+        let (filer, fast) = stalling_filer();
+        let near = Locality::new(Settings {
+            filer,
+            volume_server: "http://127.0.0.1:9".into(),
+        });
+        let keys = vec!["fast".to_string(); 100];
+        assert_eq!(near.placement("a", "b", &keys).await, vec![vec![3]; 100]);
+        assert_eq!(fast.load(Ordering::Relaxed), 1);
     }
 
     #[tokio::test]
     async fn a_tenant_flooding_placement_requests_leaves_lookups_for_the_others() {
         let near = Arc::new(Locality::new(Settings {
-            filer: stalling_filer(),
+            filer: stalling_filer().0,
             volume_server: "http://127.0.0.1:9".into(),
         }));
         // Tenant a: 8 requests of 64 keys at once, against a filer that holds them unanswered.

@@ -36,7 +36,7 @@ pub mod store;
 pub mod units;
 pub mod wasm;
 
-use crate::account::Deadline;
+use crate::account::{Deadline, Pace};
 use crate::admission::{Admission, Admissions};
 use crate::device::{Device, DeviceConfig, DeviceError};
 use crate::functions::{Function, FunctionError, Functions};
@@ -271,7 +271,8 @@ impl Host {
 
     /// Per-layer time, output size and memory of model `id` on this host's device (loaded and
     /// measured on first use), reported under `tenant`'s name for it, `model`. It waits for the
-    /// model and for room no longer than the tenant's time limit.
+    /// model and for room no longer than the tenant's time limit. The load and the measurement
+    /// are CPU work for the tenant: each runs on a slot of its share of the workers.
     pub async fn profile(
         &self,
         tenant: &Tenant,
@@ -279,10 +280,12 @@ impl Host {
         model: &str,
     ) -> Result<ModelProfile, DeviceError> {
         let deadline = Deadline::new(PROFILE_TIMEOUT.min(tenant.limits.timeout));
+        let share = || -> Arc<dyn Pace> { self.runtime.share_for(tenant, deadline.at()) };
+        let work = share();
         let tenant = tenant.name.as_str();
         let pin = self
             .device
-            .acquire(id, &Arc::from(tenant), &deadline, None)
+            .acquire(id, &Arc::from(tenant), &deadline, Some(share()))
             .await?;
         let models = Arc::clone(self.runtime.models());
         // Measured before (or failed less than `models::FAILURE_KEPT` ago): nothing runs.
@@ -335,14 +338,18 @@ impl Host {
         // ends, even when the caller goes away.
         let id = id.to_string();
         let (layers, pin) = tokio::task::spawn_blocking(move || {
-            let layers = models.profile(&id, &pin.model, batch);
+            // On a slot of the tenant's share, or not at all once its time is up.
+            let layers = work.pace().then(|| models.profile(&id, &pin.model, batch));
+            drop(work);
             drop(held);
             drop(measuring);
             (layers, pin)
         })
         .await
         .map_err(|e| DeviceError::Failed(format!("profile worker: {e}")))?;
-        let layers = layers.map_err(DeviceError::Failed)?;
+        let layers = layers
+            .ok_or(DeviceError::Expired(deadline.limit()))?
+            .map_err(DeviceError::Failed)?;
         Ok(self.profile_reply(model, &layers, &pin))
     }
 

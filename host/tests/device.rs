@@ -500,6 +500,55 @@ async fn a_load_runs_on_a_slot_of_its_tenants_share() {
     drop(pin);
 }
 
+/// A pace that says the caller's time is up, or that panics.
+#[derive(Debug)]
+struct NoTime {
+    panics: bool,
+}
+
+impl hapi_host::account::Pace for NoTime {
+    fn pace(&self) -> bool {
+        assert!(!self.panics, "a pace that panics");
+        false
+    }
+}
+
+/// A load whose caller's time is up before a slot of its share came free is not begun: the
+/// caller is told its time limit passed (not a host fault), nothing stays charged or
+/// `Loading`, and the tenant's next load goes on; so after a pace that panics.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_load_whose_caller_has_no_time_left_is_not_begun() {
+    use hapi_host::device::DeviceError;
+    let _one = serial().lock().await;
+    let p = Packages::open();
+    let budget = Budget::new(4 << 30, RESIDENT_FOR);
+    let me: Arc<str> = Arc::from("me");
+    for panics in [false, true] {
+        let deadline = Deadline::new(LONG);
+        let pace = Arc::new(NoTime { panics }) as Arc<dyn hapi_host::account::Pace>;
+        let refused = budget
+            .acquire(&p.models, "resnet18", &me, &deadline, Some(pace))
+            .await
+            .expect_err("not begun");
+        if panics {
+            assert!(
+                matches!(refused, DeviceError::Failed(ref m) if m.contains("panicked")),
+                "{refused}"
+            );
+        } else {
+            assert!(matches!(refused, DeviceError::Expired(_)), "{refused}");
+        }
+        let b = budget.snapshot();
+        assert_eq!(
+            (b.weights, b.loaded),
+            (0, 0),
+            "nothing charged or loaded: {b:?}"
+        );
+    }
+    // The tenant's next load is not held up behind a load left `Loading`.
+    assert_eq!(p.use_model(&budget, "efficientnet_lite0", "me").await, 1);
+}
+
 /// A tenant whose model does not fit beside what a neighbour within its share keeps waits,
 /// and is told why; once the neighbour's use is older than `resident_for`, it loads.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -62,7 +62,7 @@ fn to_wit(e: ObjectError) -> wit::ObjectError {
         ObjectError::NotFound(m) => wit::ObjectError::NotFound(m),
         ObjectError::Denied(m) => wit::ObjectError::Denied(m),
         ObjectError::TooLarge(n) | ObjectError::TooManyEntries(n) => wit::ObjectError::TooLarge(n),
-        ObjectError::Io(m) => wit::ObjectError::Io(m),
+        ObjectError::Io(m) | ObjectError::Stopped(m) => wit::ObjectError::Io(m),
     }
 }
 
@@ -101,21 +101,15 @@ impl ObjectsCtx {
     }
 
     /// Records a failure on `key` and turns it into the guest's error; past the invocation's
-    /// deadline, any failure (the local store's job stops there) stops the invocation at its
-    /// time limit instead.
+    /// deadline (the local store's job stops there, `Stopped`), any failure stops the
+    /// invocation at its time limit instead, a store's own failure recorded first.
     fn failed<T>(&mut self, key: &str, e: ObjectError) -> Answer<T> {
-        if self.caller.deadline.expired() {
-            return Err(Stop::Time {
-                limit: self.caller.deadline.limit(),
-                during: "in an object store call",
-            }
-            .trap());
-        }
         let kind = match &e {
             ObjectError::NotFound(_) => Failure::NotFound,
             ObjectError::Denied(_) => Failure::Denied,
             ObjectError::TooLarge(_) => Failure::TooLarge,
             ObjectError::TooManyEntries(_) => Failure::TooManyEntries,
+            ObjectError::Stopped(_) => Failure::Io,
             ObjectError::Io(m) => {
                 tracing::warn!(
                     "tenant `{}`: object store error on `{}`: {m}",
@@ -126,6 +120,13 @@ impl ObjectsCtx {
                 Failure::Io
             }
         };
+        if matches!(e, ObjectError::Stopped(_)) || self.caller.deadline.expired() {
+            return Err(Stop::Time {
+                limit: self.caller.deadline.limit(),
+                during: "in an object store call",
+            }
+            .trap());
+        }
         self.last_failure = Some((kind, quote(key)));
         Ok(Err(to_wit(e)))
     }

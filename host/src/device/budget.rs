@@ -412,10 +412,11 @@ impl Budget {
 
     /// Pins model `name` for `tenant`, loading it first (weights charged, idle models it may
     /// unload unloaded to make room) if it is not loaded. Waits for room while other calls or
-    /// other tenants' models hold it, until `deadline`; the time the load itself takes is
-    /// credited to the deadline (the host's own work). A load is CPU work for `tenant`: it
+    /// other tenants' models hold it, until `deadline`, which counts the load's own time too
+    /// (past it, a load under way answers as backpressure). A load is CPU work for `tenant`: it
     /// begins once `pace` lets it (a slot of the tenant's share of the workers, held until the
-    /// load ends and `pace` is dropped), or not at all if `pace` says the caller's time is up.
+    /// load ends and `pace` is dropped), or not at all if `pace` says the caller's time is up
+    /// (the tenant's own work held its share: [`DeviceError::Expired`]).
     pub async fn acquire(
         self: &Arc<Self>,
         models: &Arc<Models>,
@@ -453,7 +454,13 @@ impl Budget {
                     // at its deadline; a later call finds the model loaded. It comes pinned
                     // for this caller (the pin is dropped with the result if the caller is
                     // gone), so that nobody unloads it before the caller runs on it.
-                    let load = self.start_load(models, name, weights, tenant, pace.take());
+                    let load = self.start_load(
+                        models,
+                        name,
+                        weights,
+                        tenant,
+                        (pace.take(), deadline.limit()),
+                    );
                     match deadline.run(load).await {
                         Ok(Ok(Ok(pin))) => return Ok(pin),
                         Ok(Ok(Err(e))) => return Err(e),
@@ -546,45 +553,50 @@ impl Budget {
     }
 
     /// Loads `name` for `tenant` (its slot is `Loading`, its weights charged) on a blocking
-    /// thread, once `pace` lets it begin, which settles the slot when done: loaded and pinned
-    /// for `tenant`, or gone with its weights uncharged.
+    /// thread, once `pace` lets it begin (else [`DeviceError::Expired`] at `limit`), which
+    /// settles the slot when done: loaded and pinned for `tenant`, or gone with its weights
+    /// uncharged.
     fn start_load(
         self: &Arc<Self>,
         models: &Arc<Models>,
         name: &str,
         weights: u64,
         tenant: &Arc<str>,
-        pace: Option<Arc<dyn Pace>>,
+        (pace, limit): (Option<Arc<dyn Pace>>, Duration),
     ) -> tokio::task::JoinHandle<Result<Pin, DeviceError>> {
         let (budget, m, n) = (Arc::clone(self), Arc::clone(models), name.to_string());
         let tenant = Arc::clone(tenant);
         tokio::task::spawn_blocking(move || {
+            // A panic in the pace or the load must still settle the slot: a slot left
+            // `Loading` would keep its weights charged and the tenant's loads waiting for ever.
             // The load is one libtorch call, paced once: it runs on a slot of the tenant's
-            // share (held by `pace` until it is dropped below), or not at all.
-            let loaded = if pace.as_ref().is_some_and(|p| !p.pace()) {
-                Err(
-                    "not begun: its caller's time was up before its tenant's share of the \
-                     workers had a slot for it"
-                        .to_string(),
-                )
-            } else {
-                // A panic in the load must still settle the slot: a slot left `Loading` would
-                // keep its weights charged and the tenant's loads waiting for ever.
-                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    m.load(&n).and_then(|package| {
-                        let memory = m.memory(&n, &package)?;
-                        Ok((Arc::new(package), memory))
-                    })
-                }))
-                .unwrap_or_else(|panic| {
-                    Err(format!(
-                        "the load panicked: {}",
-                        crate::account::text::panic_message(panic.as_ref())
-                    ))
+            // share (held by `pace` until it is dropped below), or not at all (`None`).
+            let loaded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                if pace.as_ref().is_some_and(|p| !p.pace()) {
+                    return Ok(None);
+                }
+                m.load(&n).and_then(|package| {
+                    let memory = m.memory(&n, &package)?;
+                    Ok(Some((Arc::new(package), memory)))
                 })
-            };
+            }))
+            .unwrap_or_else(|panic| {
+                Err(format!(
+                    "the load panicked: {}",
+                    crate::account::text::panic_message(panic.as_ref())
+                ))
+            });
             drop(pace);
-            budget.settle(&n, weights, &tenant, loaded)
+            match loaded {
+                Ok(Some(done)) => budget.settle(&n, weights, &tenant, Ok(done)),
+                Ok(None) => {
+                    // Settled as a failed load (its weights uncharged), answered as the time
+                    // limit it ran into.
+                    let _failed = budget.settle(&n, weights, &tenant, Err("not begun".into()));
+                    Err(DeviceError::Expired(limit))
+                }
+                Err(e) => budget.settle(&n, weights, &tenant, Err(e)),
+            }
         })
     }
 

@@ -17,6 +17,10 @@ pub enum ObjectError {
     TooManyEntries(u64),
     #[error("i/o: {0}")]
     Io(String),
+    /// The store's job for a caller stopped on the caller's account, not the store's: the
+    /// caller went away, or its time was up (the local store's jobs).
+    #[error("stopped: {0}")]
+    Stopped(String),
 }
 
 /// What `head` and `list` return.

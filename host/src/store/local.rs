@@ -65,7 +65,7 @@ impl Steps {
     /// tick) once the caller's time is up: the job stops where it is. The pace may wait for
     /// the caller's turn.
     fn go_on(&mut self, key: &str) -> Result<(), ObjectError> {
-        let stopped = |why: &str| Err(ObjectError::Io(format!("{}: stopped, {why}", quote(key))));
+        let stopped = |why: &str| Err(ObjectError::Stopped(format!("{}: {why}", quote(key))));
         if self.cancel.is_cancelled() {
             return stopped("its caller went away");
         }

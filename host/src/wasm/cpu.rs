@@ -768,7 +768,7 @@ mod tests {
             let r = walk.await;
             let late = late.load(std::sync::atomic::Ordering::Relaxed);
             assert!(
-                matches!(&r, Err(ObjectError::Io(m)) if m.contains("time is up")),
+                matches!(&r, Err(ObjectError::Stopped(m)) if m.contains("time is up")),
                 "{r:?}"
             );
             // A tick and a step past it at most (10 ms at 1 ms an object), with room for a

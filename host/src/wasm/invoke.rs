@@ -294,6 +294,12 @@ impl Runtime {
         &self.models
     }
 
+    /// A place in the workers' shares for host work on `tenant`'s behalf outside an invocation
+    /// (a profile's load and measurement), until `until`.
+    pub fn share_for(&self, tenant: &Tenant, until: Instant) -> Arc<Turn> {
+        Turn::new(&self.cpu, &tenant.name, tenant.limits.weight, until)
+    }
+
     pub fn objects(&self) -> &Arc<ObjectStore> {
         &self.objects
     }

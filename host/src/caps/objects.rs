@@ -63,6 +63,8 @@ fn to_wit(e: ObjectError) -> wit::ObjectError {
         ObjectError::Denied(m) => wit::ObjectError::Denied(m),
         ObjectError::TooLarge(n) | ObjectError::TooManyEntries(n) => wit::ObjectError::TooLarge(n),
         ObjectError::Io(m) | ObjectError::Stopped(m) => wit::ObjectError::Io(m),
+        // Never the guest's to see (the invocation stops at its memory limit).
+        ObjectError::OverLimit(e) => wit::ObjectError::TooLarge(e.limit),
     }
 }
 
@@ -81,7 +83,8 @@ impl ObjectsCtx {
     pub fn new(caller: Caller, store: Arc<Store>) -> Self {
         Self {
             scoped: Scoped::new(Arc::clone(&caller.tenant), store)
-                .paced(Arc::clone(&caller.turn) as Arc<dyn Pace>),
+                .paced(Arc::clone(&caller.turn) as Arc<dyn Pace>)
+                .charged_to(Arc::clone(&caller.account)),
             caller,
             read_time: Duration::ZERO,
             store_fault: None,
@@ -110,6 +113,7 @@ impl ObjectsCtx {
             ObjectError::TooLarge(_) => Failure::TooLarge,
             ObjectError::TooManyEntries(_) => Failure::TooManyEntries,
             ObjectError::Stopped(_) => Failure::Io,
+            ObjectError::OverLimit(over) => return Err(Stop::from(over.clone()).trap()),
             ObjectError::Io(m) => {
                 tracing::warn!(
                     "tenant `{}`: object store error on `{}`: {m}",

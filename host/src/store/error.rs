@@ -1,5 +1,8 @@
 //! What object operations return and how they fail (mirrors the WIT `object-error`).
 
+use crate::account::{Account, Charge, OverLimit};
+use std::sync::Arc;
+
 /// Why an object operation failed.
 ///
 /// `NotFound`, `Denied`, `TooLarge` and `TooManyEntries` are the caller's (4xx); `Io` is the
@@ -21,6 +24,56 @@ pub enum ObjectError {
     /// caller went away, or its time was up (the local store's jobs).
     #[error("stopped: {0}")]
     Stopped(String),
+    /// What the job holds for its caller (a listing's entries, a walk's directories to come)
+    /// went over the caller's memory limit.
+    #[error("{0}")]
+    OverLimit(OverLimit),
+}
+
+/// What a store's job holds for its caller, charged to the caller's account as it grows and
+/// released as it shrinks (no account: nothing charged; tests and tools).
+#[derive(Debug)]
+pub struct Held {
+    account: Option<Arc<Account>>,
+    charge: Option<Charge>,
+    what: &'static str,
+}
+
+impl Held {
+    pub fn new(account: Option<&Arc<Account>>, what: &'static str) -> Self {
+        Self {
+            account: account.map(Arc::clone),
+            charge: None,
+            what,
+        }
+    }
+
+    /// Charges `bytes` more, or refuses if that goes over the caller's limit.
+    pub fn grow(&mut self, bytes: u64) -> Result<(), ObjectError> {
+        let Some(account) = &self.account else {
+            return Ok(());
+        };
+        let more = account
+            .charge(bytes, self.what)
+            .map_err(ObjectError::OverLimit)?;
+        self.charge = Some(match self.charge.take() {
+            Some(held) => held.absorb(more),
+            None => more,
+        });
+        Ok(())
+    }
+
+    /// Releases `bytes` of what was charged.
+    pub fn shrink(&mut self, bytes: u64) {
+        if let Some(held) = &mut self.charge {
+            drop(held.split(bytes.min(held.bytes())));
+        }
+    }
+}
+
+/// Bytes a string holds on the heap and in place.
+pub fn string_bytes(s: &str) -> u64 {
+    (s.len() + size_of::<String>()) as u64
 }
 
 /// What `head` and `list` return.
@@ -40,11 +93,12 @@ impl ObjectMeta {
 }
 
 /// Keeps the `limit` smallest keys seen, so that listing a huge prefix holds `limit` entries,
-/// not every entry visited.
+/// not every entry visited; what it holds is charged to the caller ([`Held`]).
 #[derive(Debug)]
 pub struct Smallest {
     limit: usize,
     heap: std::collections::BinaryHeap<Entry>,
+    held: Held,
 }
 
 #[derive(Debug)]
@@ -68,23 +122,31 @@ impl Ord for Entry {
 }
 
 impl Smallest {
-    pub fn new(limit: usize) -> Self {
+    pub fn new(limit: usize, account: Option<&Arc<Account>>) -> Self {
         Self {
             limit,
             heap: std::collections::BinaryHeap::new(),
+            held: Held::new(account, "a listing's entries, held by the host"),
         }
     }
 
-    pub fn push(&mut self, m: ObjectMeta) {
+    /// Keeps `m` if it is among the `limit` smallest so far, charged before it is kept.
+    pub fn push(&mut self, m: ObjectMeta) -> Result<(), ObjectError> {
         if self.limit == 0 {
-            return;
+            return Ok(());
         }
         if self.heap.len() < self.limit {
+            self.held.grow(m.guest_bytes())?;
             self.heap.push(Entry(m));
         } else if self.heap.peek().is_some_and(|top| m.key < top.0.key) {
-            self.heap.pop();
+            // The one it replaces goes first (past the limit the listing fails whole).
+            if let Some(out) = self.heap.pop() {
+                self.held.shrink(out.0.guest_bytes());
+            }
+            self.held.grow(m.guest_bytes())?;
             self.heap.push(Entry(m));
         }
+        Ok(())
     }
 
     /// The kept entries in key order.
@@ -101,26 +163,45 @@ impl Smallest {
 mod tests {
     use super::*;
 
-    #[test]
-    fn the_smallest_keys_are_kept_in_order() {
-        let mut s = Smallest::new(3);
-        for k in ["e", "a", "d", "b", "c", "a0"] {
-            s.push(ObjectMeta {
-                key: k.into(),
-                size: 0,
-                last_modified_ms: 0,
-                etag: None,
-            });
-        }
-        let keys: Vec<String> = s.into_sorted().into_iter().map(|m| m.key).collect();
-        assert_eq!(keys, ["a", "a0", "b"]);
-        let mut none = Smallest::new(0);
-        none.push(ObjectMeta {
-            key: "a".into(),
+    fn meta(key: &str) -> ObjectMeta {
+        ObjectMeta {
+            key: key.into(),
             size: 0,
             last_modified_ms: 0,
             etag: None,
-        });
+        }
+    }
+
+    #[test]
+    fn the_smallest_keys_are_kept_in_order() {
+        let mut s = Smallest::new(3, None);
+        for k in ["e", "a", "d", "b", "c", "a0"] {
+            s.push(meta(k)).expect("nothing charged");
+        }
+        let keys: Vec<String> = s.into_sorted().into_iter().map(|m| m.key).collect();
+        assert_eq!(keys, ["a", "a0", "b"]);
+        let mut none = Smallest::new(0, None);
+        none.push(meta("a")).expect("nothing charged");
         assert!(none.into_sorted().is_empty());
+    }
+
+    #[test]
+    fn what_a_listing_holds_is_charged_while_held() {
+        let account = Account::new(1000);
+        let mut s = Smallest::new(2, Some(&account));
+        let long = "k".repeat(300);
+        for k in [format!("b{long}"), format!("c{long}"), format!("a{long}")] {
+            s.push(meta(&k)).expect("within the limit");
+        }
+        // Two kept (the third pushed out the largest): two entries' bytes held.
+        assert_eq!(account.used(), 2 * meta(&format!("a{long}")).guest_bytes());
+        let refused = s.push(meta(&"0".repeat(700)));
+        assert!(
+            matches!(refused, Err(ObjectError::OverLimit(_))),
+            "{refused:?}"
+        );
+        // A listing past the limit fails whole; what it held is released with it.
+        drop(s);
+        assert_eq!(account.used(), 0, "released with the listing");
     }
 }

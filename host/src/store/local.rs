@@ -11,9 +11,9 @@
 //! Errors that say the key cannot exist here (a name too long for the file system, a key below
 //! an object) are `NotFound`; an escape is `Denied`; only real I/O failures are `Io`.
 
-use super::error::{ObjectError, ObjectMeta, Smallest};
+use super::error::{Held, ObjectError, ObjectMeta, Smallest, string_bytes};
 use crate::account::text::quote;
-use crate::account::{Cancel, Pace, Paced};
+use crate::account::{Account, Cancel, Pace, Paced};
 use crate::wasm::engine::EPOCH_TICK;
 use cap_std::ambient_authority;
 use cap_std::fs::Dir;
@@ -186,13 +186,14 @@ impl Local {
         limit: usize,
         max_visits: usize,
         keep: Arc<dyn Fn(&str) -> bool + Send + Sync>,
-        pace: Paced<'_>,
+        (pace, account): (Paced<'_>, Option<&Arc<Account>>),
     ) -> Result<Vec<ObjectMeta>, ObjectError> {
         let (root, bucket, prefix) = (
             Arc::clone(&self.root),
             bucket.to_string(),
             prefix.to_string(),
         );
+        let account = account.map(Arc::clone);
         blocking(pace, move |steps| {
             let dir = Self::bucket(&root, &bucket)?;
             // Walk from the deepest directory the prefix names. The directories still to walk
@@ -202,10 +203,14 @@ impl Local {
             // every tenant's descriptors. One that cannot exist here (or is gone by the
             // time the walk comes to it) holds nothing.
             let (start, _) = prefix.rsplit_once('/').unwrap_or(("", &prefix));
-            let mut kept = Smallest::new(limit);
+            let mut kept = Smallest::new(limit, account.as_ref());
+            // The directories still to walk are the caller's too: a wide tree of long names
+            // held hundreds of MiB of paths at once, charged to nobody.
+            let mut to_walk = Held::new(account.as_ref(), "a listing's directories to walk");
             let mut visits = 0usize;
             let mut stack = vec![start.to_string()];
             while let Some(path) = stack.pop() {
+                to_walk.shrink(string_bytes(&path));
                 let opened;
                 let d = if path.is_empty() {
                     &dir
@@ -232,11 +237,17 @@ impl Local {
                     let key = if path.is_empty() {
                         name.clone()
                     } else {
-                        format!("{path}/{name}")
+                        // Its exact size: a string grown by `format!` may hold twice its length.
+                        let mut key = String::with_capacity(path.len() + 1 + name.len());
+                        key.push_str(&path);
+                        key.push('/');
+                        key.push_str(&name);
+                        key
                     };
                     let ft = entry.file_type().map_err(|e| map(&key, e))?;
                     if ft.is_dir() {
                         if key.starts_with(&prefix) || prefix.starts_with(&format!("{key}/")) {
+                            to_walk.grow(string_bytes(&key))?;
                             stack.push(key);
                         }
                     } else if ft.is_file() && key.starts_with(&prefix) && keep(&key) {
@@ -246,7 +257,7 @@ impl Local {
                             size: meta.len(),
                             last_modified_ms: modified_ms(&meta),
                             etag: None,
-                        });
+                        })?;
                     }
                 }
             }
@@ -319,7 +330,7 @@ mod tests {
             true
         });
         let listed = store
-            .list("b", "train/", 10_000, 100_000, keep, None)
+            .list("b", "train/", 10_000, 100_000, keep, (None, None))
             .await
             .expect("list");
         assert_eq!(listed.len(), 1000);
@@ -330,6 +341,40 @@ mod tests {
             most < before + 64,
             "{most} descriptors open during the walk, {before} before it"
         );
+    }
+
+    #[tokio::test]
+    async fn a_walks_directories_to_come_are_charged_to_its_caller() {
+        let dir = tempfile::tempdir().expect("tmp");
+        // 200 directories of 200-byte names: about 45 KB of paths waiting to be walked.
+        for i in 0..200 {
+            let d = dir.path().join(format!("b/wide/{i:03}{}", "d".repeat(197)));
+            std::fs::create_dir_all(&d).expect("directory");
+            std::fs::write(d.join("x"), b"x").expect("object");
+        }
+        let store = Local::open(dir.path()).expect("store");
+        let keep = || Arc::new(|_: &str| true);
+        let small = Account::new(16 << 10);
+        let over = store
+            .list("b", "wide/", 1, 100_000, keep(), (None, Some(&small)))
+            .await;
+        assert!(
+            matches!(&over, Err(ObjectError::OverLimit(e)) if e.what.contains("directories")),
+            "{over:?}"
+        );
+        assert_eq!(small.used(), 0, "released when the walk stopped");
+        let large = Account::new(1 << 20);
+        let listed = store
+            .list("b", "wide/", 1, 100_000, keep(), (None, Some(&large)))
+            .await
+            .expect("within a MiB");
+        assert_eq!(listed.len(), 1);
+        assert!(
+            large.peak() > 200 * 200,
+            "the paths were charged: {}",
+            large.peak()
+        );
+        assert_eq!(large.used(), 0, "released when the walk ended");
     }
 
     #[tokio::test]

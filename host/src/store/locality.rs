@@ -154,7 +154,8 @@ impl Locality {
         if !resp.status().is_success() {
             return None;
         }
-        let body = read_capped(resp, limit).await?;
+        let mut body = Vec::new();
+        read_capped(resp, limit, &mut body).await?;
         serde_json::from_slice(&body).ok()
     }
 
@@ -231,11 +232,10 @@ impl Locality {
             if !(ranged || whole) {
                 return None;
             }
-            let bytes = read_capped(resp, n).await?;
-            if bytes.len() != n {
+            // Straight into the read's buffer (sized for it: no copy of a chunk beside it).
+            if read_capped(resp, n, &mut out).await? != n {
                 return None;
             }
-            out.extend_from_slice(&bytes);
             at = c.offset + to;
         }
         (at >= end || out.len() as u64 == length).then_some(out)
@@ -328,16 +328,21 @@ impl Locality {
     }
 }
 
-/// The response's body, or `None` if it is longer than `limit` or fails.
-async fn read_capped(mut resp: reqwest::Response, limit: usize) -> Option<Vec<u8>> {
-    let mut out = Vec::new();
+/// Appends the response's body to `out` and gives its length, or `None` if it is longer than
+/// `limit` or fails (what was appended by then is the caller's to drop).
+async fn read_capped(
+    mut resp: reqwest::Response,
+    limit: usize,
+    out: &mut Vec<u8>,
+) -> Option<usize> {
+    let start = out.len();
     while let Some(chunk) = resp.chunk().await.ok()? {
-        if out.len() + chunk.len() > limit {
+        if out.len() - start + chunk.len() > limit {
             return None;
         }
         out.extend_from_slice(&chunk);
     }
-    Some(out)
+    Some(out.len() - start)
 }
 
 #[cfg(test)]

@@ -20,7 +20,7 @@ pub mod scoped;
 
 pub use error::{ObjectError, ObjectMeta};
 
-use crate::account::Paced;
+use crate::account::{Account, Paced};
 use crate::policy::StoreLocation;
 use std::sync::Arc;
 
@@ -88,7 +88,8 @@ impl Store {
     }
 
     /// At most `limit` objects whose keys start with `prefix` and pass `keep`, in key order,
-    /// after visiting at most `visits` entries (else `TooManyEntries(visits)`).
+    /// after visiting at most `visits` entries (else `TooManyEntries(visits)`); what the
+    /// listing holds meanwhile is charged to `account` (past its limit: `OverLimit`).
     pub async fn list(
         &self,
         bucket: &str,
@@ -96,11 +97,14 @@ impl Store {
         limit: usize,
         visits: usize,
         keep: Arc<dyn Fn(&str) -> bool + Send + Sync>,
-        pace: Paced<'_>,
+        (pace, account): (Paced<'_>, Option<&Arc<Account>>),
     ) -> Result<Vec<ObjectMeta>, ObjectError> {
         match self {
-            Store::Local(l) => l.list(bucket, prefix, limit, visits, keep, pace).await,
-            Store::S3(s) => s.list(bucket, prefix, limit, visits, keep).await,
+            Store::Local(l) => {
+                l.list(bucket, prefix, limit, visits, keep, (pace, account))
+                    .await
+            }
+            Store::S3(s) => s.list(bucket, prefix, limit, visits, keep, account).await,
         }
     }
 }

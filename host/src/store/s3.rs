@@ -1,6 +1,7 @@
 //! An S3 service, through `object_store`, one client per bucket.
 
 use super::error::{ObjectError, ObjectMeta, Smallest};
+use crate::account::Account;
 use crate::account::text::quote;
 use crate::policy::S3Settings;
 use futures::StreamExt;
@@ -117,7 +118,11 @@ impl S3 {
                 let n = bytes
                     .len()
                     .min(usize::try_from(length).unwrap_or(usize::MAX));
-                Ok(bytes[..n].to_vec())
+                // Without a second copy: the buffer object_store filled is the one returned
+                // when nothing else holds it (it copies otherwise).
+                let mut bytes = Vec::from(bytes);
+                bytes.truncate(n);
+                Ok(bytes)
             }
             Err(e) => Err(map(key, e)),
         }
@@ -130,6 +135,7 @@ impl S3 {
         limit: usize,
         max_visits: usize,
         keep: Arc<dyn Fn(&str) -> bool + Send + Sync>,
+        account: Option<&Arc<Account>>,
     ) -> Result<Vec<ObjectMeta>, ObjectError> {
         let client = self.client(bucket)?;
         let (dir, _) = prefix.rsplit_once('/').unwrap_or(("", prefix));
@@ -139,7 +145,7 @@ impl S3 {
             Some(Self::path(dir)?)
         };
         let mut stream = client.list(dir.as_ref());
-        let mut kept = Smallest::new(limit);
+        let mut kept = Smallest::new(limit, account);
         let mut visits = 0usize;
         while let Some(m) = stream.next().await {
             visits += 1;
@@ -149,7 +155,7 @@ impl S3 {
             let m = m.map_err(|e| map(prefix, e))?;
             let k = m.location.as_ref();
             if k.starts_with(prefix) && keep(k) {
-                kept.push(meta(m));
+                kept.push(meta(m))?;
             }
         }
         Ok(kept.into_sorted())

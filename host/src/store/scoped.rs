@@ -4,8 +4,8 @@
 use super::error::{ObjectError, ObjectMeta};
 use super::keys::{check_key, check_prefix};
 use super::{MAX_LIST, MAX_LIST_VISITS, Store};
-use crate::account::Pace;
 use crate::account::text::quote;
+use crate::account::{Account, Pace};
 use crate::policy::{Grant, Tenant};
 use std::sync::Arc;
 
@@ -25,6 +25,8 @@ pub struct Scoped {
     store: Arc<Store>,
     /// Who the local store's work for these calls is charged to.
     pace: Option<Arc<dyn Pace>>,
+    /// Whose memory what a listing holds while it is built is charged to.
+    account: Option<Arc<Account>>,
     /// Bytes read (charged) so far by this invocation.
     pub bytes_read: u64,
 }
@@ -52,6 +54,7 @@ impl Scoped {
             tenant,
             store,
             pace: None,
+            account: None,
             bytes_read: 0,
         }
     }
@@ -61,6 +64,15 @@ impl Scoped {
     pub fn paced(self, pace: Arc<dyn Pace>) -> Self {
         Self {
             pace: Some(pace),
+            ..self
+        }
+    }
+
+    /// The same view, with what a listing holds while it is built charged to `account` (an
+    /// invocation's).
+    pub fn charged_to(self, account: Arc<Account>) -> Self {
+        Self {
+            account: Some(account),
             ..self
         }
     }
@@ -164,7 +176,7 @@ impl Scoped {
         let walks = self.walks(bucket, prefix);
         // The visits are shared by the walks: a listing visits at most `visits` entries.
         let each = visits.div_ceil(walks.len().max(1));
-        let mut listed = Vec::new();
+        let mut listed: Vec<ObjectMeta> = Vec::new();
         for walk in &walks {
             let found = self.store.list(
                 bucket,
@@ -172,16 +184,18 @@ impl Scoped {
                 limit,
                 each,
                 Arc::clone(&keep),
-                self.pace.as_ref(),
+                (self.pace.as_ref(), self.account.as_ref()),
             );
             // Past its part of the bound, the listing is past the bound.
             listed.extend(found.await.map_err(|e| match e {
                 ObjectError::TooManyEntries(_) => ObjectError::TooManyEntries(visits as u64),
                 other => other,
             })?);
+            // The smallest `limit` after each walk: never more than twice `limit` held, however
+            // many grants the prefix covers.
+            listed.sort_by(|a, b| a.key.cmp(&b.key));
+            listed.truncate(limit);
         }
-        listed.sort_by(|a, b| a.key.cmp(&b.key));
-        listed.truncate(limit);
         Ok(listed)
     }
 

@@ -705,7 +705,7 @@ mod tests {
                     true
                 });
                 walker
-                    .hold(store.list("b", "", 10_000, 100_000, keep, Some(&pace)))
+                    .hold(store.list("b", "", 10_000, 100_000, keep, (Some(&pace), None)))
                     .await
             });
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -764,7 +764,7 @@ mod tests {
                 true
             });
             let pace = Arc::clone(&t) as Arc<dyn Pace>;
-            let walk = t.hold(store.list("b", "", 10_000, 100_000, keep, Some(&pace)));
+            let walk = t.hold(store.list("b", "", 10_000, 100_000, keep, (Some(&pace), None)));
             let r = walk.await;
             let late = late.load(std::sync::atomic::Ordering::Relaxed);
             assert!(

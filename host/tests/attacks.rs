@@ -805,88 +805,63 @@ async fn a_hostile_tenant_cannot_break_isolation() {
     )
     .await;
 
-    // 5. Fairness by device time.
+    // 5. Fairness: the heavy tenant's calls, as many at a time as it may run, again and again
+    // beside the light tenant's: by device time (a flood), by worker time (guests that never
+    // wait), and by the host's own work for a call, which is the tenant's, not free CPU beside
+    // its share (a walk's directory entries and their metadata, a read's opens and copies).
     let heavy_input = (48 * 3 * 224 * 224 * 4).to_string();
-    s.row(
-        5,
-        "flood: 4 x 48-sample calls at a time, for 6 s",
-        HEAVY_CONCURRENCY * 2 * HEAVY_MEMORY + 64 * MIB,
-        None,
-        async {
-            let flood = s.heavy_loops(
-                Duration::from_secs(6),
-                hostile(
-                    "graph",
-                    &[
-                        ("graph", "resnet18[0..4]"),
-                        ("dims", "48,3,224,224"),
-                        ("bytes", &heavy_input),
-                    ],
-                    &[],
-                ),
-            );
-            let (o, v) = s.beside(flood).await;
-            (o, Some(v))
-        },
-    )
-    .await;
-    // 5. Fairness by worker time: guests that never wait.
-    s.row(
-        5,
-        "4 guests spinning at a time, for 4 s",
-        HEAVY_CONCURRENCY * 2 * HEAVY_MEMORY + 64 * MIB,
-        None,
-        async {
-            let spin = s.heavy_loops(
-                Duration::from_secs(4),
-                hostile("spin", &[("iterations", "300000000")], &[]),
-            );
-            let (o, v) = s.beside(spin).await;
-            (o, Some(v))
-        },
-    )
-    .await;
-    // 5. Fairness by worker time, done by the host: the store's own work for a call (a walk's
-    // directory entries and their metadata, a read's opens and copies) is the tenant's, not
-    // free CPU beside its share.
-    s.row(
-        5,
-        "4 guests listing 20,000 objects (1 key asked) again and again, for 4 s",
-        HEAVY_CONCURRENCY * 2 * HEAVY_MEMORY + 64 * MIB,
-        None,
-        async {
-            let list = s.heavy_loops(
-                Duration::from_secs(4),
-                hostile(
-                    "list",
-                    &[
-                        ("prefix", "fashion-mnist/many/"),
-                        ("limit", "1"),
-                        ("count", "20"),
-                    ],
-                    &[],
-                ),
-            );
-            let (o, v) = s.beside(list).await;
-            (o, Some(v))
-        },
-    )
-    .await;
-    s.row(
-        5,
-        "4 guests reading a 1 MiB object again and again, for 4 s",
-        HEAVY_CONCURRENCY * 2 * HEAVY_MEMORY + 64 * MIB,
-        None,
-        async {
-            let read = s.heavy_loops(
-                Duration::from_secs(4),
-                hostile("reread", &[("count", "200")], &["fashion-mnist/many/large"]),
-            );
-            let (o, v) = s.beside(read).await;
-            (o, Some(v))
-        },
-    )
-    .await;
+    let loops = [
+        (
+            "flood: 4 x 48-sample calls at a time, for 6 s",
+            6,
+            hostile(
+                "graph",
+                &[
+                    ("graph", "resnet18[0..4]"),
+                    ("dims", "48,3,224,224"),
+                    ("bytes", &heavy_input),
+                ],
+                &[],
+            ),
+        ),
+        (
+            "4 guests spinning at a time, for 4 s",
+            4,
+            hostile("spin", &[("iterations", "300000000")], &[]),
+        ),
+        (
+            "4 guests listing 20,000 objects (1 key asked) again and again, for 4 s",
+            4,
+            hostile(
+                "list",
+                &[
+                    ("prefix", "fashion-mnist/many/"),
+                    ("limit", "1"),
+                    ("count", "20"),
+                ],
+                &[],
+            ),
+        ),
+        (
+            "4 guests reading a 1 MiB object again and again, for 4 s",
+            4,
+            hostile("reread", &[("count", "200")], &["fashion-mnist/many/large"]),
+        ),
+    ];
+    for (attack, seconds, body) in loops {
+        s.row(
+            5,
+            attack,
+            HEAVY_CONCURRENCY * 2 * HEAVY_MEMORY + 64 * MIB,
+            None,
+            async {
+                let heavy = s.heavy_loops(Duration::from_secs(seconds), body);
+                let (o, v) = s.beside(heavy).await;
+                (o, Some(v))
+            },
+        )
+        .await;
+    }
     let huge = (192 * 3 * 224 * 224 * 4).to_string();
     s.row(
         5,

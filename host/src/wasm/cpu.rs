@@ -673,21 +673,33 @@ mod tests {
         });
     }
 
-    #[test]
-    fn the_local_stores_work_holds_the_slot_and_gives_it_up_at_a_tick() {
-        let rt = tokio::runtime::Builder::new_multi_thread()
+    /// A runtime with blocking threads beside two workers, as the invocation workers' is.
+    fn multi_thread() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
             .build()
-            .expect("runtime");
-        rt.block_on(async {
-            let dir = tempfile::tempdir().expect("tmp");
-            let bucket = dir.path().join("b");
-            std::fs::create_dir(&bucket).expect("bucket");
-            for i in 0..1000 {
-                std::fs::write(bucket.join(format!("{i:04}")), b"x").expect("object");
-            }
-            let store = Arc::new(crate::store::local::Local::open(dir.path()).expect("store"));
+            .expect("runtime")
+    }
+
+    /// A local store whose bucket `b` holds 1,000 one-byte objects (and the directory to
+    /// keep while it is used).
+    fn thousand_objects() -> (tempfile::TempDir, crate::store::local::Local) {
+        let dir = tempfile::tempdir().expect("tmp");
+        let bucket = dir.path().join("b");
+        std::fs::create_dir(&bucket).expect("bucket");
+        for i in 0..1000 {
+            std::fs::write(bucket.join(format!("{i:04}")), b"x").expect("object");
+        }
+        let store = crate::store::local::Local::open(dir.path()).expect("store");
+        (dir, store)
+    }
+
+    #[test]
+    fn the_local_stores_work_holds_the_slot_and_gives_it_up_at_a_tick() {
+        multi_thread().block_on(async {
+            let (_dir, store) = thousand_objects();
+            let store = Arc::new(store);
             let cpu = CpuShares::new(2);
             let heavy: Vec<_> = (0..2).map(|_| turn(&cpu, "heavy")).collect();
             for t in &heavy {
@@ -735,19 +747,8 @@ mod tests {
 
     #[test]
     fn the_local_stores_work_stops_at_its_invocations_deadline() {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .expect("runtime");
-        rt.block_on(async {
-            let dir = tempfile::tempdir().expect("tmp");
-            let bucket = dir.path().join("b");
-            std::fs::create_dir(&bucket).expect("bucket");
-            for i in 0..1000 {
-                std::fs::write(bucket.join(format!("{i:04}")), b"x").expect("object");
-            }
-            let store = crate::store::local::Local::open(dir.path()).expect("store");
+        multi_thread().block_on(async {
+            let (_dir, store) = thousand_objects();
             let cpu = CpuShares::new(2);
             let until = Instant::now() + Duration::from_millis(50);
             let t = Turn::new(&cpu, "t", 1, until);

@@ -142,6 +142,15 @@ impl Charge {
         self
     }
 
+    /// Adds this charge to `held`, which takes it whole if it held none (a value charged as it
+    /// grows).
+    pub fn join(self, held: &mut Option<Charge>) {
+        *held = Some(match held.take() {
+            Some(h) => h.absorb(self),
+            None => self,
+        });
+    }
+
     /// Takes `bytes` of this charge into a charge of its own (for a part of a value that goes
     /// its own way); fails if this charge holds fewer.
     pub fn split(&mut self, bytes: u64) -> Option<Charge> {

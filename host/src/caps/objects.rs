@@ -107,12 +107,19 @@ impl ObjectsCtx {
     /// deadline (the local store's job stops there, `Stopped`), any failure stops the
     /// invocation at its time limit instead, a store's own failure recorded first.
     fn failed<T>(&mut self, key: &str, e: ObjectError) -> Answer<T> {
+        let out_of_time = || {
+            Err(Stop::Time {
+                limit: self.caller.deadline.limit(),
+                during: "in an object store call",
+            }
+            .trap())
+        };
         let kind = match &e {
             ObjectError::NotFound(_) => Failure::NotFound,
             ObjectError::Denied(_) => Failure::Denied,
             ObjectError::TooLarge(_) => Failure::TooLarge,
             ObjectError::TooManyEntries(_) => Failure::TooManyEntries,
-            ObjectError::Stopped(_) => Failure::Io,
+            ObjectError::Stopped(_) => return out_of_time(),
             ObjectError::OverLimit(over) => return Err(Stop::from(over.clone()).trap()),
             ObjectError::Io(m) => {
                 tracing::warn!(
@@ -124,12 +131,8 @@ impl ObjectsCtx {
                 Failure::Io
             }
         };
-        if matches!(e, ObjectError::Stopped(_)) || self.caller.deadline.expired() {
-            return Err(Stop::Time {
-                limit: self.caller.deadline.limit(),
-                during: "in an object store call",
-            }
-            .trap());
+        if self.caller.deadline.expired() {
+            return out_of_time();
         }
         self.last_failure = Some((kind, quote(key)));
         Ok(Err(to_wit(e)))

@@ -459,7 +459,8 @@ impl Budget {
                         name,
                         weights,
                         tenant,
-                        (pace.take(), deadline.limit()),
+                        pace.take(),
+                        deadline.limit(),
                     );
                     match deadline.run(load).await {
                         Ok(Ok(Ok(pin))) => return Ok(pin),
@@ -562,7 +563,8 @@ impl Budget {
         name: &str,
         weights: u64,
         tenant: &Arc<str>,
-        (pace, limit): (Option<Arc<dyn Pace>>, Duration),
+        pace: Option<Arc<dyn Pace>>,
+        limit: Duration,
     ) -> tokio::task::JoinHandle<Result<Pin, DeviceError>> {
         let (budget, m, n) = (Arc::clone(self), Arc::clone(models), name.to_string());
         let tenant = Arc::clone(tenant);

@@ -53,13 +53,10 @@ impl Held {
         let Some(account) = &self.account else {
             return Ok(());
         };
-        let more = account
+        account
             .charge(bytes, self.what)
-            .map_err(ObjectError::OverLimit)?;
-        self.charge = Some(match self.charge.take() {
-            Some(held) => held.absorb(more),
-            None => more,
-        });
+            .map_err(ObjectError::OverLimit)?
+            .join(&mut self.charge);
         Ok(())
     }
 

@@ -45,10 +45,7 @@ impl ResourceLimiter for Limiter {
     ) -> wasmtime::Result<bool> {
         let grow = desired.saturating_sub(current) as u64;
         if let Some(last) = self.last.take() {
-            self.memory = Some(match self.memory.take() {
-                Some(held) => held.absorb(last),
-                None => last,
-            });
+            last.join(&mut self.memory);
         }
         let charge = self
             .account

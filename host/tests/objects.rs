@@ -416,6 +416,47 @@ async fn a_listing_above_the_grants_walks_only_the_grants() {
     ));
 }
 
+/// A listing above two grants of one bucket walks both and answers the smallest keys of the
+/// two, in order; the visit bound is the listing's, shared by its walks, and past it the error
+/// names the whole bound (each walk's part of it is an implementation detail).
+#[tokio::test]
+async fn a_listing_over_two_grants_merges_them_and_shares_its_visit_bound() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    for (dir, names) in [("a", &["1"][..]), ("b", &["2", "4", "6"])] {
+        let path = tmp.path().join("datasets").join(dir);
+        std::fs::create_dir_all(&path).expect("mkdir");
+        for n in names {
+            std::fs::write(path.join(n), b"x").expect("write");
+        }
+    }
+    let grant = |prefix: &str| Grant {
+        bucket: "datasets".into(),
+        prefix: prefix.into(),
+    };
+    let mut two = Arc::unwrap_or_clone(tenant());
+    two.grants = vec![grant("b"), grant("a/")];
+    let store =
+        Arc::new(Store::open(&StoreLocation::Local(tmp.path().to_path_buf())).expect("store"));
+    let o = Scoped::new(Arc::new(two), store);
+    let keys = |listed: Vec<ObjectMeta>| listed.into_iter().map(|m| m.key).collect::<Vec<_>>();
+    assert_eq!(
+        keys(o.list_within("datasets", "", 3, 100).await.expect("list")),
+        ["a/1", "b/2", "b/4"].map(String::from),
+        "the smallest of both grants, in key order (named `b`, `a/`: either form of a prefix)"
+    );
+    assert_eq!(
+        keys(o.list("datasets", "", 100).await.expect("list")).len(),
+        4
+    );
+    // The walks visit 1 and 3 entries: a bound of 5 gives each walk 3 and passes, 4 gives
+    // each 2.
+    assert!(o.list_within("datasets", "", 100, 5).await.is_ok());
+    assert_eq!(
+        o.list_within("datasets", "", 100, 4).await,
+        Err(ObjectError::TooManyEntries(4))
+    );
+}
+
 /// The listing bounds, obeyed and violated, on the local store: at most `MAX_LIST` entries come
 /// back however many match, and a listing that would visit more entries than its bound fails
 /// instead of walking on.

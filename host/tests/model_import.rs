@@ -369,3 +369,66 @@ async fn private_models_are_scoped_per_tenant_and_measured_before_serving() {
     assert_eq!(shape, [2, 64, 56, 56]);
     assert!(again.iter().any(|v| *v != 0.0));
 }
+
+/// Tenants' private packages of one name (`mine`: resnet18's layers for even tenants,
+/// EfficientNet-Lite0's for odd ones, all 3x224x224 in) are each its tenant's model: with
+/// pooling on, calls for the same layers of two of them at the same time are never one batch.
+/// They were, keyed by the manifest's name: a batch ran its leader's model on every tenant's
+/// images.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_on_tenants_packages_of_one_name_are_never_pooled() {
+    const TENANTS: usize = 6;
+    let models = tempfile::tempdir().expect("tmp");
+    let (resnet, lite0) = (models.path().join("resnet"), models.path().join("lite0"));
+    renamed_package(&models_dir().join("resnet18"), &resnet.join("mine"), "mine");
+    renamed_package(
+        &models_dir().join("efficientnet_lite0"),
+        &lite0.join("mine"),
+        "mine",
+    );
+    // One device worker; batch mates have 100 ms to arrive.
+    let host = "pool = true\ndevice_workers = 1\nbatch_window = \"100ms\"\nbatch_time = \"2s\"";
+    let h = common::start_tenants(|store, state| {
+        common::tenants_policy(store, state, host, TENANTS, &[], |t| {
+            let dir = if t % 2 == 0 { &resnet } else { &lite0 };
+            format!("private_models = \"{}\"", dir.display())
+        })
+    })
+    .await;
+    let keys: Vec<String> = (0..2).map(|i| sample_key(common::SAMPLES[i])).collect();
+    let call = |t: usize| {
+        let body = json!({"bucket": "datasets", "keys": &keys, "model": "mine", "split": 1});
+        let h = &h;
+        async move {
+            let resp = h
+                .warm(&common::tenant_token(t), "feature-extract", body)
+                .await;
+            let status = resp.status().as_u16();
+            assert_eq!(
+                status,
+                200,
+                "t{t}: {}",
+                resp.text().await.unwrap_or_default()
+            );
+            features(resp).await
+        }
+    };
+    // Each alone: what its own model gives.
+    let mut alone = Vec::new();
+    for t in 0..TENANTS {
+        alone.push(call(t).await);
+    }
+    assert_ne!(alone[0].0, alone[1].0, "two models' layer 1");
+    let batches = h.host.device().memory().batches;
+    for round in 0..3 {
+        let got = futures::future::join_all((0..TENANTS).map(call)).await;
+        for (t, got) in got.into_iter().enumerate() {
+            assert!(got == alone[t], "round {round}: t{t}'s features changed");
+        }
+    }
+    eprintln!(
+        "{} batches, largest {}",
+        h.host.device().memory().batches - batches,
+        h.host.device().memory().largest_batch
+    );
+}

@@ -189,8 +189,11 @@ pub struct Progress {
 }
 
 impl Call {
-    fn key(&self) -> (&str, usize, usize) {
-        (self.pin.model.name(), self.range.start, self.range.end)
+    /// Whether `self` and `other` run the same layers of the same loaded model, and so may be
+    /// one batch: the loaded package itself, not its name (two tenants' private packages may
+    /// share a name, and a tenant's private package may take a shared model's name).
+    fn same_segment(&self, other: &Call) -> bool {
+        Arc::ptr_eq(&self.pin.model, &other.pin.model) && self.range == other.range
     }
 
     fn left(&self) -> i64 {
@@ -489,11 +492,8 @@ impl Dispatcher {
             .get(&leader)?
             .iter()
             .find(|id| self.calls.contains_key(id))?;
-        let (key, cost) = {
-            let c = self.calls.get(&head)?;
-            let (m, a, b) = c.key();
-            ((m.to_string(), a, b), c.cost.clone())
-        };
+        let lead = self.calls.get(&head)?;
+        let cost = lead.cost.clone();
         // Every tenant's calls for this segment: the leader first, then by virtual time.
         let mut order: Vec<Arc<str>> = backlogged.into_iter().map(|(_, t, _)| t).collect();
         order.sort_by(|a, b| {
@@ -508,12 +508,7 @@ impl Dispatcher {
             let mine: Vec<u64> = self.queues[t]
                 .iter()
                 .copied()
-                .filter(|id| {
-                    self.calls.get(id).is_some_and(|c| {
-                        let (m, a, b) = c.key();
-                        (m, a, b) == (key.0.as_str(), key.1, key.2)
-                    })
-                })
+                .filter(|id| self.calls.get(id).is_some_and(|c| c.same_segment(lead)))
                 .collect();
             let Some(first) = mine.first().and_then(|id| self.calls.get(id)) else {
                 continue;

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::components::{component, defining, guest_with, instantiating, module, variant};
+use common::components::{component, defining, guest_with, instantiating, module, named, variant};
 use common::{ALICE, BOB, TestHost, error_code, guest, raw, start_tenants, tenant_token};
 use hapi_host::Host;
 use hapi_host::policy::Policy;
@@ -565,6 +565,17 @@ fn the_code_bounds_are_checked_before_compiling() {
         )),
         "modules",
     );
+    // Function names (wasmtime copies them into every trap's backtrace).
+    let name = compile::MAX_FUNCTION_NAME;
+    check(&guest_with("hostile", &[named(module(1, 8), name)])).expect("within the name bound");
+    too(
+        check(&guest_with("hostile", &[named(module(1, 8), name + 1)])),
+        "function 0 is named in 4097 bytes",
+    );
+    // So are the real guests' names.
+    for guest in ["feature-extract", "image-stats", "hostile"] {
+        check(&wasm(guest)).unwrap_or_else(|e| panic!("{guest}: {e}"));
+    }
 }
 
 /// The compile queue, all tenants together (`MAX_COMPILE_QUEUE`): uploads past it are answered

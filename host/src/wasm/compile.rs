@@ -22,6 +22,12 @@ pub const MAX_CODE_BYTES: usize = 8 << 20;
 pub const MAX_FUNCTIONS: usize = 50_000;
 /// Most core modules and nested components in one component.
 pub const MAX_MODULES: usize = 64;
+/// Longest function name in a core module's `name` section. Wasmtime copies a frame's function
+/// name into every trap's backtrace (up to 20 frames, a time or memory limit's stop included),
+/// and the error message is formatted from it: a 25 MiB name in a function that recursed 20
+/// deep would cost the host about 1 GiB per trap, charged to no one. Rust's longest names in
+/// our guests are a few hundred bytes.
+pub const MAX_FUNCTION_NAME: usize = 4096;
 
 /// Why a component cannot be deployed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -104,6 +110,9 @@ pub fn check(bytes: &[u8], tenant: &str, allowed: &[&str]) -> Result<Checked, De
                     exports_run |= export.name.name == "run";
                 }
             }
+            Payload::CustomSection(section) if section.name() == "name" => {
+                longest_function_name(&section)?;
+            }
             Payload::CodeSectionEntry(body) => {
                 let size = body.range().len();
                 info.functions += 1;
@@ -142,6 +151,34 @@ pub fn check(bytes: &[u8], tenant: &str, allowed: &[&str]) -> Result<Checked, De
         ));
     }
     Ok(info)
+}
+
+/// Refuses a core module's `name` section naming a function longer than [`MAX_FUNCTION_NAME`]
+/// (or one that does not parse: wasmtime would skip what it cannot read, this check may not).
+fn longest_function_name(section: &wasmparser::CustomSectionReader<'_>) -> Result<(), DeployError> {
+    let wasmparser::KnownCustom::Name(names) = section.as_known() else {
+        return Ok(());
+    };
+    let bad = |e: wasmparser::BinaryReaderError| {
+        DeployError::Invalid(format!("its `name` section does not parse: {e}"))
+    };
+    for subsection in names {
+        let wasmparser::Name::Function(functions) = subsection.map_err(bad)? else {
+            continue;
+        };
+        for naming in functions {
+            let naming = naming.map_err(bad)?;
+            if naming.name.len() > MAX_FUNCTION_NAME {
+                return Err(DeployError::TooComplex(format!(
+                    "function {} is named in {} bytes; at most {MAX_FUNCTION_NAME} (its name is \
+                     copied into every trap's backtrace)",
+                    naming.index,
+                    naming.name.len()
+                )));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Compiles checked bytes.

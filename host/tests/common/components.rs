@@ -48,6 +48,21 @@ pub fn module(functions: usize, body_bytes: usize) -> Vec<u8> {
     module
 }
 
+/// `module` with a `name` section naming its function 0 in `bytes` bytes.
+pub fn named(mut module: Vec<u8>, bytes: usize) -> Vec<u8> {
+    let mut functions = Vec::new();
+    leb(1, &mut functions); // one naming
+    leb(0, &mut functions); // of function 0
+    leb(bytes, &mut functions);
+    functions.extend(std::iter::repeat_n(b'f', bytes));
+    let mut body = Vec::new();
+    leb(4, &mut body);
+    body.extend_from_slice(b"name");
+    section(1, &functions, &mut body); // the function names subsection
+    section(0, &body, &mut module);
+    module
+}
+
 /// A component made of these core modules and nothing else (no imports, no exports).
 pub fn component(modules: &[Vec<u8>]) -> Vec<u8> {
     let mut component = b"\0asm\x0d\0\x01\0".to_vec();

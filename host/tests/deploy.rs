@@ -4,7 +4,9 @@
 
 mod common;
 
-use common::components::{component, defining, guest_with, instantiating, module, named, variant};
+use common::components::{
+    component, defining, guest_with, instantiating, module, named, string_encoding, variant,
+};
 use common::{ALICE, BOB, TestHost, error_code, guest, raw, start_tenants, tenant_token};
 use hapi_host::Host;
 use hapi_host::policy::Policy;
@@ -572,6 +574,13 @@ fn the_code_bounds_are_checked_before_compiling() {
         check(&guest_with("hostile", &[named(module(1, 8), name + 1)])),
         "function 0 is named in 4097 bytes",
     );
+    // Strings other than UTF-8 (which the host would lift into up to twice their bytes).
+    for (encoding, needle) in [(1, "UTF-16"), (2, "Latin-1")] {
+        match check(&string_encoding("hostile", encoding)) {
+            Err(DeployError::Invalid(m)) => assert!(m.contains(needle), "{m}"),
+            other => panic!("{needle}: {other:?}"),
+        }
+    }
     // So are the real guests' names.
     for guest in ["feature-extract", "image-stats", "hostile"] {
         check(&wasm(guest)).unwrap_or_else(|e| panic!("{guest}: {e}"));

@@ -110,6 +110,12 @@ pub fn check(bytes: &[u8], tenant: &str, allowed: &[&str]) -> Result<Checked, De
                     exports_run |= export.name.name == "run";
                 }
             }
+            Payload::ComponentCanonicalSection(reader) => {
+                for function in reader {
+                    let function = function.map_err(|e| DeployError::Invalid(e.to_string()))?;
+                    utf8_only(&function)?;
+                }
+            }
             Payload::CustomSection(section) if section.name() == "name" => {
                 longest_function_name(&section)?;
             }
@@ -151,6 +157,41 @@ pub fn check(bytes: &[u8], tenant: &str, allowed: &[&str]) -> Result<Checked, De
         ));
     }
     Ok(info)
+}
+
+/// Refuses a canonical function whose strings are UTF-16 or Latin-1 in the guest's memory: the
+/// host lifts them into UTF-8 strings of up to twice (Latin-1) or one and a half times (UTF-16)
+/// the guest's bytes, beyond the lifting cap (the tenant's memory limit, counted in the guest's
+/// bytes), and an error string is formatted again from that. Rust, C, Go, Python and
+/// JavaScript toolchains for components use UTF-8.
+fn utf8_only(function: &wasmparser::CanonicalFunction) -> Result<(), DeployError> {
+    use wasmparser::{CanonicalFunction as F, CanonicalOption as O};
+    let options = match function {
+        F::Lift { options, .. }
+        | F::Lower { options, .. }
+        | F::TaskReturn { options, .. }
+        | F::StreamRead { options, .. }
+        | F::StreamWrite { options, .. }
+        | F::FutureRead { options, .. }
+        | F::FutureWrite { options, .. }
+        | F::ErrorContextNew { options, .. }
+        | F::ErrorContextDebugMessage { options, .. } => options,
+        _ => return Ok(()),
+    };
+    match options
+        .iter()
+        .find(|o| matches!(o, O::UTF16 | O::CompactUTF16))
+    {
+        Some(o) => Err(DeployError::Invalid(format!(
+            "a canonical function's strings are {}; the host takes UTF-8 strings only",
+            if matches!(o, O::UTF16) {
+                "UTF-16"
+            } else {
+                "Latin-1 or UTF-16 (`latin1+utf16`)"
+            }
+        ))),
+        None => Ok(()),
+    }
 }
 
 /// Refuses a core module's `name` section naming a function longer than [`MAX_FUNCTION_NAME`]

@@ -63,6 +63,51 @@ pub fn named(mut module: Vec<u8>, bytes: usize) -> Vec<u8> {
     module
 }
 
+/// Guest `name`'s component with its `run` export lifted with string encoding `encoding`
+/// (`1`: UTF-16, `2`: Latin-1+UTF-16) in place of the UTF-8 option `wit-component` writes:
+/// the same bytes otherwise.
+pub fn string_encoding(name: &str, encoding: u8) -> Vec<u8> {
+    use wasmparser::{CanonicalFunction, Parser, Payload};
+    let mut bytes = std::fs::read(guest(name)).expect("guest");
+    let mut at = None;
+    for payload in Parser::new(0).parse_all(&bytes) {
+        if let Ok(Payload::ComponentCanonicalSection(reader)) = payload {
+            for item in reader.into_iter_with_offsets() {
+                let (offset, f) = item.expect("canonical function");
+                if matches!(f, CanonicalFunction::Lift { .. }) {
+                    at = Some(offset);
+                }
+            }
+        }
+    }
+    // `canon lift`: 0x00 0x00, the core function, the options (a count, then each: 0x03 memory,
+    // 0x04 realloc and 0x05 post-return take an index; 0x00 is UTF-8).
+    let mut i = at.expect("a lift") + 2;
+    let skip = |i: &mut usize, bytes: &[u8]| {
+        while bytes[*i] & 0x80 != 0 {
+            *i += 1;
+        }
+        *i += 1;
+    };
+    skip(&mut i, &bytes);
+    let count = bytes[i];
+    i += 1;
+    for _ in 0..count {
+        match bytes[i] {
+            0x00 => {
+                bytes[i] = encoding;
+                return bytes;
+            }
+            0x03..=0x05 => {
+                i += 1;
+                skip(&mut i, &bytes);
+            }
+            _ => i += 1,
+        }
+    }
+    panic!("{name}'s `run` has no UTF-8 option to replace");
+}
+
 /// A component made of these core modules and nothing else (no imports, no exports).
 pub fn component(modules: &[Vec<u8>]) -> Vec<u8> {
     let mut component = b"\0asm\x0d\0\x01\0".to_vec();

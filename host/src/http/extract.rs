@@ -156,30 +156,50 @@ async fn drain(mut body: Body, limit: usize, timeout: Duration) -> Drained {
         .unwrap_or(Drained::TimedOut)
 }
 
-/// Reads a request body of at most `limit` bytes within `timeout`.
-pub async fn body(body: Body, limit: usize, timeout: Duration) -> Result<Bytes, ApiError> {
-    match tokio::time::timeout(timeout, axum::body::to_bytes(body, limit)).await {
-        Err(_) => Err(ApiError::new(
-            ErrorCode::RequestTimeout,
-            format!("the request body did not arrive within {timeout:?}"),
-        )),
-        Ok(Err(e)) => {
-            let too_large = std::error::Error::source(&e)
-                .is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
-            if too_large {
-                Err(ApiError::new(
-                    ErrorCode::BodyTooLarge,
-                    format!("the request body is over this endpoint's limit of {limit} bytes"),
-                ))
-            } else {
-                Err(ApiError::new(
+/// Reads a request body of at most `limit` bytes within `timeout`, into one buffer: each frame
+/// is copied and dropped as it comes. (Collected whole, every frame stayed a `Bytes` of its
+/// own, holding the connection's read buffer it was cut from: a body of 1-byte chunks held
+/// tens of times its size until it was complete.) The buffer is the `declared` length (what
+/// [`declared_within`] gave) where there is one, else grows as the body arrives.
+pub async fn body(
+    body: Body,
+    declared: Option<u64>,
+    limit: usize,
+    timeout: Duration,
+) -> Result<Bytes, ApiError> {
+    use http_body_util::BodyExt;
+    let declared = declared.map_or(0, |n| usize::try_from(n).unwrap_or(usize::MAX));
+    let read = async move {
+        let mut body = body;
+        let mut out = Vec::with_capacity(declared.min(limit));
+        while let Some(frame) = body.frame().await {
+            let frame = frame.map_err(|e| {
+                ApiError::new(
                     ErrorCode::BadRequest,
                     format!("reading the request body: {e}"),
-                ))
+                )
+            })?;
+            let Some(data) = frame.data_ref() else {
+                continue;
+            };
+            if data.len() > limit - out.len() {
+                return Err(ApiError::new(
+                    ErrorCode::BodyTooLarge,
+                    format!("the request body is over this endpoint's limit of {limit} bytes"),
+                ));
             }
+            out.extend_from_slice(data);
         }
-        Ok(Ok(b)) => Ok(b),
-    }
+        Ok(Bytes::from(out))
+    };
+    tokio::time::timeout(timeout, read)
+        .await
+        .unwrap_or_else(|_| {
+            Err(ApiError::new(
+                ErrorCode::RequestTimeout,
+                format!("the request body did not arrive within {timeout:?}"),
+            ))
+        })
 }
 
 /// Refuses a body whose declared length is already over `limit`, before reading any of it;

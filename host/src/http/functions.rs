@@ -82,7 +82,7 @@ pub async fn deploy(
                 .map_err(refused);
         }
     };
-    let bytes = extract::body(body, limit, http.body_timeout)
+    let bytes = extract::body(body, declared, limit, http.body_timeout)
         .await
         .map_err(refused)?;
     let f = host.deploy(&tenant, reservation, bytes).await?;

@@ -32,7 +32,7 @@ pub async fn invoke(
     // An invocation answered before it runs is counted as refused (its function's name is
     // the client's, so it is not a label).
     let refused = ApiError::counted(&host.metrics, &tenant.name, "invoke");
-    extract::declared_within(&headers, MAX_INVOKE_BODY).map_err(refused)?;
+    let declared = extract::declared_within(&headers, MAX_INVOKE_BODY).map_err(refused)?;
     let timeout = host.policy().host.http.body_timeout;
     let Some(f) = host.function(&tenant.name, &function) else {
         let missing = ApiError::new(
@@ -51,7 +51,7 @@ pub async fn invoke(
             .await
             .map_err(refused);
     };
-    let body = extract::body(body, MAX_INVOKE_BODY, timeout)
+    let body = extract::body(body, declared, MAX_INVOKE_BODY, timeout)
         .await
         .map_err(refused)?;
     let req =

@@ -99,14 +99,14 @@ pub async fn lookup(
     body: Body,
 ) -> Result<Json<Answer>, ApiError> {
     let near = host.runtime().objects().locality().ok_or_else(not_set_up)?;
-    extract::declared_within(&headers, MAX_BODY)?;
+    let declared = extract::declared_within(&headers, MAX_BODY)?;
     let timeout = host.policy().host.http.body_timeout;
     // A body is read under one of the tenant's slots, as an invocation's is: a tenant holds
     // at most `concurrency` request bodies of any kind, however many connections it opens.
     let Some(_slot) = host.admission(&tenant).admit().await else {
         return extract::refuse(body, MAX_BODY, timeout, ApiError::busy(&tenant)).await;
     };
-    let bytes = extract::body(body, MAX_BODY, timeout).await?;
+    let bytes = extract::body(body, declared, MAX_BODY, timeout).await?;
     let ask: Ask = serde_json::from_slice(&bytes)
         .map_err(|e| ApiError::new(ErrorCode::BadJson, format!("placement request: {e}")))?;
     if ask.keys.total > MAX_PLACEMENT_KEYS {

@@ -1045,3 +1045,92 @@ async fn several_tenants_pool_into_batches_longer_than_one_tenants_slice() {
     assert!(largest[0] >= 4, "batches with batch_time = 2s: {largest:?}");
     assert_eq!(largest[1], 1, "batches with batch_time = 5ms: {largest:?}");
 }
+
+/// A leader whose segment cannot get one sample's room (a neighbour's model, pinned by its
+/// queued call, holds the memory) is passed over, not waited for: the neighbour's call, which
+/// fits, runs, and the leader's runs once the neighbour's model is let go. It was waited for,
+/// and every tenant's batches with it, until the neighbour's deadline: a tenant whose calls
+/// never fit stalled the device for everyone and never paid for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_that_cannot_fit_a_sample_does_not_hold_up_a_neighbour_that_can() {
+    use hapi_host::account::Account;
+    use hapi_host::device::executor::Device;
+    use hapi_host::device::job::{Input, Job};
+    use hapi_host::device::types::DeviceConfig;
+    let _one = serial().lock().await;
+    let p = Packages::open();
+    let (big, small) = ("resnet18", "efficientnet_lite0");
+    let device = |budget: u64| {
+        Device::start(
+            DeviceConfig {
+                budget,
+                adapt: true,
+                pool: true,
+                window: Duration::ZERO,
+                max_batch: 16,
+                slice: Duration::from_millis(50),
+                batch_time: Duration::from_millis(50),
+                workers: 1,
+                resident_for: RESIDENT_FOR,
+            },
+            Arc::clone(&p.models),
+        )
+        .expect("device")
+    };
+    let one = |pin: &hapi_host::device::budget::Pin| pin.memory.segment(0..1).run_bytes(1);
+    // The two segments' one-sample runs, from their memory models (measured on first load).
+    let (one_big, one_small) = {
+        let d = device(4 << 30);
+        let (b, s) = (Arc::from("measure"), Deadline::new(LONG));
+        let big_pin = d.acquire(big, &b, &s, None).await.expect(big);
+        let small_pin = d.acquire(small, &b, &s, None).await.expect(small);
+        (one(&big_pin), one(&small_pin))
+    };
+    assert!(
+        one_big > one_small,
+        "{one_big} <= {one_small}: the test proves nothing"
+    );
+    // Both models loaded leave room for one sample of the small segment, not of the big one.
+    let d = device(p.weights(big) + p.weights(small) + one_small);
+    let (heavy, light): (Arc<str>, Arc<str>) = (Arc::from("heavy"), Arc::from("light"));
+    let limit = Duration::from_secs(10);
+    let job = |tenant: &Arc<str>, pin| {
+        let account = Account::new(1 << 30);
+        let bytes = vec![0u8; 3 * 224 * 224 * 4];
+        Job {
+            tenant: Arc::clone(tenant),
+            weight: 1,
+            pin,
+            range: 0..1,
+            input: Input {
+                charge: account.charge(bytes.len() as u64, "input").expect("charge"),
+                bytes,
+                shape: vec![3, 224, 224],
+                n: 1,
+            },
+            out: hapi_wire::tensor::WireDtype::F32,
+            account,
+            deadline: Arc::new(Deadline::new(limit)),
+        }
+    };
+    let deadline = Deadline::new(LONG);
+    let heavy_pin = d.acquire(big, &heavy, &deadline, None).await.expect(big);
+    let light_pin = d
+        .acquire(small, &light, &deadline, None)
+        .await
+        .expect(small);
+    // The heavy tenant's call comes first (the older of two level tenants leads).
+    let d2 = Arc::clone(&d);
+    let heavy_job = job(&heavy, heavy_pin);
+    let heavy_call = tokio::spawn(async move { d2.run(heavy_job).await });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let started = std::time::Instant::now();
+    let light_ran = d.run(job(&light, light_pin)).await;
+    let light_took = started.elapsed();
+    let heavy_ran = heavy_call.await.expect("join");
+    eprintln!("the light call ran in {light_took:?}");
+    assert!(light_ran.is_ok(), "{light_ran:?}");
+    // With the light call done its model is idle: the heavy call's sample unloads it and runs.
+    assert!(heavy_ran.is_ok(), "{heavy_ran:?}");
+    assert_eq!(d.memory().evictions, 1);
+}

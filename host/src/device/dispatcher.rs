@@ -482,16 +482,42 @@ impl Dispatcher {
                 Some((head.enqueued, Arc::clone(t), work))
             })
             .collect();
+        if backlogged.is_empty() {
+            return None;
+        }
         backlogged.sort_by_key(|a| a.0);
-        let leader = Arc::clone(
-            self.fair
-                .leader(backlogged.iter().map(|(_, t, work)| (t, *work)))?,
-        );
-        let head = *self
-            .queues
-            .get(&leader)?
-            .iter()
-            .find(|id| self.calls.contains_key(id))?;
+        // The leader: the first in fair order whose oldest call's segment has room for a
+        // sample now. One whose segment cannot get it (its model, or its neighbours' that
+        // queued calls keep pinned, take the memory) is passed over until it can, rather than
+        // holding up every tenant's batches behind it while it waits.
+        let config = &self.shared.config;
+        let (leader, head, cap) = self
+            .fair
+            .order(backlogged.iter().map(|(_, t, work)| (t, *work)))
+            .into_iter()
+            .find_map(|t| {
+                let head = *self
+                    .queues
+                    .get(t)?
+                    .iter()
+                    .find(|id| self.calls.contains_key(id))?;
+                let cost = &self.calls.get(&head)?.cost;
+                let mut cap = config.max_batch;
+                if config.adapt {
+                    let room = self.shared.budget.room_for(cost.run_bytes(1), t);
+                    let fits = room.saturating_sub(cost.workspace) / cost.per_sample.max(1);
+                    cap = cap.min(i64::try_from(fits).unwrap_or(i64::MAX));
+                    if let Some(e) = cost.efficient_batch {
+                        cap = cap.min(e);
+                    }
+                }
+                (cap >= 1).then(|| (Arc::clone(t), head, cap))
+            })
+            .or_else(|| {
+                // Not even one sample of anyone's fits while other work holds the memory.
+                self.shared.budget.wait_changed(MEMORY_POLL);
+                None
+            })?;
         let lead = self.calls.get(&head)?;
         let cost = lead.cost.clone();
         // Every tenant's calls for this segment: the leader first, then by virtual time.
@@ -529,21 +555,6 @@ impl Dispatcher {
                 calls,
             });
             ids.push(mine);
-        }
-        let config = &self.shared.config;
-        let mut cap = config.max_batch;
-        if config.adapt {
-            let room = self.shared.budget.room_for(cost.run_bytes(1), &leader);
-            let fits = room.saturating_sub(cost.workspace) / cost.per_sample.max(1);
-            cap = cap.min(i64::try_from(fits).unwrap_or(i64::MAX));
-            if let Some(e) = cost.efficient_batch {
-                cap = cap.min(e);
-            }
-        }
-        if cap < 1 {
-            // Not even one sample fits while other work holds the memory: wait for it.
-            self.shared.budget.wait_changed(MEMORY_POLL);
-            return None;
         }
         let active = self.active();
         let n_active = active.len().max(1);

@@ -62,14 +62,20 @@ impl<K: Eq + Hash + Clone> Fair<K> {
     where
         K: 'a,
     {
-        let mut best: Option<(&K, f64, i64)> = None;
-        for (c, work) in candidates {
-            let v = self.vtime(c);
-            if best.is_none_or(|(_, bv, bw)| v < bv || (v == bv && work < bw)) {
-                best = Some((c, v, work));
-            }
-        }
-        best.map(|(k, _, _)| k)
+        self.order(candidates).into_iter().next()
+    }
+
+    /// The candidates in the order they lead: [`Fair::leader`]'s, then the next, and so on.
+    pub fn order<'a>(&self, candidates: impl Iterator<Item = (&'a K, i64)>) -> Vec<&'a K>
+    where
+        K: 'a,
+    {
+        let mut order: Vec<(&K, f64, i64)> = candidates
+            .map(|(c, work)| (c, self.vtime(c), work))
+            .collect();
+        // Stable: among equals, the first given.
+        order.sort_by(|a, b| a.1.total_cmp(&b.1).then(a.2.cmp(&b.2)));
+        order.into_iter().map(|(k, _, _)| k).collect()
     }
 }
 

@@ -426,8 +426,11 @@ impl Dispatcher {
         self.recent
             .retain(|_, (at, _)| now.duration_since(*at) < 10 * ACTIVE_FOR);
         let (queues, recent) = (&self.queues, &self.recent);
-        self.fair
-            .retain(|t| recent.contains_key(t) || queues.get(t).is_some_and(|q| !q.is_empty()));
+        let backlogged = |t: &Arc<str>| queues.get(t).is_some_and(|q| !q.is_empty());
+        self.fair.forget(
+            |t| !recent.contains_key(t) && !backlogged(t),
+            queues.keys().filter(|t| backlogged(t)),
+        );
     }
 
     fn fail_all(&mut self, e: &DeviceError) {

@@ -50,9 +50,17 @@ impl<K: Eq + Hash + Clone> Fair<K> {
         *self.vtime.entry(k.clone()).or_default() += seconds / f64::from(weight.max(1));
     }
 
-    /// Forgets tenants not in `keep` (idle ones: they restart at the floor anyway).
-    pub fn retain(&mut self, keep: impl Fn(&K) -> bool) {
-        self.vtime.retain(|k, _| keep(k));
+    /// Forgets the `idle` tenants that would restart at the floor anyway: those no later than
+    /// the least virtual time among `backlogged` (all idle ones when none is). One that used
+    /// more than the floor keeps its virtual time however long it stays away: forgotten, a
+    /// tenant that had overrun its share came back level with the others after a pause.
+    pub fn forget<'a>(&mut self, idle: impl Fn(&K) -> bool, backlogged: impl Iterator<Item = &'a K>)
+    where
+        K: 'a,
+    {
+        let floor = backlogged.map(|b| self.vtime(b)).min_by(f64::total_cmp);
+        self.vtime
+            .retain(|k, v| !idle(k) || floor.is_some_and(|f| *v > f));
     }
 
     /// The candidate that leads next: least virtual time; among equals, the one with the least
@@ -356,5 +364,27 @@ mod tests {
         // A tenant that used more than the floor keeps its own virtual time.
         fair.arrive(&"b", ["a"].iter());
         assert_eq!(fair.vtime(&"b"), 12.0);
+    }
+
+    #[test]
+    fn a_tenant_ahead_of_the_floor_keeps_its_time_while_idle() {
+        let mut fair: Fair<&str> = Fair::default();
+        fair.charge(&"light", 1.0, 1);
+        fair.charge(&"heavy", 5.0, 1);
+        fair.charge(&"gone", 0.5, 1);
+        // `heavy` and `gone` pause while `light` has work: `gone` was behind and is forgotten
+        // (it restarts at the floor anyway), `heavy` keeps its 5 s.
+        fair.forget(|t| *t != "light", ["light"].iter());
+        assert_eq!(fair.vtime(&"gone"), 0.0);
+        fair.arrive(&"heavy", ["light"].iter());
+        assert_eq!(fair.vtime(&"heavy"), 5.0);
+        let work = [("heavy", 1), ("light", 1)];
+        assert_eq!(
+            fair.leader(work.iter().map(|(k, w)| (k, *w))),
+            Some(&"light")
+        );
+        // Everyone idle: nothing to keep anyone's time against.
+        fair.forget(|_| true, std::iter::empty());
+        assert_eq!((fair.vtime(&"heavy"), fair.vtime(&"light")), (0.0, 0.0));
     }
 }

@@ -199,18 +199,22 @@ impl Models {
         let device = self.device;
         let mut changed = Vec::new();
         let mut entries = BTreeMap::new();
+        // A private package's memory model is its tenant's: keyed by the manifest alone, a
+        // tenant's package with another's manifest (a shared model's, byte for byte, and other
+        // layers) would have set, or taken, the memory model every tenant of that model is
+        // charged by, kept across restarts.
         let ids = found
             .shared
             .iter()
-            .map(|(name, f)| (name.clone(), f))
+            .map(|(name, f)| (name.clone(), String::new(), f))
             .chain(found.private.iter().flat_map(|(tenant, mine)| {
                 mine.iter()
-                    .map(move |(name, f)| (private_id(tenant, name), f))
+                    .map(move |(name, f)| (private_id(tenant, name), format!("{tenant}-"), f))
             }));
-        for (id, f) in ids {
+        for (id, owner, f) in ids {
             let mut entry = Entry {
                 memory_key: format!(
-                    "{}-{}-{device:?}-v{MEMORY_MODEL_VERSION}",
+                    "{}-{}-{owner}{device:?}-v{MEMORY_MODEL_VERSION}",
                     f.manifest.name,
                     &f.manifest_digest[..16]
                 ),

@@ -432,3 +432,45 @@ async fn calls_on_tenants_packages_of_one_name_are_never_pooled() {
         h.host.device().memory().largest_batch
     );
 }
+
+/// A tenant's private package whose manifest is a shared model's, byte for byte (bob is not
+/// granted the shared `efficientnet_lite0`, so he may name a package so), has a memory model
+/// of its own: keyed by the manifest alone, it was the shared model's, measured on whichever
+/// package came first (bob's: `bob/...` sorts first) and kept across restarts, so a tenant's
+/// package set what every tenant of the shared model is charged by.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_private_package_with_a_shared_manifest_has_a_memory_model_of_its_own() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let d = tmp.path();
+    let mine = d.join("bob-models/efficientnet_lite0");
+    let shared = models_dir().join("efficientnet_lite0");
+    std::fs::create_dir_all(&mine).expect("mkdir");
+    for entry in std::fs::read_dir(&shared).expect("package") {
+        let path = entry.expect("entry").path();
+        let file = path.file_name().expect("name");
+        if file == "manifest.json" {
+            std::fs::copy(&path, mine.join(file)).expect("manifest");
+        } else {
+            std::os::unix::fs::symlink(&path, mine.join(file)).expect("link");
+        }
+    }
+    let store = d.join("store");
+    common::write_store(&store);
+    let state = d.join("state");
+    let text = common::policy_text(&store, &state).replace(
+        "\n[tenants.bob.functions]",
+        &format!(
+            "\nprivate_models = \"{}\"\n[tenants.bob.functions]",
+            d.join("bob-models").display()
+        ),
+    );
+    let _h = TestHost::start_with(tmp, store, text).await;
+    let mut kept: Vec<String> = std::fs::read_dir(state.join("memory"))
+        .expect("memory models kept")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .filter(|f| f.starts_with("efficientnet_lite0-"))
+        .collect();
+    kept.sort();
+    assert_eq!(kept.len(), 2, "{kept:?}");
+    assert!(kept.iter().any(|f| f.contains("-bob-")), "{kept:?}");
+}

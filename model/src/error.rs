@@ -26,6 +26,16 @@ pub enum ModelError {
     },
     #[error("{path}: libtorch cannot load the segment: {message}")]
     SegmentLoad { path: PathBuf, message: String },
+    #[error(
+        "{path}: layer {layer} `{name}` holds {held} parameters; its manifest declares {declared}"
+    )]
+    UndeclaredParameters {
+        path: PathBuf,
+        layer: usize,
+        name: String,
+        declared: u64,
+        held: u64,
+    },
     #[error("model `{model}`: layer range {start}..{end} is outside 0..={layers}")]
     LayerRange {
         model: String,

@@ -37,6 +37,26 @@ impl ModelPackage {
                     path: path.clone(),
                     message: e.to_string(),
                 })?;
+            // The host charges a loaded model's memory by the manifest's parameter counts:
+            // a layer that holds more than it declares is refused, not under-charged.
+            let held: usize = module
+                .named_parameters()
+                .map_err(|e| ModelError::SegmentLoad {
+                    path: path.clone(),
+                    message: e.to_string(),
+                })?
+                .iter()
+                .map(|(_, t)| t.numel())
+                .sum();
+            if held as u64 > layer.params {
+                return Err(ModelError::UndeclaredParameters {
+                    path,
+                    layer: i,
+                    name: layer.name.clone(),
+                    declared: layer.params,
+                    held: held as u64,
+                });
+            }
             module.set_eval();
             segments.push(module);
         }

@@ -111,6 +111,24 @@ fn declared_output_shape_that_the_segment_does_not_produce_is_named() {
 }
 
 #[test]
+fn a_layer_holding_more_parameters_than_declared_is_refused() {
+    // The host charges a loaded model's memory by these counts: one that understates its
+    // weights is refused. Declaring more (an over-charge) is the package's own loss.
+    let (_tmp, dir) = package(|m| {
+        let declared = m["layers"][0]["params"].as_u64().expect("params");
+        m["layers"][0]["params"] = serde_json::json!(declared - 1);
+    });
+    let e = load_err(&dir);
+    assert!(
+        matches!(e, ModelError::UndeclaredParameters { layer: 0, .. }),
+        "{e}"
+    );
+    assert!(e.to_string().contains("holds 864 parameters"), "{e}");
+    let (_tmp, dir) = package(|m| m["layers"][0]["params"] = serde_json::json!(1_000_000));
+    ModelPackage::load(&dir, Device::Cpu).expect("declaring more loads");
+}
+
+#[test]
 fn corrupt_segment_file_is_named() {
     let (_tmp, dir) = package(|_| {});
     let seg = dir.join("02_act0.pt");

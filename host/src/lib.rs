@@ -200,18 +200,20 @@ impl Host {
         function: &Function,
         req: InvokeRequest,
     ) -> Finished {
-        self.invoke_using(tenant, function, req, Arc::default())
+        self.invoke_using(tenant, function, req, Arc::default(), None)
             .await
     }
 
     /// [`Host::invoke`], recording what the invocation reads and computes in `usage` as it
-    /// goes, so that it can be charged when the future is dropped before the end.
+    /// goes, so that it can be charged when the future is dropped before the end; `slot` is
+    /// the tenant's admission slot it runs in, which its device calls hold too.
     pub async fn invoke_using(
         &self,
         tenant: &Arc<Tenant>,
         function: &Function,
         req: InvokeRequest,
         usage: Arc<account::Usage>,
+        slot: Option<Arc<admission::Permit>>,
     ) -> Finished {
         let mut meta = BTreeMap::from([
             ("function".to_string(), function.name.clone()),
@@ -235,7 +237,7 @@ impl Host {
             quantize: req.quantize,
         };
         self.runtime
-            .invoke(tenant, &function.prepared, invocation, reply, usage)
+            .invoke(tenant, &function.prepared, invocation, reply, usage, slot)
             .await
     }
 

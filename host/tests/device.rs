@@ -1111,6 +1111,7 @@ async fn a_leader_that_cannot_fit_a_sample_does_not_hold_up_a_neighbour_that_can
             out: hapi_wire::tensor::WireDtype::F32,
             account,
             deadline: Arc::new(Deadline::new(limit)),
+            slot: None,
         }
     };
     let deadline = Deadline::new(LONG);
@@ -1133,4 +1134,77 @@ async fn a_leader_that_cannot_fit_a_sample_does_not_hold_up_a_neighbour_that_can
     // With the light call done its model is idle: the heavy call's sample unloads it and runs.
     assert!(heavy_ran.is_ok(), "{heavy_ran:?}");
     assert_eq!(d.memory().evictions, 1);
+}
+
+/// A batch already running when its invocation stops (here its client hangs up) runs to its
+/// end, holding the call's input, output and model pin: the invocation's admission slot is
+/// held with them, so the tenant's next call waits for it instead of holding as much again
+/// beside it. The slot was given back with the invocation: a tenant could hold (concurrency
+/// + device workers) calls' memory by hanging up on long batches.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_batch_that_outlives_its_invocation_holds_the_tenants_slot_until_it_ends() {
+    let _one = serial().lock().await;
+    let (model, split) = BATCHING;
+    let host = "pool = true\ndevice_workers = 1\nbatch_time = \"2s\"";
+    let h = start_tenants(|store, state| {
+        tenants_policy(store, state, host, 1, &[model], |_| {
+            "concurrency = 1".into()
+        })
+    })
+    .await;
+    let body = |n: usize| {
+        let keys: Vec<String> = (0..n)
+            .map(|i| sample_key(SAMPLES[i % SAMPLES.len()]))
+            .collect();
+        json!({"bucket": "datasets", "keys": keys, "model": model, "split": split})
+    };
+    assert_eq!(
+        h.warm(&token(0), "feature-extract", body(1)).await.status(),
+        200
+    );
+    let tenant = Arc::clone(&h.host.policy().tenants["t0"]);
+    let admission = h.host.admission(&tenant);
+    let device = || h.host.device().memory();
+    // One call of 128 images: one batch of up to 2 s (a tenant alone runs long batches).
+    let call = {
+        let (client, url, token) = (h.client.clone(), h.url.clone(), token(0));
+        let b = body(128);
+        tokio::spawn(
+            async move { common::invoke_at(&client, &url, &token, "feature-extract", b).await },
+        )
+    };
+    let until = std::time::Instant::now() + Duration::from_secs(60);
+    while device().running_batches == 0 {
+        assert!(std::time::Instant::now() < until, "no batch ran");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    // The client hangs up; the invocation stops (its device call no longer counted in
+    // progress) while its batch runs on.
+    call.abort();
+    let mut seen = None;
+    while device().running_batches > 0 {
+        if device().in_progress == 0 {
+            seen = Some(admission.load().0);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let Some(held) = seen else {
+        panic!("the batch ended before the invocation stopped: the test proves nothing");
+    };
+    assert_eq!(
+        held, 1,
+        "the slot while the stopped invocation's batch runs"
+    );
+    while device().running_batches > 0 {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert_eq!(admission.load().0, 0, "the slot once the batch ended");
+    assert_eq!(
+        h.invoke(&token(0), "feature-extract", body(1))
+            .await
+            .status(),
+        200
+    );
 }

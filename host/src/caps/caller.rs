@@ -13,6 +13,9 @@ pub struct Caller {
     pub usage: Arc<Usage>,
     /// The invocation's run slot on the workers: given back while a host call waits.
     pub turn: Arc<crate::wasm::cpu::Turn>,
+    /// The tenant's admission slot the invocation runs in, if it was admitted (an HTTP
+    /// invocation): its device calls hold it too (see [`crate::device::job::Job::slot`]).
+    pub slot: Option<Arc<crate::admission::Permit>>,
 }
 
 /// Why a host call stops the guest (a trap): the host's limits and the host's own answers, not

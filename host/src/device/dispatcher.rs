@@ -174,6 +174,9 @@ pub struct Call {
     /// The whole call's memory, held from submission (adaptation off).
     pub held: Option<Reservation>,
     pub deadline: Arc<Deadline>,
+    /// The invocation's admission slot (see [`crate::device::job::Job::slot`]): let go with
+    /// the call, once no batch holds it.
+    pub slot: Option<Arc<crate::admission::Permit>>,
     pub reply: oneshot::Sender<Result<Ran, DeviceError>>,
     pub enqueued: Instant,
     /// How far the device has got with it.

@@ -146,6 +146,7 @@ impl Device {
             out,
             account,
             deadline,
+            slot,
         } = job;
         let n = input.n;
         let cost = pin.memory.segment(range.clone());
@@ -225,6 +226,7 @@ impl Device {
                 out_charge,
                 held,
                 deadline: Arc::clone(&deadline),
+                slot,
                 reply,
                 enqueued: Instant::now(),
                 progress: Progress::default(),
@@ -243,6 +245,8 @@ impl Device {
             let shared = Arc::clone(&self.shared);
             let d = Arc::clone(&deadline);
             let worker = tokio::task::spawn_blocking(move || {
+                // Held until the sub-batch running when the caller goes is done.
+                let _slot = slot;
                 let mut output = output;
                 let timing = run_here(
                     &shared,

@@ -1,6 +1,7 @@
 //! What goes in and out of the device: a compute call and its result.
 
 use crate::account::{Account, Charge, Deadline};
+use crate::admission::Permit;
 use crate::device::budget::Pin;
 use std::ops::Range;
 use std::sync::Arc;
@@ -52,6 +53,11 @@ pub struct Job {
     pub out: WireDtype,
     pub account: Arc<Account>,
     pub deadline: Arc<Deadline>,
+    /// The tenant's admission slot its invocation runs in, held until the device lets go of
+    /// the call (its input, output and model pin): a batch already running when the
+    /// invocation stops (its time limit, its client gone) runs to its end, and the tenant's
+    /// next call waits for it rather than holding as much again beside it.
+    pub slot: Option<Arc<Permit>>,
 }
 
 /// A finished call: its output and where its time went.

@@ -66,8 +66,17 @@ pub async fn invoke(
         usage: &usage,
         armed: true,
     };
+    // Shared with the invocation's device calls: a batch that outlives the invocation holds
+    // the slot until it ends.
+    let permit = Arc::new(permit);
     let finished = host
-        .invoke_using(&tenant, &f, req, Arc::clone(&usage))
+        .invoke_using(
+            &tenant,
+            &f,
+            req,
+            Arc::clone(&usage),
+            Some(Arc::clone(&permit)),
+        )
         .await;
     abandoned.armed = false;
     let t = finished.timings;
@@ -120,7 +129,7 @@ pub async fn invoke(
 /// of them, and its next calls wait in its queue, not beside them.
 struct Sending {
     chunks: std::vec::IntoIter<Bytes>,
-    _slot: Permit,
+    _slot: Arc<Permit>,
 }
 
 impl Stream for Sending {

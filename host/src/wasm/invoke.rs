@@ -7,6 +7,7 @@
 //! dropping the call, which cancels whatever the host was doing for it).
 
 use crate::account::{Account, Deadline, Usage};
+use crate::admission::Permit;
 use crate::bindings::{ElementType, Invocation, PushdownPre, TensorOut};
 use crate::caps::caller::{Caller, Stop};
 use crate::caps::models::ModelsCtx;
@@ -334,6 +335,7 @@ impl Runtime {
         invocation: Invocation,
         reply: Reply,
         usage: Arc<Usage>,
+        slot: Option<Arc<Permit>>,
     ) -> Finished {
         let started = Instant::now();
         // The run slot is taken here, before a worker picks the invocation up: its tenant
@@ -357,6 +359,7 @@ impl Runtime {
             invocation,
             reply,
             usage,
+            slot,
             Arc::clone(&self.models),
             Arc::clone(&self.objects),
             Arc::clone(&self.device),
@@ -388,6 +391,7 @@ async fn run(
     invocation: Invocation,
     reply: Reply,
     usage: Arc<Usage>,
+    slot: Option<Arc<Permit>>,
     models: Arc<Models>,
     objects: Arc<ObjectStore>,
     device: Arc<Device>,
@@ -403,6 +407,7 @@ async fn run(
         deadline: Arc::clone(&deadline),
         usage: Arc::clone(&usage),
         turn: Arc::clone(&turn),
+        slot,
     };
     let mut table = ResourceTable::new();
     table.set_max_capacity(MAX_HANDLES);

@@ -348,6 +348,7 @@ impl inference::HostGraphExecutionContext for NnView<'_> {
                     out: info.out,
                     account: Arc::clone(&caller.account),
                     deadline: Arc::clone(&caller.deadline),
+                    slot: caller.slot.clone(),
                 };
                 device.run(job).await
             })

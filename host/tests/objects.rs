@@ -261,6 +261,41 @@ async fn s3_store_conforms_and_serves_the_whole_pushdown_path() {
     let mut o = Scoped::new(tenant(), Arc::new(bad));
     let err = get(&mut o, "datasets", "fashion-mnist/small.bin").await;
     assert!(matches!(err, Err(ObjectError::Io(_))), "{err:?}");
+    let Err(ObjectError::Io(said)) = err else {
+        unreachable!()
+    };
+    assert!(
+        said.contains(&weed.s3),
+        "the store's error names its endpoint: {said}"
+    );
+    // ... which is the operator's: a guest is told only that the store failed on its key.
+    let tmp = tempfile::tempdir().expect("tmp");
+    let wrong = weed
+        .policy_section()
+        .replace(common::seaweed::SECRET_KEY, "wrong");
+    let text = common::policy_text_for("store = \"s3://\"", &wrong, &tmp.path().join("state"));
+    let wrong_host = TestHost::start_with(tmp, std::path::PathBuf::new(), text).await;
+    let key = sample_key(0);
+    let told = common::raw(
+        wrong_host
+            .invoke(
+                ALICE,
+                "hostile",
+                json!({"bucket": "datasets", "keys": [&key], "options": {"mode": "read", "say": "errors"}}),
+            )
+            .await,
+    )
+    .await;
+    let told = String::from_utf8_lossy(&told);
+    assert!(
+        told.contains(&format!("the object store failed on `{key}`; retry later")),
+        "{told}"
+    );
+    assert!(
+        !told.contains("127.0.0.1") && !told.contains("http"),
+        "{told}"
+    );
+    drop(wrong_host);
 
     // The host over S3: features equal those over the local store.
     let tmp = tempfile::tempdir().expect("tmp");

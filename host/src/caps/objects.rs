@@ -57,12 +57,19 @@ pub fn add_to_linker<T: Send + 'static>(
     wit::add_to_linker::<T, Objects>(linker, get)
 }
 
-fn to_wit(e: ObjectError) -> wit::ObjectError {
+/// The guest's error for a store failure on `key`. A store's own failure (`Io`) carries what
+/// the store said (an S3 client's error names the endpoint, the request and the server's
+/// answer; a file system's, the host's error): that is the operator's, logged, and the guest
+/// gets only that the store failed on its key.
+fn to_wit(key: &str, e: ObjectError) -> wit::ObjectError {
     match e {
         ObjectError::NotFound(m) => wit::ObjectError::NotFound(m),
         ObjectError::Denied(m) => wit::ObjectError::Denied(m),
         ObjectError::TooLarge(n) | ObjectError::TooManyEntries(n) => wit::ObjectError::TooLarge(n),
-        ObjectError::Io(m) | ObjectError::Stopped(m) => wit::ObjectError::Io(m),
+        ObjectError::Io(_) | ObjectError::Stopped(_) => wit::ObjectError::Io(format!(
+            "the object store failed on `{}`; retry later",
+            quote(key)
+        )),
         // Never the guest's to see (the invocation stops at its memory limit).
         ObjectError::OverLimit(e) => wit::ObjectError::TooLarge(e.limit),
     }
@@ -135,7 +142,7 @@ impl ObjectsCtx {
             return out_of_time();
         }
         self.last_failure = Some((kind, quote(key)));
-        Ok(Err(to_wit(e)))
+        Ok(Err(to_wit(key, e)))
     }
 
     /// Reads a whole object (`range` None) or a byte range.

@@ -105,6 +105,17 @@ fn two_tenants_with_one_token_are_refused() {
 }
 
 #[test]
+fn two_tenant_names_that_differ_only_in_case_are_refused() {
+    let text = format!(
+        "{}\n[tenants.Alice]\ntoken_sha256 = \"{}\"\n",
+        with_tenant(""),
+        hash_token("another")
+    );
+    let e = parse(&text).expect_err("Alice and alice");
+    assert!(e.contains("`Alice` and `alice` differ only in case"), "{e}");
+}
+
+#[test]
 fn the_example_policy_parses_and_its_token_matches() {
     let path = hapi_tests::workspace().join("examples/policy.toml");
     let p = Policy::load(&path).expect("examples/policy.toml");

@@ -330,6 +330,20 @@ impl Policy {
         let mut tokens = BTreeMap::new();
         for (name, t) in &raw.tenants {
             let tenant = tenant(&ctx, name, t, models)?;
+            // A tenant's state (`functions/<tenant>`, `compiled/<tenant>`) is a directory of
+            // its name: on a case-insensitive file system two such names would share it.
+            if let Some(other) = tenants
+                .keys()
+                .find(|o: &&String| o.eq_ignore_ascii_case(name))
+            {
+                return ctx.err(
+                    t.span(),
+                    format!(
+                        "tenant names `{other}` and `{name}` differ only in case: their state \
+                         directories would be one on a case-insensitive file system"
+                    ),
+                );
+            }
             if let Some(other) = tokens.insert(tenant.token_sha256, name.clone()) {
                 return ctx.err(
                     t.get_ref().token_sha256.span(),

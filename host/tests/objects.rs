@@ -490,6 +490,29 @@ async fn a_listing_over_two_grants_merges_them_and_shares_its_visit_bound() {
         o.list_within("datasets", "", 100, 4).await,
         Err(ObjectError::TooManyEntries(4))
     );
+    // What the first walk found (one entry, 43 bytes to a guest) is charged while the second
+    // walk charges its three (129): 172 at once.
+    let entry = 43;
+    let charged = |limit: u64| {
+        let account = hapi_host::account::Account::new(limit);
+        let mut two = Arc::unwrap_or_clone(tenant());
+        two.grants = vec![grant("b"), grant("a/")];
+        let store =
+            Arc::new(Store::open(&StoreLocation::Local(tmp.path().to_path_buf())).expect("store"));
+        let o = Scoped::new(Arc::new(two), store).charged_to(Arc::clone(&account));
+        (o, account)
+    };
+    let (o, account) = charged(4 * entry);
+    assert!(o.list("datasets", "", 100).await.is_ok());
+    assert_eq!(account.used(), 0, "released with the listing");
+    let (o, _) = charged(4 * entry - 1);
+    assert!(
+        matches!(
+            o.list("datasets", "", 100).await,
+            Err(ObjectError::OverLimit(_))
+        ),
+        "the first walk's entry was held uncharged"
+    );
 }
 
 /// The listing bounds, obeyed and violated, on the local store: at most `MAX_LIST` entries come

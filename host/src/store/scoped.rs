@@ -1,7 +1,7 @@
 //! A tenant's view of the store: keys checked, grants enforced and byte caps charged once here,
 //! for every backend, before any I/O.
 
-use super::error::{ObjectError, ObjectMeta};
+use super::error::{Held, ObjectError, ObjectMeta};
 use super::keys::{check_key, check_prefix};
 use super::{MAX_LIST, MAX_LIST_VISITS, Store};
 use crate::account::text::quote;
@@ -177,6 +177,12 @@ impl Scoped {
         // The visits are shared by the walks: a listing visits at most `visits` entries.
         let each = visits.div_ceil(walks.len().max(1));
         let mut listed: Vec<ObjectMeta> = Vec::new();
+        // What the earlier walks found is held while the next walk runs: charged as the walk's
+        // own entries were while it ran.
+        let mut held = Held::new(
+            self.account.as_ref(),
+            "a listing's entries, held by the host",
+        );
         for walk in &walks {
             let found = self.store.list(
                 bucket,
@@ -187,13 +193,16 @@ impl Scoped {
                 (self.pace.as_ref(), self.account.as_ref()),
             );
             // Past its part of the bound, the listing is past the bound.
-            listed.extend(found.await.map_err(|e| match e {
+            let found = found.await.map_err(|e| match e {
                 ObjectError::TooManyEntries(_) => ObjectError::TooManyEntries(visits as u64),
                 other => other,
-            })?);
+            })?;
+            held.grow(found.iter().map(ObjectMeta::guest_bytes).sum())?;
+            listed.extend(found);
             // The smallest `limit` after each walk: never more than twice `limit` held, however
             // many grants the prefix covers.
             listed.sort_by(|a, b| a.key.cmp(&b.key));
+            held.shrink(listed.iter().skip(limit).map(ObjectMeta::guest_bytes).sum());
             listed.truncate(limit);
         }
         Ok(listed)

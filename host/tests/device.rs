@@ -1124,7 +1124,10 @@ async fn a_leader_that_cannot_fit_a_sample_does_not_hold_up_a_neighbour_that_can
     let d2 = Arc::clone(&d);
     let heavy_job = job(&heavy, heavy_pin);
     let heavy_call = tokio::spawn(async move { d2.run(heavy_job).await });
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    while d.memory().in_progress == 0 {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(20)).await;
     let started = std::time::Instant::now();
     let light_ran = d.run(job(&light, light_pin)).await;
     let light_took = started.elapsed();

@@ -492,15 +492,18 @@ impl Dispatcher {
             return None;
         }
         backlogged.sort_by_key(|a| a.0);
-        // The leader: the first in fair order whose oldest call's segment has room for a
-        // sample now. One whose segment cannot get it (its model, or its neighbours' that
-        // queued calls keep pinned, take the memory) is passed over until it can, rather than
-        // holding up every tenant's batches behind it while it waits.
+        // The leader: the least virtual time, waited for while its segment cannot get one
+        // sample's room and batches run (their room goes to it when they end, not to the next
+        // small batch). With none running, nothing will free that room but the neighbours'
+        // models, pinned by their queued calls: the leader is then passed over for the first
+        // in fair order whose segment fits, rather than holding up every tenant's batches.
         let config = &self.shared.config;
+        let running = lock(&self.shared.stats).running > 0;
         let (leader, head, cap) = self
             .fair
             .order(backlogged.iter().map(|(_, t, work)| (t, *work)))
             .into_iter()
+            .take(if running { 1 } else { usize::MAX })
             .find_map(|t| {
                 let head = *self
                     .queues
@@ -520,7 +523,7 @@ impl Dispatcher {
                 (cap >= 1).then(|| (Arc::clone(t), head, cap))
             })
             .or_else(|| {
-                // Not even one sample of anyone's fits while other work holds the memory.
+                // Not even one sample fits while other work holds the memory.
                 self.shared.budget.wait_changed(MEMORY_POLL);
                 None
             })?;

@@ -51,16 +51,17 @@ impl<K: Eq + Hash + Clone> Fair<K> {
     }
 
     /// Forgets the `idle` tenants that would restart at the floor anyway: those no later than
-    /// the least virtual time among `backlogged` (all idle ones when none is). One that used
-    /// more than the floor keeps its virtual time however long it stays away: forgotten, a
-    /// tenant that had overrun its share came back level with the others after a pause.
+    /// the least virtual time among `backlogged` (none while nobody is backlogged: the device
+    /// going quiet forgives no one). One that used more than the floor keeps its virtual time
+    /// however long it stays away: forgotten, a tenant that had overrun its share came back
+    /// level with the others after a pause. At most one entry per tenant is kept.
     pub fn forget<'a>(&mut self, idle: impl Fn(&K) -> bool, backlogged: impl Iterator<Item = &'a K>)
     where
         K: 'a,
     {
         let floor = backlogged.map(|b| self.vtime(b)).min_by(f64::total_cmp);
         self.vtime
-            .retain(|k, v| !idle(k) || floor.is_some_and(|f| *v > f));
+            .retain(|k, v| !idle(k) || floor.is_none_or(|f| *v > f));
     }
 
     /// The candidate that leads next: least virtual time; among equals, the one with the least
@@ -383,8 +384,12 @@ mod tests {
             fair.leader(work.iter().map(|(k, w)| (k, *w))),
             Some(&"light")
         );
-        // Everyone idle: nothing to keep anyone's time against.
+        // Everyone idle (the device quiet): nobody is forgiven.
         fair.forget(|_| true, std::iter::empty());
-        assert_eq!((fair.vtime(&"heavy"), fair.vtime(&"light")), (0.0, 0.0));
+        assert_eq!((fair.vtime(&"heavy"), fair.vtime(&"light")), (5.0, 1.0));
+        // Back beside a light tenant at 2 s, the heavy one still has its 5.
+        fair.charge(&"light", 1.0, 1);
+        fair.arrive(&"heavy", ["light"].iter());
+        assert_eq!(fair.vtime(&"heavy"), 5.0);
     }
 }

@@ -569,11 +569,23 @@ fn the_code_bounds_are_checked_before_compiling() {
     );
     // Function names (wasmtime copies them into every trap's backtrace).
     let name = compile::MAX_FUNCTION_NAME;
-    check(&guest_with("hostile", &[named(module(1, 8), name)])).expect("within the name bound");
-    too(
-        check(&guest_with("hostile", &[named(module(1, 8), name + 1)])),
-        "function 0 is named in 4097 bytes",
-    );
+    for (function, needle) in [
+        (true, "function 0 is named in 4097 bytes"),
+        (false, "a module is named in 4097 bytes"),
+    ] {
+        check(&guest_with(
+            "hostile",
+            &[named(module(1, 8), name, function)],
+        ))
+        .expect("within the name bound");
+        too(
+            check(&guest_with(
+                "hostile",
+                &[named(module(1, 8), name + 1, function)],
+            )),
+            needle,
+        );
+    }
     // Strings other than UTF-8 (which the host would lift into up to twice their bytes).
     for (encoding, needle) in [(1, "UTF-16"), (2, "Latin-1")] {
         match check(&string_encoding("hostile", encoding)) {

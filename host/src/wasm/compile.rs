@@ -194,7 +194,8 @@ fn utf8_only(function: &wasmparser::CanonicalFunction) -> Result<(), DeployError
     }
 }
 
-/// Refuses a core module's `name` section naming a function longer than [`MAX_FUNCTION_NAME`]
+/// Refuses a core module's `name` section naming the module or a function in more than
+/// [`MAX_FUNCTION_NAME`] bytes
 /// (or one that does not parse: wasmtime would skip what it cannot read, this check may not).
 fn longest_function_name(section: &wasmparser::CustomSectionReader<'_>) -> Result<(), DeployError> {
     let wasmparser::KnownCustom::Name(names) = section.as_known() else {
@@ -204,8 +205,17 @@ fn longest_function_name(section: &wasmparser::CustomSectionReader<'_>) -> Resul
         DeployError::Invalid(format!("its `name` section does not parse: {e}"))
     };
     for subsection in names {
-        let wasmparser::Name::Function(functions) = subsection.map_err(bad)? else {
-            continue;
+        let functions = match subsection.map_err(bad)? {
+            wasmparser::Name::Function(functions) => functions,
+            // The module's name is written into every frame of a backtrace as well.
+            wasmparser::Name::Module { name, .. } if name.len() > MAX_FUNCTION_NAME => {
+                return Err(DeployError::TooComplex(format!(
+                    "a module is named in {} bytes; at most {MAX_FUNCTION_NAME} (its name is \
+                     copied into every trap's backtrace)",
+                    name.len()
+                )));
+            }
+            _ => continue,
         };
         for naming in functions {
             let naming = naming.map_err(bad)?;

@@ -3,6 +3,7 @@
 use std::time::{Duration, Instant};
 use wasmtime::{
     Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, ProfilingStrategy,
+    WasmBacktraceDetails,
 };
 
 /// Epoch tick: how often a running guest is checked against its deadline and yields to other
@@ -48,6 +49,10 @@ pub fn engine(max_memory: u64, keep_resident: u64) -> anyhow::Result<Engine> {
     config.parallel_compilation(false);
     config.async_stack_size(STACK_BYTES);
     config.epoch_interruption(true);
+    // Traps' backtraces name each frame's module and function (bounded at upload, see
+    // `compile::MAX_FUNCTION_NAME`); never the DWARF file names and paths a guest may carry,
+    // whatever `WASMTIME_BACKTRACE_DETAILS` says.
+    config.wasm_backtrace_details(WasmBacktraceDetails::Disable);
     // The pool's totals are the instances' times what one may hold, so that a component full of
     // core instances, memories or tables cannot take the slots of other tenants' instances: the
     // instance count binds first (an upload past the per-component maxima is refused when it

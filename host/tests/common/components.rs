@@ -48,17 +48,21 @@ pub fn module(functions: usize, body_bytes: usize) -> Vec<u8> {
     module
 }
 
-/// `module` with a `name` section naming its function 0 in `bytes` bytes.
-pub fn named(mut module: Vec<u8>, bytes: usize) -> Vec<u8> {
-    let mut functions = Vec::new();
-    leb(1, &mut functions); // one naming
-    leb(0, &mut functions); // of function 0
-    leb(bytes, &mut functions);
-    functions.extend(std::iter::repeat_n(b'f', bytes));
+/// `module` with a `name` section naming its function 0 in `bytes` bytes (`function`), or
+/// the module itself (not `function`).
+pub fn named(mut module: Vec<u8>, bytes: usize, function: bool) -> Vec<u8> {
+    let mut names = Vec::new();
+    if function {
+        leb(1, &mut names); // one naming
+        leb(0, &mut names); // of function 0
+    }
+    leb(bytes, &mut names);
+    names.extend(std::iter::repeat_n(b'f', bytes));
     let mut body = Vec::new();
     leb(4, &mut body);
     body.extend_from_slice(b"name");
-    section(1, &functions, &mut body); // the function names subsection
+    // The function names subsection (1), or the module name subsection (0).
+    section(u8::from(function), &names, &mut body);
     section(0, &body, &mut module);
     module
 }

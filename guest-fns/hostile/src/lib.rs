@@ -100,9 +100,10 @@ fn act(inv: &Invocation) -> Result<TensorOut, Error> {
             for key in &inv.keys {
                 match objects::get(&inv.bucket, key) {
                     Ok(bytes) => all.extend(bytes),
-                    // What the host told the guest, as the output: a guest may pass it on.
-                    Err(e) if option(inv, "say") == Some("errors") => {
-                        return Ok(bytes_out(format!("{e:?}").into_bytes()));
+                    // What the host told the guest of a store failure, as the output: a
+                    // guest may pass it on.
+                    Err(objects::ObjectError::Io(m)) if option(inv, "say") == Some("errors") => {
+                        return Ok(bytes_out(m.into_bytes()));
                     }
                     Err(e) => return Err(Error::Object(e)),
                 }

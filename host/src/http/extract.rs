@@ -190,6 +190,9 @@ pub async fn body(
             }
             out.extend_from_slice(data);
         }
+        // Grown by doubling (no declared length), it would keep up to twice its bytes while
+        // held (an upload waiting for the compiler).
+        out.shrink_to_fit();
         Ok(Bytes::from(out))
     };
     tokio::time::timeout(timeout, read)

@@ -95,7 +95,8 @@ pub async fn invoke(
         },
         || host.function(&tenant.name, &function).is_some(),
     );
-    // An error's body is a few KiB: its slot is given back at once.
+    // An error's body is a few KiB: its slot is given back at once (unless a device batch of
+    // the stopped invocation still runs, which holds it until its end).
     let out = result?;
     let encode = Instant::now();
     let len = out.len();
@@ -142,7 +143,8 @@ impl Stream for Sending {
 
 /// Charges an invocation whose client went away before it ended: hyper drops the request's
 /// future when the connection closes, which stops the invocation where it is (its slot is free
-/// at once); what it used until then is still counted, under code `client_closed`.
+/// at once, or when a device batch it was part of ends); what it used until then is still
+/// counted, under code `client_closed`.
 struct Abandoned<'a> {
     host: &'a Host,
     tenant: &'a str,

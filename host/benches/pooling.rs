@@ -145,8 +145,20 @@ impl Target {
         common::profile_at(&self.client, &self.url, model).await
     }
 
-    async fn device(&self, model: &str) -> DeviceMemory {
-        self.profile(model).await.device_memory
+    /// The device's batches and their samples so far, from the operator's `/metrics` (a
+    /// tenant's profile tells the budget only).
+    async fn device(&self) -> DeviceMemory {
+        let text = common::metrics_text(&self.client, &self.url, common::OPERATOR).await;
+        let value = |name: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse::<f64>().ok())
+                .unwrap_or_else(|| panic!("{name} in /metrics"))
+        };
+        DeviceMemory {
+            batches: value("hapi_device_batches_total") as u64,
+            batch_samples: value("hapi_device_batch_samples_total") as u64,
+            ..Default::default()
+        }
     }
 
     /// The first request: loads the model (and, the first time, measures its memory); retried
@@ -363,7 +375,7 @@ async fn point(
     );
     let h = &host.target;
     h.warm(model, split).await;
-    let before = h.device(model).await;
+    let before = h.device().await;
     let started = Instant::now();
     let until = started + window;
     let runs = (0..n).map(|t| {
@@ -373,7 +385,7 @@ async fn point(
     });
     let results = futures::future::join_all(runs).await;
     let elapsed = started.elapsed().as_secs_f64();
-    let after = h.device(model).await;
+    let after = h.device().await;
     let mut lat: Vec<Duration> = results.iter().flat_map(|r| r.0.clone()).collect();
     let samples: usize = results.iter().map(|r| r.1).sum();
     let failed: usize = results.iter().map(|r| r.2).sum();

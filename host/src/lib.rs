@@ -381,7 +381,12 @@ impl Host {
             batch: layers.first().map_or(models::PROFILE_BATCH, |l| l.batch),
             layers: layers.to_vec(),
             memory: pin.memory.as_ref().clone(),
-            device_memory: self.device.memory(),
+            // The budget only: what holds it (loaded weights, batches, evictions) is every
+            // tenant's activity, the operator's to see (`/metrics`), not a neighbour's.
+            device_memory: hapi_wire::profile::DeviceMemory {
+                budget: self.device.config().budget,
+                ..Default::default()
+            },
         }
     }
 }

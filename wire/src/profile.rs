@@ -202,7 +202,8 @@ impl ModelMemory {
     }
 }
 
-/// The device's memory budget and what holds it now.
+/// The device's memory budget and what holds it now (in a tenant's model profile, the budget
+/// only, the rest zero: what holds the device is every tenant's activity).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DeviceMemory {
     pub budget: u64,
@@ -242,7 +243,8 @@ pub struct ModelProfile {
     pub layers: Vec<LayerProfile>,
     /// Per-layer memory and time on this device.
     pub memory: ModelMemory,
-    /// The device's budget and what holds it now.
+    /// The device's budget (the rest zero: what holds the device is every tenant's activity,
+    /// the operator's to see in `/metrics`).
     pub device_memory: DeviceMemory,
 }
 

@@ -679,6 +679,14 @@ impl Budget {
         if any >= one { one } else { any }
     }
 
+    /// Bytes a batch could have once the reservations held now (running batches, profiles)
+    /// are given back and every idle model is unloaded: what waiting for them can give.
+    pub fn room_once_reservations_end(&self) -> u64 {
+        let s = lock(&self.state);
+        s.room(self.total, Claim::Any, Instant::now())
+            .saturating_add(s.reserved)
+    }
+
     /// Bytes `tenant` could claim now: free, or once the models [`Claim::For`] it allows are
     /// unloaded.
     pub fn room_of(&self, tenant: &str) -> u64 {

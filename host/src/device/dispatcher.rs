@@ -492,41 +492,52 @@ impl Dispatcher {
             return None;
         }
         backlogged.sort_by_key(|a| a.0);
-        // The leader: the least virtual time, waited for while its segment cannot get one
-        // sample's room and batches run (their room goes to it when they end, not to the next
-        // small batch). With none running, nothing will free that room but the neighbours'
-        // models, pinned by their queued calls: the leader is then passed over for the first
-        // in fair order whose segment fits, rather than holding up every tenant's batches.
+        // The leader: the least virtual time. While its segment cannot get one sample's room,
+        // it is waited for if the batches running now hold room that would give it one when
+        // they end (that room goes to it, not to the next small batch); otherwise nothing will
+        // free the room but the neighbours' models, pinned by their queued calls, and it is
+        // passed over for the first in fair order whose segment fits, rather than holding up
+        // every tenant's batches.
         let config = &self.shared.config;
-        let running = lock(&self.shared.stats).running > 0;
-        let (leader, head, cap) = self
+        let budget = &self.shared.budget;
+        let mut chosen = None;
+        for t in self
             .fair
             .order(backlogged.iter().map(|(_, t, work)| (t, *work)))
-            .into_iter()
-            .take(if running { 1 } else { usize::MAX })
-            .find_map(|t| {
-                let head = *self
-                    .queues
-                    .get(t)?
-                    .iter()
-                    .find(|id| self.calls.contains_key(id))?;
-                let cost = &self.calls.get(&head)?.cost;
-                let mut cap = config.max_batch;
-                if config.adapt {
-                    let room = self.shared.budget.room_for(cost.run_bytes(1), t);
-                    let fits = room.saturating_sub(cost.workspace) / cost.per_sample.max(1);
-                    cap = cap.min(i64::try_from(fits).unwrap_or(i64::MAX));
-                    if let Some(e) = cost.efficient_batch {
-                        cap = cap.min(e);
-                    }
+        {
+            let Some(head) = self
+                .queues
+                .get(t)
+                .and_then(|q| q.iter().find(|id| self.calls.contains_key(id)))
+                .copied()
+            else {
+                continue;
+            };
+            let Some(cost) = self.calls.get(&head).map(|c| &c.cost) else {
+                continue;
+            };
+            let mut cap = config.max_batch;
+            if config.adapt {
+                let room = budget.room_for(cost.run_bytes(1), t);
+                let fits = room.saturating_sub(cost.workspace) / cost.per_sample.max(1);
+                cap = cap.min(i64::try_from(fits).unwrap_or(i64::MAX));
+                if let Some(e) = cost.efficient_batch {
+                    cap = cap.min(e);
                 }
-                (cap >= 1).then(|| (Arc::clone(t), head, cap))
-            })
-            .or_else(|| {
-                // Not even one sample fits while other work holds the memory.
-                self.shared.budget.wait_changed(MEMORY_POLL);
-                None
-            })?;
+            }
+            if cap >= 1 {
+                chosen = Some((Arc::clone(t), head, cap));
+                break;
+            }
+            if chosen.is_none() && budget.room_once_reservations_end() >= cost.run_bytes(1) {
+                break; // wait for the running batches to give it their room
+            }
+        }
+        let Some((leader, head, cap)) = chosen else {
+            // Not even one sample fits while other work holds the memory.
+            budget.wait_changed(MEMORY_POLL);
+            return None;
+        };
         let lead = self.calls.get(&head)?;
         let cost = lead.cost.clone();
         // Every tenant's calls for this segment: the leader first, then by virtual time.

@@ -16,12 +16,16 @@ use std::hash::Hash;
 #[derive(Debug)]
 pub struct Fair<K> {
     vtime: HashMap<K, f64>,
+    /// The floor last seen while someone had work: where a tenant arriving at a quiet device
+    /// starts (not at 0, which would give it a head start over one that worked meanwhile).
+    clock: f64,
 }
 
 impl<K> Default for Fair<K> {
     fn default() -> Self {
         Self {
             vtime: HashMap::new(),
+            clock: 0.0,
         }
     }
 }
@@ -32,7 +36,7 @@ impl<K: Eq + Hash + Clone> Fair<K> {
     }
 
     /// `k` has work again after having none: it starts no earlier than the least virtual time
-    /// among `backlogged` (tenants with work now).
+    /// among `backlogged` (tenants with work now), or, when nobody has work, the clock.
     pub fn arrive<'a>(&mut self, k: &K, backlogged: impl Iterator<Item = &'a K>)
     where
         K: 'a,
@@ -40,9 +44,10 @@ impl<K: Eq + Hash + Clone> Fair<K> {
         let floor = backlogged
             .filter(|b| *b != k)
             .map(|b| self.vtime(b))
-            .min_by(f64::total_cmp);
-        let v = self.vtime(k);
-        self.vtime.insert(k.clone(), floor.map_or(v, |f| v.max(f)));
+            .min_by(f64::total_cmp)
+            .unwrap_or(self.clock);
+        let v = self.vtime(k).max(floor);
+        self.vtime.insert(k.clone(), v);
     }
 
     /// Charges `seconds` of device time to `k`, scaled by its weight.
@@ -51,17 +56,19 @@ impl<K: Eq + Hash + Clone> Fair<K> {
     }
 
     /// Forgets the `idle` tenants that would restart at the floor anyway: those no later than
-    /// the least virtual time among `backlogged` (none while nobody is backlogged: the device
-    /// going quiet forgives no one). One that used more than the floor keeps its virtual time
-    /// however long it stays away: forgotten, a tenant that had overrun its share came back
-    /// level with the others after a pause. At most one entry per tenant is kept.
+    /// the least virtual time among `backlogged`, or, while nobody is, the last such floor
+    /// (the clock, which only moves forward). One that used more than the floor keeps its
+    /// virtual time however long it stays away: forgotten, a tenant that had overrun its
+    /// share came back level with the others after a pause. At most one entry per tenant.
     pub fn forget<'a>(&mut self, idle: impl Fn(&K) -> bool, backlogged: impl Iterator<Item = &'a K>)
     where
         K: 'a,
     {
-        let floor = backlogged.map(|b| self.vtime(b)).min_by(f64::total_cmp);
-        self.vtime
-            .retain(|k, v| !idle(k) || floor.is_none_or(|f| *v > f));
+        if let Some(floor) = backlogged.map(|b| self.vtime(b)).min_by(f64::total_cmp) {
+            self.clock = self.clock.max(floor);
+        }
+        let floor = self.clock;
+        self.vtime.retain(|k, v| !idle(k) || *v > floor);
     }
 
     /// The candidate that leads next: least virtual time; among equals, the one with the least
@@ -384,12 +391,28 @@ mod tests {
             fair.leader(work.iter().map(|(k, w)| (k, *w))),
             Some(&"light")
         );
-        // Everyone idle (the device quiet): nobody is forgiven.
+        // Everyone idle (the device quiet): nobody is forgiven; `light`, at the floor, is
+        // forgotten, and comes back at the floor, not at 0.
         fair.forget(|_| true, std::iter::empty());
-        assert_eq!((fair.vtime(&"heavy"), fair.vtime(&"light")), (5.0, 1.0));
-        // Back beside a light tenant at 2 s, the heavy one still has its 5.
-        fair.charge(&"light", 1.0, 1);
+        assert_eq!(fair.vtime(&"heavy"), 5.0);
+        fair.arrive(&"light", std::iter::empty());
+        assert_eq!(fair.vtime(&"light"), 1.0);
         fair.arrive(&"heavy", ["light"].iter());
         assert_eq!(fair.vtime(&"heavy"), 5.0);
+    }
+
+    #[test]
+    fn a_tenant_back_at_a_quiet_device_starts_at_the_last_floor_not_at_zero() {
+        // `a` works alone for an hour; `l`, idle, is forgotten. The device goes quiet; `l`
+        // comes first: it starts level with `a`, not an hour ahead of it.
+        let mut fair: Fair<&str> = Fair::default();
+        fair.charge(&"l", 1.0, 1);
+        fair.charge(&"a", 3600.0, 1);
+        fair.forget(|t| *t == "l", ["a"].iter());
+        assert_eq!(fair.vtime(&"l"), 0.0);
+        fair.forget(|_| true, std::iter::empty());
+        fair.arrive(&"l", std::iter::empty());
+        fair.arrive(&"a", ["l"].iter());
+        assert_eq!((fair.vtime(&"l"), fair.vtime(&"a")), (3600.0, 3600.0));
     }
 }

@@ -5,31 +5,8 @@
 mod common;
 
 use common::{ALICE, TestHost};
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use hapi_tests::alloc::Counting;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-/// The system allocator, counting the bytes held and the most held at once.
-struct Counting;
-
-static HELD: AtomicUsize = AtomicUsize::new(0);
-static PEAK: AtomicUsize = AtomicUsize::new(0);
-
-// SAFETY: every call is passed to the system allocator unchanged; the counters only observe.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let held = HELD.fetch_add(layout.size(), Ordering::Relaxed) + layout.size();
-        PEAK.fetch_max(held, Ordering::Relaxed);
-        // SAFETY: as the caller's contract for `GlobalAlloc::alloc`.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        HELD.fetch_sub(layout.size(), Ordering::Relaxed);
-        // SAFETY: as the caller's contract for `GlobalAlloc::dealloc`.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
 
 #[global_allocator]
 static ALLOCATOR: Counting = Counting;
@@ -59,12 +36,11 @@ async fn upload(h: &TestHost, size: usize, chunked: bool) -> (u16, usize) {
     let mut conn = tokio::net::TcpStream::connect(&addr)
         .await
         .expect("connect");
-    let before = HELD.load(Ordering::Relaxed);
-    PEAK.store(before, Ordering::Relaxed);
+    let before = hapi_tests::alloc::start();
     conn.write_all(&request).await.expect("send");
     let mut answer = vec![0u8; 4096];
     let n = conn.read(&mut answer).await.expect("answer");
-    let peak = PEAK.load(Ordering::Relaxed) - before;
+    let peak = hapi_tests::alloc::peak_since(before);
     let text = String::from_utf8_lossy(&answer[..n]);
     let status = text
         .split(' ')

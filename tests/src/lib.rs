@@ -1,6 +1,7 @@
 //! Support shared by the integration tests of several crates: the guests built from source and
 //! the `hapi-host` binary as a child process. The end-to-end tests themselves live in tests/.
 
+pub mod alloc;
 pub mod cluster;
 
 use std::io::{BufRead, BufReader};

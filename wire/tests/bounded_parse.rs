@@ -2,43 +2,12 @@
 //! tiny keys or options is refused at the first past its bound, holding no more than the
 //! bounds allow on the way, not an allocation per entry of the whole body.
 
+use hapi_tests::alloc::{Counting, peak_during};
 use hapi_wire::InvokeRequest;
 use hapi_wire::invoke::{MAX_INVOKE_BODY, MAX_KEYS, MAX_OPTIONS};
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicUsize, Ordering};
-
-/// The system allocator, counting the bytes held and the most held at once.
-struct Counting;
-
-static HELD: AtomicUsize = AtomicUsize::new(0);
-static PEAK: AtomicUsize = AtomicUsize::new(0);
-
-// SAFETY: every call is passed to the system allocator unchanged; the counters only observe.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let held = HELD.fetch_add(layout.size(), Ordering::Relaxed) + layout.size();
-        PEAK.fetch_max(held, Ordering::Relaxed);
-        // SAFETY: as the caller's contract for `GlobalAlloc::alloc`.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        HELD.fetch_sub(layout.size(), Ordering::Relaxed);
-        // SAFETY: as the caller's contract for `GlobalAlloc::dealloc`.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
 
 #[global_allocator]
 static ALLOCATOR: Counting = Counting;
-
-/// The most bytes held at once while `f` ran, over what was held before it.
-fn peak_during<T>(f: impl FnOnce() -> T) -> (T, usize) {
-    let before = HELD.load(Ordering::Relaxed);
-    PEAK.store(before, Ordering::Relaxed);
-    let out = f();
-    (out, PEAK.load(Ordering::Relaxed) - before)
-}
 
 /// A body of at most `MAX_INVOKE_BODY` bytes: `entry` repeated (its `{i}` replaced by the
 /// entry's index in hex) between `head` and `tail`.

@@ -505,15 +505,11 @@ impl Dispatcher {
             .fair
             .order(backlogged.iter().map(|(_, t, work)| (t, *work)))
         {
-            let Some(head) = self
-                .queues
-                .get(t)
-                .and_then(|q| q.iter().find(|id| self.calls.contains_key(id)))
-                .copied()
-            else {
-                continue;
-            };
-            let Some(cost) = self.calls.get(&head).map(|c| &c.cost) else {
+            // Calls in a running batch are not in `calls`: the head is the oldest waiting.
+            let Some((head, cost)) = self.queues.get(t).and_then(|q| {
+                q.iter()
+                    .find_map(|id| self.calls.get(id).map(|c| (*id, &c.cost)))
+            }) else {
                 continue;
             };
             let mut cap = config.max_batch;
@@ -529,7 +525,7 @@ impl Dispatcher {
                 chosen = Some((Arc::clone(t), head, cap));
                 break;
             }
-            if chosen.is_none() && budget.room_once_reservations_end() >= cost.run_bytes(1) {
+            if budget.room_once_reservations_end() >= cost.run_bytes(1) {
                 break; // wait for the running batches to give it their room
             }
         }

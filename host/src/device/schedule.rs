@@ -73,7 +73,8 @@ impl<K: Eq + Hash + Clone> Fair<K> {
 
     /// The candidate that leads next: least virtual time; among equals, the one with the least
     /// work waiting (a tenant that just arrived beside a busy one goes first), then the first
-    /// given. Candidates come with their waiting samples.
+    /// given. Candidates come with their waiting samples. (The dispatcher walks [`Fair::order`].)
+    #[cfg(test)]
     pub fn leader<'a>(&self, candidates: impl Iterator<Item = (&'a K, i64)>) -> Option<&'a K>
     where
         K: 'a,

@@ -162,7 +162,7 @@ async fn drain(mut body: Body, limit: usize, timeout: Duration) -> Drained {
 /// tens of times its size until it was complete.) The buffer is the `declared` length (what
 /// [`declared_within`] gave) where there is one, else grows as the body arrives.
 pub async fn body(
-    body: Body,
+    mut body: Body,
     declared: Option<u64>,
     limit: usize,
     timeout: Duration,
@@ -170,7 +170,6 @@ pub async fn body(
     use http_body_util::BodyExt;
     let declared = declared.map_or(0, |n| usize::try_from(n).unwrap_or(usize::MAX));
     let read = async move {
-        let mut body = body;
         let mut out = Vec::with_capacity(declared.min(limit));
         while let Some(frame) = body.frame().await {
             let frame = frame.map_err(|e| {

@@ -68,6 +68,9 @@ impl Held {
     }
 }
 
+/// What a listing's kept entries are charged as.
+pub const LISTING_ENTRIES: &str = "a listing's entries, held by the host";
+
 /// Bytes a string holds on the heap and in place.
 pub fn string_bytes(s: &str) -> u64 {
     (s.len() + size_of::<String>()) as u64
@@ -123,7 +126,7 @@ impl Smallest {
         Self {
             limit,
             heap: std::collections::BinaryHeap::new(),
-            held: Held::new(account, "a listing's entries, held by the host"),
+            held: Held::new(account, LISTING_ENTRIES),
         }
     }
 

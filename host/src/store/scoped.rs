@@ -1,7 +1,7 @@
 //! A tenant's view of the store: keys checked, grants enforced and byte caps charged once here,
 //! for every backend, before any I/O.
 
-use super::error::{Held, ObjectError, ObjectMeta};
+use super::error::{Held, LISTING_ENTRIES, ObjectError, ObjectMeta};
 use super::keys::{check_key, check_prefix};
 use super::{MAX_LIST, MAX_LIST_VISITS, Store};
 use crate::account::text::quote;
@@ -179,10 +179,7 @@ impl Scoped {
         let mut listed: Vec<ObjectMeta> = Vec::new();
         // What the earlier walks found is held while the next walk runs: charged as the walk's
         // own entries were while it ran.
-        let mut held = Held::new(
-            self.account.as_ref(),
-            "a listing's entries, held by the host",
-        );
+        let mut held = Held::new(self.account.as_ref(), LISTING_ENTRIES);
         for walk in &walks {
             let found = self.store.list(
                 bucket,

@@ -22,8 +22,8 @@ pub const MAX_CODE_BYTES: usize = 8 << 20;
 pub const MAX_FUNCTIONS: usize = 50_000;
 /// Most core modules and nested components in one component.
 pub const MAX_MODULES: usize = 64;
-/// Longest function name in a core module's `name` section. Wasmtime copies a frame's function
-/// name into every trap's backtrace (up to 20 frames, a time or memory limit's stop included),
+/// Longest module or function name in a core module's `name` section. Wasmtime copies a frame's
+/// module and function names into every trap's backtrace (up to 20 frames, a time or memory limit's stop included),
 /// and the error message is formatted from it: a 25 MiB name in a function that recursed 20
 /// deep would cost the host about 1 GiB per trap, charged to no one. Rust's longest names in
 /// our guests are a few hundred bytes.
@@ -117,7 +117,7 @@ pub fn check(bytes: &[u8], tenant: &str, allowed: &[&str]) -> Result<Checked, De
                 }
             }
             Payload::CustomSection(section) if section.name() == "name" => {
-                longest_function_name(&section)?;
+                names_within_bound(&section)?;
             }
             Payload::CodeSectionEntry(body) => {
                 let size = body.range().len();
@@ -195,38 +195,36 @@ fn utf8_only(function: &wasmparser::CanonicalFunction) -> Result<(), DeployError
 }
 
 /// Refuses a core module's `name` section naming the module or a function in more than
-/// [`MAX_FUNCTION_NAME`] bytes
-/// (or one that does not parse: wasmtime would skip what it cannot read, this check may not).
-fn longest_function_name(section: &wasmparser::CustomSectionReader<'_>) -> Result<(), DeployError> {
+/// [`MAX_FUNCTION_NAME`] bytes, or one that does not parse (wasmtime would skip what it cannot
+/// read; this check may not).
+fn names_within_bound(section: &wasmparser::CustomSectionReader<'_>) -> Result<(), DeployError> {
     let wasmparser::KnownCustom::Name(names) = section.as_known() else {
         return Ok(());
     };
     let bad = |e: wasmparser::BinaryReaderError| {
         DeployError::Invalid(format!("its `name` section does not parse: {e}"))
     };
+    let too_long = |what: String, len: usize| {
+        DeployError::TooComplex(format!(
+            "{what} is named in {len} bytes; at most {MAX_FUNCTION_NAME} (its name is copied \
+             into every trap's backtrace)"
+        ))
+    };
     for subsection in names {
-        let functions = match subsection.map_err(bad)? {
-            wasmparser::Name::Function(functions) => functions,
-            // The module's name is written into every frame of a backtrace as well.
+        match subsection.map_err(bad)? {
             wasmparser::Name::Module { name, .. } if name.len() > MAX_FUNCTION_NAME => {
-                return Err(DeployError::TooComplex(format!(
-                    "a module is named in {} bytes; at most {MAX_FUNCTION_NAME} (its name is \
-                     copied into every trap's backtrace)",
-                    name.len()
-                )));
+                return Err(too_long("a module".into(), name.len()));
             }
-            _ => continue,
-        };
-        for naming in functions {
-            let naming = naming.map_err(bad)?;
-            if naming.name.len() > MAX_FUNCTION_NAME {
-                return Err(DeployError::TooComplex(format!(
-                    "function {} is named in {} bytes; at most {MAX_FUNCTION_NAME} (its name is \
-                     copied into every trap's backtrace)",
-                    naming.index,
-                    naming.name.len()
-                )));
+            wasmparser::Name::Function(functions) => {
+                for naming in functions {
+                    let naming = naming.map_err(bad)?;
+                    if naming.name.len() > MAX_FUNCTION_NAME {
+                        let what = format!("function {}", naming.index);
+                        return Err(too_long(what, naming.name.len()));
+                    }
+                }
             }
+            _ => {}
         }
     }
     Ok(())

@@ -1,6 +1,13 @@
 //! The local store: a directory whose subdirectories are buckets, reached only through a
 //! cap-std handle opened once (cap-std refuses `..`, absolute paths and symlinks that escape).
 //!
+//! A key names a regular file reached through directories, as an object store's key names an
+//! object: below its bucket the store follows no symbolic link (a link `public/x` to
+//! `../private/y` would let a tenant granted `public/` read `private/`, a prefix it was not
+//! granted; cap-std only keeps a link from leaving the bucket), and opens nothing that is not a
+//! regular file (opening a FIFO would block its thread until a writer came, and no look at its
+//! caller could stop it). A listing shows neither, and a walk enters no linked directory.
+//!
 //! File system calls block, so each runs on tokio's blocking pool, and stops at its next look
 //! (every MiB read, every directory entry) once its caller has gone away: an invocation
 //! stopped at its deadline, or abandoned by its client, leaves no reads or walks running for
@@ -15,8 +22,9 @@ use super::error::{Held, ObjectError, ObjectMeta, Smallest, string_bytes};
 use crate::account::text::quote;
 use crate::account::{Account, Cancel, Pace, Paced};
 use crate::wasm::engine::EPOCH_TICK;
+use cap_fs_ext::{DirExt, FollowSymlinks, OpenOptionsFollowExt, OpenOptionsSyncExt};
 use cap_std::ambient_authority;
-use cap_std::fs::Dir;
+use cap_std::fs::{Dir, File, OpenOptions};
 use std::io::{ErrorKind, Read, Seek, SeekFrom};
 use std::path::Path;
 use std::sync::Arc;
@@ -39,8 +47,11 @@ fn map(key: &str, e: std::io::Error) -> ObjectError {
         | ErrorKind::InvalidFilename
         | ErrorKind::InvalidInput => ObjectError::NotFound(quote(key)),
         ErrorKind::PermissionDenied => ObjectError::Denied(quote(key)),
-        // A symlink loop: nothing a key may reach.
-        _ if e.raw_os_error() == Some(libc::ELOOP) => ObjectError::Denied(quote(key)),
+        // A symbolic link where the key goes (the store follows none), or a loop of them.
+        _ if e.raw_os_error() == Some(libc::ELOOP) => ObjectError::Denied(format!(
+            "`{}` goes through a symbolic link (the local store follows none)",
+            quote(key)
+        )),
         _ => ObjectError::Io(format!("{}: {e}", quote(key))),
     }
 }
@@ -111,6 +122,51 @@ impl Local {
         })
     }
 
+    /// The directory `path` names below `bucket` (`""`: the bucket), opened a segment at a
+    /// time, each refused if it is a symbolic link.
+    fn directory(bucket: &Dir, path: &str) -> std::io::Result<Option<Dir>> {
+        let mut dir: Option<Dir> = None;
+        for segment in path.split('/').filter(|s| !s.is_empty()) {
+            let parent = dir.as_ref().unwrap_or(bucket);
+            let next = parent.open_dir_nofollow(segment).map_err(|e| {
+                // A link is refused as "not a directory"; say what it is.
+                match parent.symlink_metadata(segment) {
+                    Ok(m) if m.file_type().is_symlink() => {
+                        std::io::Error::from_raw_os_error(libc::ELOOP)
+                    }
+                    _ => e,
+                }
+            })?;
+            dir = Some(next);
+        }
+        Ok(dir)
+    }
+
+    /// The regular file `key` names below `bucket`, through no symbolic link; opened without
+    /// blocking, so that a FIFO is refused rather than waited on.
+    fn object(bucket: &Dir, key: &str) -> Result<File, ObjectError> {
+        let (path, name) = key.rsplit_once('/').unwrap_or(("", key));
+        let dir = Self::directory(bucket, path).map_err(|e| map(key, e))?;
+        let file = dir
+            .as_ref()
+            .unwrap_or(bucket)
+            .open_with(
+                name,
+                OpenOptions::new()
+                    .read(true)
+                    .follow(FollowSymlinks::No)
+                    .nonblock(true),
+            )
+            .map_err(|e| map(key, e))?;
+        if !file.metadata().map_err(|e| map(key, e))?.is_file() {
+            return Err(ObjectError::NotFound(format!(
+                "`{}` (not a regular file)",
+                quote(key)
+            )));
+        }
+        Ok(file)
+    }
+
     fn bucket(root: &Dir, name: &str) -> Result<Dir, ObjectError> {
         root.open_dir(name).map_err(|e| match e.kind() {
             ErrorKind::NotFound | ErrorKind::NotADirectory => {
@@ -128,12 +184,9 @@ impl Local {
     ) -> Result<ObjectMeta, ObjectError> {
         let (root, bucket, key) = (Arc::clone(&self.root), bucket.to_string(), key.to_string());
         blocking(pace, move |_| {
-            let meta = Self::bucket(&root, &bucket)?
-                .metadata(&key)
+            let meta = Self::object(&Self::bucket(&root, &bucket)?, &key)?
+                .metadata()
                 .map_err(|e| map(&key, e))?;
-            if !meta.is_file() {
-                return Err(ObjectError::NotFound(quote(&key)));
-            }
             Ok(ObjectMeta {
                 size: meta.len(),
                 last_modified_ms: modified_ms(&meta),
@@ -154,9 +207,7 @@ impl Local {
     ) -> Result<Vec<u8>, ObjectError> {
         let (root, bucket, key) = (Arc::clone(&self.root), bucket.to_string(), key.to_string());
         blocking(pace, move |steps| {
-            let mut file = Self::bucket(&root, &bucket)?
-                .open(&key)
-                .map_err(|e| map(&key, e))?;
+            let mut file = Self::object(&Self::bucket(&root, &bucket)?, &key)?;
             if offset > 0 {
                 file.seek(SeekFrom::Start(offset))
                     .map_err(|e| map(&key, e))?;
@@ -197,8 +248,9 @@ impl Local {
         blocking(pace, move |steps| {
             let dir = Self::bucket(&root, &bucket)?;
             // Walk from the deepest directory the prefix names. The directories still to walk
-            // are kept as paths and opened in turn, so that a walk holds two descriptors
-            // (the bucket's and one directory's) however many subdirectories it finds: a
+            // are kept as paths and opened in turn (a segment at a time, through no link), so
+            // that a walk holds a few descriptors (the bucket's, one directory's and the next
+            // segment's) however many subdirectories it finds: a
             // thousand class directories, held open at once by a few listings, would take
             // every tenant's descriptors. One that cannot exist here (or is gone by the
             // time the walk comes to it) holds nothing.
@@ -211,19 +263,14 @@ impl Local {
             let mut stack = vec![start.to_string()];
             while let Some(path) = stack.pop() {
                 to_walk.shrink(string_bytes(&path));
-                let opened;
-                let d = if path.is_empty() {
-                    &dir
-                } else {
-                    opened = match dir.open_dir(&path) {
-                        Ok(d) => d,
-                        Err(e) => match map(&path, e) {
-                            ObjectError::NotFound(_) => continue,
-                            other => return Err(other),
-                        },
-                    };
-                    &opened
+                let opened = match Self::directory(&dir, &path) {
+                    Ok(d) => d,
+                    Err(e) => match map(&path, e) {
+                        ObjectError::NotFound(_) => continue,
+                        other => return Err(other),
+                    },
                 };
+                let d = opened.as_ref().unwrap_or(&dir);
                 for entry in d.entries().map_err(|e| map(&path, e))? {
                     steps.go_on(&prefix)?;
                     visits += 1;
@@ -397,6 +444,74 @@ mod tests {
                 .expect("read");
             let end = (offset + length).min(bytes.len() as u64) as usize;
             assert_eq!(got, bytes[offset as usize..end], "{offset}+{length}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_key_through_a_symbolic_link_reaches_nothing() {
+        use std::os::unix::fs::symlink;
+        let dir = tempfile::tempdir().expect("tmp");
+        let b = dir.path().join("b");
+        for d in ["public", "private"] {
+            std::fs::create_dir_all(b.join(d)).expect("prefix");
+        }
+        std::fs::write(b.join("public/x"), b"public").expect("object");
+        std::fs::write(b.join("private/secret"), b"secret").expect("object");
+        // Links inside the bucket, from a prefix one tenant is granted to one it is not.
+        symlink("../private/secret", b.join("public/file")).expect("link to a file");
+        symlink("../private", b.join("public/dir")).expect("link to a directory");
+        let store = Local::open(dir.path()).expect("store");
+        fn through_link<T>(r: &Result<T, ObjectError>) -> bool {
+            matches!(r, Err(ObjectError::Denied(m)) if m.contains("symbolic link"))
+        }
+        for key in ["public/file", "public/dir/secret"] {
+            let read = store.read("b", key, 0, 100, None).await;
+            assert!(through_link(&read), "{key}: {read:?}");
+            let head = store.head("b", key, None).await;
+            assert!(through_link(&head), "{key}: {head:?}");
+        }
+        let keep = || Arc::new(|_: &str| true);
+        let listed = store
+            .list("b", "public/dir/", 10, 100, keep(), (None, None))
+            .await;
+        assert!(through_link(&listed), "{listed:?}");
+        let listed = store
+            .list("b", "public/", 10, 100, keep(), (None, None))
+            .await
+            .expect("list");
+        let keys: Vec<_> = listed.iter().map(|m| m.key.as_str()).collect();
+        assert_eq!(keys, ["public/x"], "a listing shows no link");
+        let read = store.read("b", "public/x", 0, 100, None).await;
+        assert_eq!(read.expect("a plain object"), b"public");
+    }
+
+    #[tokio::test]
+    async fn a_fifo_is_refused_not_waited_on() {
+        let dir = tempfile::tempdir().expect("tmp");
+        std::fs::create_dir(dir.path().join("b")).expect("bucket");
+        let fifo = std::ffi::CString::new(
+            dir.path()
+                .join("b/pipe")
+                .into_os_string()
+                .into_encoded_bytes(),
+        )
+        .expect("path");
+        // SAFETY: a NUL-terminated path this test owns.
+        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o644) }, 0, "mkfifo");
+        let store = Local::open(dir.path()).expect("store");
+        for read in [
+            tokio::time::timeout(Duration::from_secs(5), store.read("b", "pipe", 0, 10, None))
+                .await
+                .map(|r| r.map(|_| ())),
+            tokio::time::timeout(Duration::from_secs(5), store.head("b", "pipe", None))
+                .await
+                .map(|r| r.map(|_| ())),
+        ] {
+            let read = read.expect("answered at once, not blocked until a writer comes");
+            assert!(
+                matches!(&read, Err(ObjectError::NotFound(m)) if m.contains("not a regular file")),
+                "{read:?}"
+            );
         }
     }
 }

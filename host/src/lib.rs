@@ -138,9 +138,16 @@ impl Host {
     }
 
     /// Replaces the policy (SIGHUP). In-flight invocations finish under the settings they
-    /// started with; admission counts carry over. The model directories are read again (new
-    /// packages measured first when `measure_at_start`). Returns what changed but takes effect
-    /// only at the next restart: host settings, and model packages changed on disk.
+    /// started with; admission counts carry over; a call still waiting for its slot runs under
+    /// the new policy, or not at all (see [`Host::current_tenant`]). The model directories are
+    /// read again. Returns what changed but takes effect only at the next restart: host
+    /// settings, and model packages changed on disk.
+    ///
+    /// Revocations come first: once the new policy has parsed and its packages are read, a
+    /// tenant it removes or gives a new token, and the operator's old token, are refused at
+    /// once, before the slow steps (loading every tenant's functions, which may compile); they
+    /// stay refused if a later step fails and the rest of the policy is not applied. New
+    /// packages are measured (`measure_at_start`) after the new policy serves, not before.
     pub fn reload(&self, policy: Policy) -> anyhow::Result<Vec<String>> {
         let mut restart: Vec<String> = self
             .policy()
@@ -150,7 +157,21 @@ impl Host {
             .map(str::to_string)
             .collect();
         let found = policy::packages::PolicyModels::read(&policy).map_err(anyhow::Error::msg)?;
-        self.functions.load_all(&self.runtime, &policy)?;
+        let revoked = {
+            let mut current = self.policy.write().unwrap_or_else(PoisonError::into_inner);
+            let (narrowed, revoked) = current.revoked_by(&policy);
+            *current = Arc::new(narrowed);
+            revoked
+        };
+        self.functions
+            .load_all(&self.runtime, &policy)
+            .map_err(|e| match revoked.is_empty() {
+                true => e,
+                false => e.context(format!(
+                    "(refused already, as the new policy says: {})",
+                    revoked.join(", ")
+                )),
+            })?;
         let models = self.runtime.models();
         restart.extend(
             models
@@ -158,12 +179,26 @@ impl Host {
                 .into_iter()
                 .map(|id| format!("model package `{id}` (its files changed)")),
         );
-        if policy.host.measure_at_start {
-            models.measure_ahead(&models.usable(&policy));
-        }
+        let measure = policy.host.measure_at_start.then(|| models.usable(&policy));
+        let policy = Arc::new(policy);
+        *self.policy.write().unwrap_or_else(PoisonError::into_inner) = Arc::clone(&policy);
         self.admissions.reload(&policy);
-        *self.policy.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(policy);
+        if let Some(ids) = measure {
+            models.measure_ahead(&ids);
+        }
         Ok(restart)
+    }
+
+    /// The tenant as the policy has it now, if it is still there with the same token: a
+    /// request authenticated before a reload that removed its tenant or changed the token is
+    /// refused where it next looks (an invocation, once admitted and its body read), and one
+    /// whose grants, models or limits changed runs under the new ones.
+    pub fn current_tenant(&self, tenant: &Tenant) -> Option<Arc<Tenant>> {
+        self.policy()
+            .tenants
+            .get(&tenant.name)
+            .filter(|t| t.token_sha256 == tenant.token_sha256)
+            .cloned()
     }
 
     pub fn runtime(&self) -> &Arc<Runtime> {
@@ -190,7 +225,12 @@ impl Host {
 
     /// The tenant's admission (its concurrency slots and queue).
     pub fn admission(&self, tenant: &Tenant) -> Arc<Admission> {
-        self.admissions.of(tenant)
+        // The limits of the policy now: a request authenticated before a reload would put
+        // the old ones back.
+        match self.current_tenant(tenant) {
+            Some(t) => self.admissions.of(&t),
+            None => self.admissions.of(tenant),
+        }
     }
 
     /// Runs `function` on `req` for `tenant`; dropping the future stops the invocation.

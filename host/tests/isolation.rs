@@ -2,7 +2,8 @@
 
 mod common;
 
-use common::{ALICE, BOB, TestHost, error_code, raw, sample_key};
+use common::{ALICE, BOB, TestHost, error_code, hostile, raw, sample_key};
+use hapi_host::policy::{Policy, hash_token};
 use serde_json::json;
 
 fn read(bucket: &str, keys: &[&str]) -> serde_json::Value {
@@ -189,4 +190,83 @@ async fn unknown_models_and_layer_ranges_are_rejected() {
         .await,
         1u32.to_le_bytes()
     ); // usize is 32-bit in the guest
+}
+
+/// A reload reaches calls that were admitted to the queue before it but have not run: they
+/// run under the new grants, or not at all once their token is revoked (they ran under the
+/// policy they authenticated with, reading what the new one takes away).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_reaches_calls_still_waiting_for_their_slot() {
+    let h = common::start_tenants(|store, state| {
+        common::policy_text(store, state)
+            .replacen(
+                "deploy = true",
+                "deploy = true\nconcurrency = 1\nqueue = 4",
+                1,
+            )
+            .replacen("timeout = \"20s\"", "timeout = \"4s\"", 1)
+    })
+    .await;
+    let original = std::fs::read_to_string(&h.policy_path).expect("policy");
+    let grant = r#"grants = [{ bucket = "datasets", prefix = "fashion-mnist/" }]"#;
+    assert!(original.contains(grant), "alice's grant");
+    let small = || read("datasets", &["fashion-mnist/small.bin"]);
+    let reload = |text: String| {
+        std::fs::write(&h.policy_path, text).expect("write the policy");
+        let policy = Policy::load(&h.policy_path).expect("policy");
+        let host = std::sync::Arc::clone(&h.host);
+        tokio::task::spawn_blocking(move || host.reload(policy))
+    };
+    let cases = [
+        (
+            // Alice's first grant (hers comes first) now names another prefix.
+            original.replacen(
+                grant,
+                r#"grants = [{ bucket = "datasets", prefix = "private/" }]"#,
+                1,
+            ),
+            403,
+            "object_denied",
+        ),
+        (
+            original.replacen(&hash_token(ALICE), &hash_token("alice-new-token"), 1),
+            401,
+            "bad_token",
+        ),
+    ];
+    for (changed, status, expected) in cases {
+        reload(original.clone())
+            .await
+            .expect("join")
+            .expect("reloaded");
+        assert_eq!(
+            raw(h.invoke(ALICE, "hostile", small()).await).await,
+            vec![1u8; 1024]
+        );
+        let alice = h.host.policy().tenants["alice"].clone();
+        let admission = h.host.admission(&alice);
+        let spawn = |body: serde_json::Value| {
+            let (client, url) = (h.client.clone(), h.url.clone());
+            tokio::spawn(
+                async move { common::invoke_at(&client, &url, ALICE, "hostile", body).await },
+            )
+        };
+        // One call holds alice's only slot until her time limit; two wait behind it.
+        let holding = spawn(hostile("loop", &[], &[]));
+        while admission.load() != (1, 0) {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        let waiting = [spawn(small()), spawn(small())];
+        while admission.load() != (1, 2) {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        reload(changed).await.expect("join").expect("reloaded");
+        assert_eq!(admission.load(), (1, 2), "reloaded while they waited");
+        for call in waiting {
+            let (code, message) = error_code(call.await.expect("join"), status).await;
+            assert_eq!(code, expected, "{message}");
+        }
+        let (code, message) = error_code(holding.await.expect("join"), 422).await;
+        assert_eq!(code, "time_limit_exceeded", "{message}");
+    }
 }

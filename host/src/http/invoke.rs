@@ -34,7 +34,8 @@ pub async fn invoke(
     let refused = ApiError::counted(&host.metrics, &tenant.name, "invoke");
     let declared = extract::declared_within(&headers, MAX_INVOKE_BODY).map_err(refused)?;
     let timeout = host.policy().host.http.body_timeout;
-    let Some(f) = host.function(&tenant.name, &function) else {
+    // Looked up again once admitted; none is held while the call waits.
+    if host.function(&tenant.name, &function).is_none() {
         let missing = ApiError::new(
             ErrorCode::FunctionNotFound,
             format!("tenant `{}` has no function `{function}`", tenant.name),
@@ -42,7 +43,7 @@ pub async fn invoke(
         return extract::refuse(body, MAX_INVOKE_BODY, timeout, missing)
             .await
             .map_err(refused);
-    };
+    }
     // Admitted before the body is read: a tenant holds at most `concurrency` request bodies at
     // once, however many connections it opens (one waiting in the queue holds none; a refused
     // one is read and dropped, never kept). The body timeout runs from the admission.
@@ -57,6 +58,24 @@ pub async fn invoke(
     let req =
         InvokeRequest::parse(&body).map_err(|e| refused(ApiError::new(ErrorCode::BadJson, e)))?;
     drop(body);
+    // A reload may have come while the call waited for its slot or its body: it runs under
+    // the policy and the function of now (grants taken away are gone; a replaced function is
+    // the new one), or not at all.
+    let Some(tenant) = host.current_tenant(&tenant) else {
+        return Err(refused(ApiError::new(
+            ErrorCode::BadToken,
+            "the token was revoked by a policy reload while the call waited",
+        )));
+    };
+    let Some(f) = host.function(&tenant.name, &function) else {
+        return Err(refused(ApiError::new(
+            ErrorCode::FunctionNotFound,
+            format!(
+                "tenant `{}` has no function `{function}` (it went while the call waited)",
+                tenant.name
+            ),
+        )));
+    };
     let usage = Arc::new(Usage::default());
     let mut abandoned = Abandoned {
         host: &host,

@@ -366,6 +366,29 @@ impl Policy {
         found
     }
 
+    /// This policy less what `next` revokes: tenants it removes or gives another token, and
+    /// the operator's token if it changes (to `next`'s); with the names of what was revoked.
+    /// Nothing else changes: what `next` grants or adds waits for the whole reload.
+    pub fn revoked_by(&self, next: &Policy) -> (Policy, Vec<String>) {
+        let mut revoked = Vec::new();
+        let mut narrowed = self.clone();
+        narrowed.tenants.retain(|name, t| {
+            let kept = next
+                .tenants
+                .get(name)
+                .is_some_and(|n| n.token_sha256 == t.token_sha256);
+            if !kept {
+                revoked.push(format!("tenant `{name}`"));
+            }
+            kept
+        });
+        if self.host.operator_token_sha256 != next.host.operator_token_sha256 {
+            narrowed.host.operator_token_sha256 = next.host.operator_token_sha256;
+            revoked.push("the operator's token".into());
+        }
+        (narrowed, revoked)
+    }
+
     /// Whether `sha256` is the operator's token.
     pub fn is_operator(&self, sha256: &[u8; 32]) -> bool {
         self.host

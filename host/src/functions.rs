@@ -401,7 +401,8 @@ impl Functions {
     }
 
     /// (Re)loads every tenant's functions: those it uploaded earlier (kept under the state
-    /// directory; one that no longer builds is skipped with a warning), then those the policy
+    /// directory; one that no longer builds is skipped with a warning; none while the tenant
+    /// has no deploy right, and their compiled code is swept at the next start), then those the policy
     /// names (an error: the operator must fix the policy).
     pub fn load_all(&self, runtime: &Runtime, policy: &Policy) -> anyhow::Result<()> {
         let mut writers = lock(&self.writers);
@@ -409,7 +410,13 @@ impl Functions {
         for tenant in policy.tenants.values() {
             let mut fns = BTreeMap::new();
             let dir = format!("functions/{}", tenant.name);
-            if let Ok(entries) = self.state.read_dir(&dir) {
+            // A tenant without the deploy right runs none of its uploads (an operator takes
+            // the right away to stop them): they stay on disk and come back with the right.
+            let uploads = match tenant.deploy {
+                true => self.state.read_dir(&dir).ok(),
+                false => None,
+            };
+            if let Some(entries) = uploads {
                 for entry in entries.flatten() {
                     let file = entry.file_name().to_string_lossy().into_owned();
                     let Some(name) = file.strip_suffix(".wasm").filter(|n| valid_name(n)) else {

@@ -257,6 +257,38 @@ async fn a_deployed_function_is_invoked_listed_and_removed_with_its_code() {
 /// of another engine version, of a function no longer there or of a tenant no longer in the
 /// policy, and files a crash left half written. The code of the functions it loads stays, and
 /// they still run; a removed tenant's uploads stay too.
+/// Taking the deploy right away stops the tenant's uploads (an operator's answer to abuse;
+/// the tenant cannot delete them without the right): they were loaded and served whatever the
+/// right said. They stay on disk and come back with the right.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_without_the_deploy_right_runs_none_of_its_uploads() {
+    let h = TestHost::start().await;
+    deploy_mine(&h).await;
+    let body = json!({"bucket": "datasets", "keys": [], "model": "resnet18", "split": 0, "options": {"mode": "output", "bytes": "3"}});
+    let original = std::fs::read_to_string(&h.policy_path).expect("policy");
+    let reload = |text: String| {
+        std::fs::write(&h.policy_path, text).expect("write the policy");
+        let policy = Policy::load(&h.policy_path).expect("policy");
+        let host = std::sync::Arc::clone(&h.host);
+        tokio::task::spawn_blocking(move || host.reload(policy))
+    };
+    reload(original.replacen("deploy = true", "deploy = false", 1))
+        .await
+        .expect("join")
+        .expect("reloaded");
+    let (code, message) = error_code(h.invoke(ALICE, "mine", body.clone()).await, 404).await;
+    assert_eq!(code, "function_not_found", "{message}");
+    assert!(
+        list(&h, ALICE).await.iter().all(|f| f["name"] != "mine"),
+        "not listed either"
+    );
+    // The policy's own functions still run.
+    let hostile = json!({"bucket": "datasets", "keys": [], "model": "resnet18", "split": 0, "options": {"mode": "output", "bytes": "2"}});
+    assert_eq!(raw(h.invoke(ALICE, "hostile", hostile).await).await, [7, 7]);
+    reload(original).await.expect("join").expect("reloaded");
+    assert_eq!(raw(h.invoke(ALICE, "mine", body).await).await, [7, 7, 7]);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restart_removes_compiled_code_that_no_function_uses() {
     let h = TestHost::start().await;

@@ -3,7 +3,8 @@
 
 mod common;
 
-use common::{BOB, CLOCKY, TIGHT, TestHost, error_code, hostile, raw};
+use common::components::{growing_table, instantiating};
+use common::{ALICE, BOB, CLOCKY, TIGHT, TestHost, error_code, hostile, raw};
 use hapi_host::policy::hash_token;
 use serde_json::json;
 use std::sync::Arc;
@@ -720,4 +721,31 @@ async fn a_client_that_hangs_up_stops_its_invocation_and_is_charged_for_it() {
         closed("hapi_invocation_seconds_total").expect("seconds") >= 4.0,
         "{text}"
     );
+}
+
+/// A guest's table grows to the bound the host states, and past it the invocation stops with
+/// `table_limit_exceeded`: the pool's own default (20,000) had refused a growth below the
+/// bound stated (100,000), answering -1 to the guest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_table_grows_to_its_bound_and_no_further() {
+    use hapi_host::wasm::limits::MAX_TABLE_ELEMENTS;
+    let h = TestHost::start().await;
+    let max = MAX_TABLE_ELEMENTS as u32;
+    for (name, by) in [("grow-max", max), ("grow-over", max + 1)] {
+        let body = instantiating("hostile", &growing_table(by), 1);
+        assert_eq!(
+            h.put_function(ALICE, name, body).await.status(),
+            201,
+            "{name}"
+        );
+    }
+    let output = hostile("output", &[("bytes", "2")], &[]);
+    assert_eq!(
+        raw(h.invoke(ALICE, "grow-max", output.clone()).await).await,
+        [7, 7]
+    );
+    let (code, message) = error_code(h.invoke(ALICE, "grow-over", output).await, 422).await;
+    assert_eq!(code, "table_limit_exceeded", "{message}");
+    assert!(message.contains(&format!("at most {max}")), "{message}");
+    others_still_served(&h).await;
 }

@@ -1,5 +1,6 @@
 //! The engine all tenants share, and the epoch clock that drives deadlines.
 
+use crate::wasm::limits::MAX_TABLE_ELEMENTS;
 use std::time::{Duration, Instant};
 use wasmtime::{
     Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, ProfilingStrategy,
@@ -66,6 +67,7 @@ pub fn engine(max_memory: u64, keep_resident: u64) -> anyhow::Result<Engine> {
         .total_memories(MAX_INSTANCES * MAX_MEMORIES_PER_COMPONENT)
         .total_tables(MAX_INSTANCES * MAX_TABLES_PER_COMPONENT)
         .total_stacks(MAX_INSTANCES)
+        .table_elements(MAX_TABLE_ELEMENTS)
         .max_memory_size(usize::try_from(max_memory).unwrap_or(usize::MAX))
         .linear_memory_keep_resident(usize::try_from(keep_resident).unwrap_or(usize::MAX))
         .max_unused_warm_slots(0);

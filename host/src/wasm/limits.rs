@@ -1,14 +1,19 @@
 //! What one invocation's store may grow to. Guest memory is charged to the invocation's
 //! memory account as it grows, so guest memory and what the host holds for the guest share one
-//! limit, and given back when the store goes; tables and handle tables have fixed bounds.
+//! limit, and given back when the store goes; so are its tables' entries, which also have a
+//! fixed bound, as handle tables do.
 
 use crate::account::{Account, Charge};
 use crate::caps::caller::Stop;
 use std::sync::Arc;
 use wasmtime::ResourceLimiter;
 
-/// Largest table a guest may grow to (entries).
-pub const MAX_TABLE_ELEMENTS: usize = 100_000;
+/// Largest table a guest may grow to (entries). The pool is given the same bound
+/// (`engine.rs`): its own default (20,000) had made a growth between the two answer -1 to the
+/// guest, below the bound this file stated.
+pub const MAX_TABLE_ELEMENTS: usize = 20_000;
+/// What a table entry takes of the host's memory (a pointer), charged as tables grow.
+pub const TABLE_ENTRY_BYTES: u64 = 8;
 /// Most handles (resources of every kind: tensors, graphs, errors, streams...) a guest may hold
 /// at once: a pushdown function needs a handful, and each costs the host memory.
 pub const MAX_HANDLES: usize = 10_000;
@@ -24,6 +29,8 @@ pub struct Limiter {
     account: Arc<Account>,
     memory: Option<Charge>,
     last: Option<Charge>,
+    tables: Option<Charge>,
+    last_table: Option<Charge>,
 }
 
 impl Limiter {
@@ -32,6 +39,8 @@ impl Limiter {
             account,
             memory: None,
             last: None,
+            tables: None,
+            last_table: None,
         }
     }
 }
@@ -62,7 +71,7 @@ impl ResourceLimiter for Limiter {
 
     fn table_growing(
         &mut self,
-        _current: usize,
+        current: usize,
         desired: usize,
         _max: Option<usize>,
     ) -> wasmtime::Result<bool> {
@@ -72,7 +81,21 @@ impl ResourceLimiter for Limiter {
             ))
             .trap());
         }
+        if let Some(last) = self.last_table.take() {
+            last.join(&mut self.tables);
+        }
+        let grow = desired.saturating_sub(current) as u64 * TABLE_ENTRY_BYTES;
+        let charge = self
+            .account
+            .charge(grow, "guest tables")
+            .map_err(|e| Stop::from(e).trap())?;
+        self.last_table = Some(charge);
         Ok(true)
+    }
+
+    fn table_grow_failed(&mut self, _error: wasmtime::Error) -> wasmtime::Result<()> {
+        self.last_table = None;
+        Ok(())
     }
 }
 
@@ -91,10 +114,6 @@ mod tests {
             .memory_growing(1 << 20, (1 << 20) + 65536, None)
             .expect_err("over the limit");
         assert!(e.to_string().contains("guest memory"), "{e}");
-        assert!(matches!(
-            l.table_growing(0, MAX_TABLE_ELEMENTS, None),
-            Ok(true)
-        ));
         let e = l
             .table_growing(0, MAX_TABLE_ELEMENTS + 1, None)
             .expect_err("over the table bound");
@@ -103,6 +122,11 @@ mod tests {
             "{e}"
         );
         assert_eq!(account.used(), 1 << 20, "a refused growth charges nothing");
+        // The memory limit is reached: a table's entries are charged with it.
+        let e = l
+            .table_growing(0, 1, None)
+            .expect_err("over the memory limit");
+        assert!(e.to_string().contains("guest tables"), "{e}");
         drop(l);
         assert_eq!(
             account.used(),
@@ -119,6 +143,26 @@ mod tests {
         assert_eq!(account.used(), 1 << 19);
         assert!(matches!(l.memory_growing(1 << 19, 1 << 20, None), Ok(true)));
         assert_eq!(account.used(), 1 << 20);
+        drop(l);
+        assert_eq!(account.used(), 0);
+    }
+
+    #[test]
+    fn table_entries_are_charged_until_the_store_goes() {
+        let account = Account::new(1 << 20);
+        let mut l = Limiter::new(Arc::clone(&account));
+        assert!(matches!(l.table_growing(0, 1000, None), Ok(true)));
+        assert!(matches!(
+            l.table_growing(1000, MAX_TABLE_ELEMENTS, None),
+            Ok(true)
+        ));
+        let all = MAX_TABLE_ELEMENTS as u64 * TABLE_ENTRY_BYTES;
+        assert_eq!(account.used(), all);
+        // A second table; its growth failed by wasmtime is given back.
+        assert!(matches!(l.table_growing(0, 10, None), Ok(true)));
+        l.table_grow_failed(wasmtime::format_err!("past the pool's slot"))
+            .expect("noted");
+        assert_eq!(account.used(), all);
         drop(l);
         assert_eq!(account.used(), 0);
     }

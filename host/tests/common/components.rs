@@ -193,3 +193,33 @@ pub fn defining(item: Option<u8>) -> Vec<u8> {
     }
     module
 }
+
+/// A core module with a table of no elements and a start function that grows it by `by`,
+/// and traps (`unreachable`) if the growth is refused (`table.grow` answers -1).
+pub fn growing_table(by: u32) -> Vec<u8> {
+    let mut module = b"\0asm\x01\0\0\0".to_vec();
+    section(1, &[1, 0x60, 0, 0], &mut module); // type 0: () -> ()
+    section(3, &[1, 0], &mut module); // function 0 of type 0
+    section(4, &[1, 0x70, 0x00, 0x00], &mut module); // a funcref table, min 0, no max
+    section(8, &[0], &mut module); // start: function 0
+    let mut body = vec![0u8, 0xd0, 0x70, 0x41]; // no locals; ref.null func; i32.const
+    let mut n = by;
+    loop {
+        let byte = (n & 0x7f) as u8;
+        n >>= 7;
+        if n == 0 && byte & 0x40 == 0 {
+            body.push(byte);
+            break;
+        }
+        body.push(byte | 0x80);
+    }
+    // table.grow 0; i32.const -1; i32.eq; if unreachable end; end
+    body.extend_from_slice(&[
+        0xfc, 0x0f, 0x00, 0x41, 0x7f, 0x46, 0x04, 0x40, 0x00, 0x0b, 0x0b,
+    ]);
+    let mut code = vec![1u8];
+    leb(body.len(), &mut code);
+    code.extend_from_slice(&body);
+    section(10, &code, &mut module);
+    module
+}

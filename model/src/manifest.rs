@@ -113,6 +113,18 @@ impl InputSpec {
     }
 }
 
+/// Most layers a package may have: far past any split granularity, and small enough that
+/// sums over them cannot overflow.
+pub const MAX_LAYERS: usize = 4096;
+/// Most parameters a layer may declare (about a trillion): the host charges 4 bytes for each,
+/// summed over at most [`MAX_LAYERS`] layers, so these counts cannot wrap a u64.
+pub const MAX_LAYER_PARAMS: u64 = 1 << 40;
+/// Most elements a declared shape may have (per sample; 1 GiB of f32), and most dimensions.
+pub const MAX_SAMPLE_ELEMENTS: i64 = 1 << 28;
+pub const MAX_RANK: usize = 8;
+/// Largest `manifest.json` read.
+pub const MAX_MANIFEST_BYTES: u64 = 1 << 20;
+
 /// One segment: a TorchScript file and the per-sample shapes it maps between.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -139,10 +151,18 @@ impl Manifest {
     /// Reads and validates `<dir>/manifest.json`.
     pub fn load(dir: &Path) -> Result<Self> {
         let path = dir.join("manifest.json");
-        let text = std::fs::read_to_string(&path).map_err(|source| ModelError::Io {
+        let io = |source| ModelError::Io {
             path: path.clone(),
             source,
-        })?;
+        };
+        let size = std::fs::metadata(&path).map_err(io)?.len();
+        if size > MAX_MANIFEST_BYTES {
+            return Err(ModelError::InvalidManifest {
+                path,
+                reason: format!("{size} bytes; at most {MAX_MANIFEST_BYTES}"),
+            });
+        }
+        let text = std::fs::read_to_string(&path).map_err(io)?;
         let manifest: Manifest =
             serde_json::from_str(&text).map_err(|source| ModelError::ManifestParse {
                 path: path.clone(),
@@ -177,6 +197,12 @@ impl Manifest {
         if self.layers.is_empty() {
             return Err("no layers".into());
         }
+        if self.layers.len() > MAX_LAYERS {
+            return Err(format!(
+                "{} layers; at most {MAX_LAYERS}",
+                self.layers.len()
+            ));
+        }
         if self.freeze_index > self.layers.len() {
             return Err(format!(
                 "freeze_index {} is past the last layer ({} layers)",
@@ -200,6 +226,13 @@ impl Manifest {
                 self.input.resize, self.input.crop
             ));
         }
+        if self.input.resize > hapi_preprocess::MAX_IMAGE_SIDE {
+            return Err(format!(
+                "input.resize {} is past {} pixels, the largest image side decoded",
+                self.input.resize,
+                hapi_preprocess::MAX_IMAGE_SIDE
+            ));
+        }
         let t = self.input.try_transform()?;
         let want: Vec<i64> = t.sample_shape().iter().map(|&d| i64::from(d)).collect();
         if self.input.shape != want {
@@ -214,6 +247,12 @@ impl Manifest {
                 return Err(format!(
                     "layer {i} `{}`: file `{}` must be a plain file name",
                     layer.name, layer.file
+                ));
+            }
+            if layer.params > MAX_LAYER_PARAMS {
+                return Err(format!(
+                    "layer {i} `{}`: params {} is past {MAX_LAYER_PARAMS}",
+                    layer.name, layer.params
                 ));
             }
             check_shape(&format!("layer {i} input_shape"), &layer.input_shape)?;
@@ -245,6 +284,17 @@ impl Manifest {
 fn check_shape(what: &str, shape: &[i64]) -> Result<(), String> {
     if shape.is_empty() || shape.iter().any(|&d| d <= 0) {
         return Err(format!("{what} {shape:?} must have positive dimensions"));
+    }
+    if shape.len() > MAX_RANK {
+        return Err(format!("{what} {shape:?}: at most {MAX_RANK} dimensions"));
+    }
+    let elements = shape.iter().try_fold(1i64, |n, &d| {
+        n.checked_mul(d).filter(|&n| n <= MAX_SAMPLE_ELEMENTS)
+    });
+    if elements.is_none() {
+        return Err(format!(
+            "{what} {shape:?}: more than {MAX_SAMPLE_ELEMENTS} elements per sample"
+        ));
     }
     Ok(())
 }

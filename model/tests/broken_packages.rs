@@ -155,3 +155,59 @@ fn freeze_index_past_the_end_is_refused() {
         "{text}"
     );
 }
+
+#[test]
+fn declared_numbers_past_their_bounds_are_refused_before_anything_is_loaded() {
+    // Each would have the host charge or allocate from a number it cannot hold: 4 * 2^62
+    // parameters wrapped to 0 bytes of weights in a release build; a crop of 16,384 had
+    // measurement allocate some 67 GB; a shape's element count could overflow.
+    type Edit = fn(&mut Value);
+    let cases: [(Edit, &str); 5] = [
+        (
+            |m| m["layers"][0]["params"] = serde_json::json!(1u64 << 62),
+            "params 4611686018427387904 is past",
+        ),
+        (
+            |m| {
+                m["input"]["crop"] = serde_json::json!(16384);
+                m["input"]["resize"] = serde_json::json!(16384);
+            },
+            "input.resize 16384 is past 8192 pixels",
+        ),
+        (
+            |m| {
+                let big = serde_json::json!([1i64 << 31, 1i64 << 31, 4]);
+                m["layers"][0]["output_shape"] = big.clone();
+                m["layers"][1]["input_shape"] = big;
+            },
+            "more than 268435456 elements per sample",
+        ),
+        (
+            |m| m["layers"][0]["output_shape"] = serde_json::json!([1, 1, 1, 1, 1, 1, 1, 1, 1]),
+            "at most 8 dimensions",
+        ),
+        (
+            |m| {
+                let layer = m["layers"][0].clone();
+                let layers = m["layers"].as_array_mut().expect("layers");
+                layers.resize(4097, layer);
+            },
+            "4097 layers; at most 4096",
+        ),
+    ];
+    for (edit, says) in cases {
+        let (_tmp, dir) = package(edit);
+        let e = load_err(&dir);
+        assert!(matches!(e, ModelError::InvalidManifest { .. }), "{e}");
+        assert!(e.to_string().contains(says), "{says}: {e}");
+    }
+    let (_tmp, dir) = package(|_| {});
+    let padded = format!(
+        "{}{}",
+        " ".repeat(1 << 20),
+        std::fs::read_to_string(dir.join("manifest.json")).expect("manifest")
+    );
+    std::fs::write(dir.join("manifest.json"), padded).expect("write");
+    let e = load_err(&dir);
+    assert!(e.to_string().contains("at most 1048576"), "{e}");
+}

@@ -256,13 +256,26 @@ impl Functions {
         let sha256 = hash_bytes(bytes);
         let dir = format!("compiled/{}", tenant.name);
         let cached = format!("{dir}/{}", Self::cache_name(runtime, &sha256));
-        let from_cache = self.state.read(&cached).ok().and_then(|code| {
-            // SAFETY: the file was written by `Component::serialize` of an engine with the same
-            // compatibility hash, into the host's own state directory, which only the host
-            // writes.
-            unsafe { wasmtime::component::Component::deserialize(runtime.engine(), &code) }
-                .map_err(|e| tracing::warn!("ignoring compiled code {cached}: {e}"))
-                .ok()
+        // The tenant's functions of these bytes share one compiled image in memory, as the
+        // quota counts it once: each deserialized copy was an image of its own, so the same
+        // bytes under many names (or deployed again and again while calls held the old copy)
+        // took many times the code the quota allowed.
+        let loaded = self
+            .table
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&tenant.name)
+            .and_then(|fns| fns.values().find(|f| f.sha256 == sha256))
+            .map(|f| f.prepared.component().clone());
+        let from_cache = loaded.or_else(|| {
+            self.state.read(&cached).ok().and_then(|code| {
+                // SAFETY: the file was written by `Component::serialize` of an engine with the same
+                // compatibility hash, into the host's own state directory, which only the host
+                // writes.
+                unsafe { wasmtime::component::Component::deserialize(runtime.engine(), &code) }
+                    .map_err(|e| tracing::warn!("ignoring compiled code {cached}: {e}"))
+                    .ok()
+            })
         });
         let (component, fresh) = match from_cache {
             Some(c) => (c, false),

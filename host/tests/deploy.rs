@@ -257,6 +257,38 @@ async fn a_deployed_function_is_invoked_listed_and_removed_with_its_code() {
 /// of another engine version, of a function no longer there or of a tenant no longer in the
 /// policy, and files a crash left half written. The code of the functions it loads stays, and
 /// they still run; a removed tenant's uploads stay too.
+/// A tenant's functions of the same bytes share one compiled image in memory, as the quota
+/// counts it once: each had been deserialized into an image of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn functions_of_the_same_bytes_share_their_compiled_code() {
+    let h = TestHost::start().await;
+    for name in ["mine", "mine2"] {
+        let resp = h
+            .put_function(ALICE, name, variant("hostile", "mine"))
+            .await;
+        assert_eq!(resp.status(), 201, "{name}");
+    }
+    let image = |name: &str| {
+        let f = h.host.function("alice", name).expect("deployed");
+        let range = f.prepared.component().image_range();
+        (range.start.addr(), range.end.addr())
+    };
+    let first = image("mine");
+    assert_eq!(image("mine2"), first, "one image for both");
+    // Deployed again under its own name: still the same image.
+    let resp = h
+        .put_function(ALICE, "mine", variant("hostile", "mine"))
+        .await;
+    assert_eq!(resp.status(), 201);
+    assert_eq!(image("mine"), first);
+    // Other bytes: another image.
+    let resp = h
+        .put_function(ALICE, "other", variant("hostile", "other"))
+        .await;
+    assert_eq!(resp.status(), 201);
+    assert_ne!(image("other"), first);
+}
+
 /// Taking the deploy right away stops the tenant's uploads (an operator's answer to abuse;
 /// the tenant cannot delete them without the right): they were loaded and served whatever the
 /// right said. They stay on disk and come back with the right.

@@ -147,6 +147,13 @@ pub struct Prepared {
     pre: PushdownPre<State>,
 }
 
+impl Prepared {
+    /// The compiled component (cheap to clone: clones share its code in memory).
+    pub fn component(&self) -> &Component {
+        self.pre.instance_pre().component()
+    }
+}
+
 impl std::fmt::Debug for Prepared {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Prepared").finish_non_exhaustive()

@@ -434,6 +434,9 @@ async fn run(
     // What one host call's arguments may lift into host memory, whatever the guest holds: its
     // lists may all point at one buffer (wasmtime's default is 128 MiB, whatever the limit).
     store.set_hostcall_fuel(usize::try_from(limits.memory).unwrap_or(usize::MAX));
+    // Handles in the component's own tables, those of resources the guest defines itself
+    // included (`resource.new` needs no host call): the host's bound, not wasmtime's 100,000.
+    store.set_max_component_handles(MAX_HANDLES);
     // Every tick: stop the guest past its deadline, else let other invocations run, and take
     // a run slot again when the tenant's share of the workers allows (`cpu`).
     store.set_epoch_deadline(1);

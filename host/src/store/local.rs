@@ -25,6 +25,7 @@ use crate::wasm::engine::EPOCH_TICK;
 use cap_fs_ext::{DirExt, FollowSymlinks, OpenOptionsFollowExt, OpenOptionsSyncExt};
 use cap_std::ambient_authority;
 use cap_std::fs::{Dir, File, OpenOptions};
+use hapi_wire::invoke::MAX_KEY_BYTES;
 use std::io::{ErrorKind, Read, Seek, SeekFrom};
 use std::path::Path;
 use std::sync::Arc;
@@ -293,7 +294,12 @@ impl Local {
                     };
                     let ft = entry.file_type().map_err(|e| map(&key, e))?;
                     if ft.is_dir() {
-                        if key.starts_with(&prefix) || prefix.starts_with(&format!("{key}/")) {
+                        // Nothing below a directory whose path is already a key's longest can
+                        // be read: not walked (which bounds a walk's depth, and the segments
+                        // each directory's opening goes through).
+                        if key.len() < MAX_KEY_BYTES
+                            && (key.starts_with(&prefix) || prefix.starts_with(&format!("{key}/")))
+                        {
                             to_walk.grow(string_bytes(&key))?;
                             stack.push(key);
                         }

@@ -150,28 +150,46 @@ impl Layer {
 impl Manifest {
     /// Reads and validates `<dir>/manifest.json`.
     pub fn load(dir: &Path) -> Result<Self> {
+        Self::load_with_bytes(dir).map(|(m, _)| m)
+    }
+
+    /// [`Manifest::load`], with the bytes it read (at most [`MAX_MANIFEST_BYTES`], one read of
+    /// a regular file: what is digested is what was parsed).
+    pub fn load_with_bytes(dir: &Path) -> Result<(Self, Vec<u8>)> {
+        use std::io::Read;
+        use std::os::unix::fs::OpenOptionsExt;
         let path = dir.join("manifest.json");
         let io = |source| ModelError::Io {
             path: path.clone(),
             source,
         };
-        let size = std::fs::metadata(&path).map_err(io)?.len();
-        if size > MAX_MANIFEST_BYTES {
-            return Err(ModelError::InvalidManifest {
-                path,
-                reason: format!("{size} bytes; at most {MAX_MANIFEST_BYTES}"),
-            });
+        let invalid = |reason: String| ModelError::InvalidManifest {
+            path: path.clone(),
+            reason,
+        };
+        // Not blocking: a FIFO is refused, not waited on.
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(&path)
+            .map_err(io)?;
+        if !file.metadata().map_err(io)?.is_file() {
+            return Err(invalid("not a regular file".into()));
         }
-        let text = std::fs::read_to_string(&path).map_err(io)?;
+        let mut bytes = Vec::new();
+        file.take(MAX_MANIFEST_BYTES + 1)
+            .read_to_end(&mut bytes)
+            .map_err(io)?;
+        if bytes.len() as u64 > MAX_MANIFEST_BYTES {
+            return Err(invalid(format!("more than {MAX_MANIFEST_BYTES} bytes")));
+        }
         let manifest: Manifest =
-            serde_json::from_str(&text).map_err(|source| ModelError::ManifestParse {
+            serde_json::from_slice(&bytes).map_err(|source| ModelError::ManifestParse {
                 path: path.clone(),
                 source,
             })?;
-        manifest
-            .validate()
-            .map_err(|reason| ModelError::InvalidManifest { path, reason })?;
-        Ok(manifest)
+        manifest.validate().map_err(invalid)?;
+        Ok((manifest, bytes))
     }
 
     /// Checks everything that can be checked without libtorch: format, names, freeze index,

@@ -209,5 +209,5 @@ fn declared_numbers_past_their_bounds_are_refused_before_anything_is_loaded() {
     );
     std::fs::write(dir.join("manifest.json"), padded).expect("write");
     let e = load_err(&dir);
-    assert!(e.to_string().contains("at most 1048576"), "{e}");
+    assert!(e.to_string().contains("more than 1048576 bytes"), "{e}");
 }

@@ -42,9 +42,7 @@ pub fn scan(dirs: &[PathBuf]) -> Result<BTreeMap<String, Found>, String> {
 }
 
 fn read_package(pkg: &Path) -> Result<Found, String> {
-    let m = Manifest::load(pkg).map_err(|e| e.to_string())?;
-    let file = pkg.join("manifest.json");
-    let bytes = std::fs::read(&file).map_err(|e| format!("reading {}: {e}", file.display()))?;
+    let (m, bytes) = Manifest::load_with_bytes(pkg).map_err(|e| e.to_string())?;
     let manifest_digest = super::hash_bytes(&bytes);
     let mut stamp = manifest_digest.clone();
     for l in &m.layers {

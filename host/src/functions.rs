@@ -84,6 +84,9 @@ pub enum FunctionError {
     /// A reload while the upload compiled took the tenant's right to deploy (or the tenant).
     #[error("{0}")]
     NotAllowed(String),
+    /// A reload since the request was authenticated removed the tenant or changed its token.
+    #[error("{0}")]
+    Revoked(String),
     #[error("function `{name}`: {error}")]
     Bad { name: String, error: DeployError },
     /// The host could not store or compile it (its own fault).
@@ -101,10 +104,18 @@ impl FunctionError {
             Self::Quota(_) => ErrorCode::QuotaExceeded,
             Self::Busy(_) => ErrorCode::DeployBusy,
             Self::NotAllowed(_) => ErrorCode::DeployNotAllowed,
+            Self::Revoked(_) => ErrorCode::BadToken,
             Self::Bad { .. } => ErrorCode::BadComponent,
             Self::Host(_) => ErrorCode::HostFault,
         }
     }
+}
+
+/// A deploy or removal whose tenant a reload removed, or gave another token, meanwhile.
+fn revoked(tenant: &str, name: &str, what: &str) -> FunctionError {
+    FunctionError::Revoked(format!(
+        "the policy was reloaded since this request was authenticated, and its token no longer belongs to tenant `{tenant}`: function `{name}` was not {what}"
+    ))
 }
 
 type Table = BTreeMap<String, BTreeMap<String, Arc<Function>>>;
@@ -239,6 +250,7 @@ impl Functions {
     }
 
     /// Checks, compiles (or loads the tenant's cached code) and prepares `bytes` (blocking).
+    /// `loading`: the tenant's functions built so far by a reload, whose code it shares too.
     fn build(
         &self,
         runtime: &Runtime,
@@ -246,6 +258,7 @@ impl Functions {
         name: &str,
         bytes: &[u8],
         managed: bool,
+        loading: &BTreeMap<String, Arc<Function>>,
     ) -> Result<Function, FunctionError> {
         let bad = |error| FunctionError::Bad {
             name: name.to_string(),
@@ -260,13 +273,18 @@ impl Functions {
         // quota counts it once: each deserialized copy was an image of its own, so the same
         // bytes under many names (or deployed again and again while calls held the old copy)
         // took many times the code the quota allowed.
-        let loaded = self
-            .table
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(&tenant.name)
-            .and_then(|fns| fns.values().find(|f| f.sha256 == sha256))
-            .map(|f| f.prepared.component().clone());
+        let same = |fns: &BTreeMap<String, Arc<Function>>| {
+            fns.values()
+                .find(|f| f.sha256 == sha256)
+                .map(|f| f.prepared.component().clone())
+        };
+        let loaded = same(loading).or_else(|| {
+            self.table
+                .read()
+                .unwrap_or_else(PoisonError::into_inner)
+                .get(&tenant.name)
+                .and_then(same)
+        });
         let from_cache = loaded.or_else(|| {
             self.state.read(&cached).ok().and_then(|code| {
                 // SAFETY: the file was written by `Component::serialize` of an engine with the same
@@ -346,6 +364,12 @@ impl Functions {
             bytes += b;
         };
         for (tenant, fns) in table.iter() {
+            // A tenant without the deploy right keeps the code of its uploads, which are not
+            // loaded: they come back with the right, without compiling again.
+            if tenants.get(tenant).is_some_and(|t| !t.deploy) {
+                count(self.remove_files(&format!("functions/{tenant}"), |f| f.ends_with(".tmp")));
+                continue;
+            }
             let keep: HashSet<String> = fns
                 .values()
                 .map(|f| Self::cache_name(runtime, &f.sha256))
@@ -415,7 +439,7 @@ impl Functions {
 
     /// (Re)loads every tenant's functions: those it uploaded earlier (kept under the state
     /// directory; one that no longer builds is skipped with a warning; none while the tenant
-    /// has no deploy right, and their compiled code is swept at the next start), then those the policy
+    /// has no deploy right, their files and compiled code kept), then those the policy
     /// names (an error: the operator must fix the policy).
     pub fn load_all(&self, runtime: &Runtime, policy: &Policy) -> anyhow::Result<()> {
         let mut writers = lock(&self.writers);
@@ -442,7 +466,7 @@ impl Functions {
                         .state
                         .read(format!("{dir}/{file}"))
                         .map_err(|e| FunctionError::Host(e.to_string()))
-                        .and_then(|bytes| self.build(runtime, tenant, name, &bytes, false));
+                        .and_then(|bytes| self.build(runtime, tenant, name, &bytes, false, &fns));
                     match built {
                         Ok(f) => {
                             fns.insert(name.to_string(), Arc::new(f));
@@ -463,7 +487,7 @@ impl Functions {
                     )
                 })?;
                 let f = self
-                    .build(runtime, tenant, name, &bytes, true)
+                    .build(runtime, tenant, name, &bytes, true, &fns)
                     .map_err(|e| {
                         anyhow::anyhow!(
                             "tenant `{}` function `{name}` ({}): {e}",
@@ -570,7 +594,7 @@ impl Functions {
         tokio::task::spawn_blocking(move || {
             let _held = (reservation, queued, turn);
             let started = Instant::now();
-            let built = me.build(&rt, &t, &n, &bytes, false);
+            let built = me.build(&rt, &t, &n, &bytes, false, &BTreeMap::new());
             let spent = started.elapsed();
             lock(&me.queue).charge(&t, spent);
             let deployed = built.and_then(|f| me.commit(&rt, &t, &n, &bytes, f));
@@ -621,7 +645,11 @@ impl Functions {
         bytes: &[u8],
         built: Function,
     ) -> Result<Arc<Function>, FunctionError> {
-        let now = writers.get(&t.name).filter(|now| now.deploy).ok_or_else(|| {
+        let now = writers.get(&t.name);
+        if now.is_none_or(|now| now.token_sha256 != t.token_sha256) {
+            return Err(revoked(&t.name, name, "deployed"));
+        }
+        let now = now.filter(|now| now.deploy).ok_or_else(|| {
             FunctionError::NotAllowed(format!(
                 "the policy was reloaded while function `{name}` compiled, and tenant `{}` may no longer deploy functions: nothing was deployed",
                 t.name
@@ -639,7 +667,7 @@ impl Functions {
         let f = Arc::new(if now.capabilities == t.capabilities {
             built
         } else {
-            self.build(runtime, now, name, bytes, false)?
+            self.build(runtime, now, name, bytes, false, &BTreeMap::new())?
         });
         let dir = format!("functions/{}", t.name);
         self.write(&dir, &format!("{dir}/{name}.wasm"), bytes)
@@ -720,8 +748,14 @@ impl Functions {
             return Err(FunctionError::BadName(quote(name)));
         }
         // After a reload in progress, which may have read the function from the state
-        // directory already.
-        let _writers = lock(&self.writers);
+        // directory already, and under the tenant as it left it.
+        let writers = lock(&self.writers);
+        if writers
+            .get(&tenant.name)
+            .is_none_or(|now| now.token_sha256 != tenant.token_sha256)
+        {
+            return Err(revoked(&tenant.name, name, "removed"));
+        }
         let mut table = self.table.write().unwrap_or_else(PoisonError::into_inner);
         let not_found = || FunctionError::NotFound {
             tenant: tenant.name.clone(),

@@ -143,35 +143,36 @@ impl Host {
     /// read again. Returns what changed but takes effect only at the next restart: host
     /// settings, and model packages changed on disk.
     ///
-    /// Revocations come first: once the new policy has parsed and its packages are read, a
-    /// tenant it removes or gives a new token, and the operator's old token, are refused at
-    /// once, before the slow steps (loading every tenant's functions, which may compile); they
-    /// stay refused if a later step fails and the rest of the policy is not applied. New
-    /// packages are measured (`measure_at_start`) after the new policy serves, not before.
+    /// Tenants come first: once the new policy has parsed and its packages are read, its
+    /// tenants (who they are, tokens, grants, models, limits, deploy rights) and operator token
+    /// are in force, before the slow step of loading every tenant's functions (which may
+    /// compile; capabilities, linked into functions, change with them). If that step fails,
+    /// the old policy stays less what the new one revokes: removed tenants stay removed, and
+    /// changed tokens stay changed. New packages are measured (`measure_at_start`) after the
+    /// new policy serves.
     pub fn reload(&self, policy: Policy) -> anyhow::Result<Vec<String>> {
-        let mut restart: Vec<String> = self
-            .policy()
+        let old = self.policy();
+        let mut restart: Vec<String> = old
             .host
             .restart_only_changes(&policy.host)
             .into_iter()
             .map(str::to_string)
             .collect();
-        let found = policy::packages::PolicyModels::read(&policy).map_err(anyhow::Error::msg)?;
-        let revoked = {
-            let mut current = self.policy.write().unwrap_or_else(PoisonError::into_inner);
-            let (narrowed, revoked) = current.revoked_by(&policy);
-            *current = Arc::new(narrowed);
-            revoked
-        };
-        self.functions
-            .load_all(&self.runtime, &policy)
-            .map_err(|e| match revoked.is_empty() {
-                true => e,
-                false => e.context(format!(
-                    "(refused already, as the new policy says: {})",
-                    revoked.join(", ")
-                )),
-            })?;
+        let found = policy::packages::PolicyModels::read(&policy)
+            .map_err(|e| anyhow::Error::msg(e).context("the old policy stays"))?;
+        self.set_policy(Arc::new(old.with_tenants_of(&policy)));
+        if let Err(e) = self.functions.load_all(&self.runtime, &policy) {
+            let (narrowed, changed) = old.revoked_by(&policy);
+            self.set_policy(Arc::new(narrowed));
+            let kept = match changed.is_empty() {
+                true => "the old policy stays".to_string(),
+                false => format!(
+                    "the old policy stays, less what the new one revokes ({})",
+                    changed.join(", ")
+                ),
+            };
+            return Err(e.context(kept));
+        }
         let models = self.runtime.models();
         restart.extend(
             models
@@ -181,12 +182,16 @@ impl Host {
         );
         let measure = policy.host.measure_at_start.then(|| models.usable(&policy));
         let policy = Arc::new(policy);
-        *self.policy.write().unwrap_or_else(PoisonError::into_inner) = Arc::clone(&policy);
+        self.set_policy(Arc::clone(&policy));
         self.admissions.reload(&policy);
         if let Some(ids) = measure {
             models.measure_ahead(&ids);
         }
         Ok(restart)
+    }
+
+    fn set_policy(&self, policy: Arc<Policy>) {
+        *self.policy.write().unwrap_or_else(PoisonError::into_inner) = policy;
     }
 
     /// The tenant as the policy has it now, if it is still there with the same token: a
@@ -226,10 +231,11 @@ impl Host {
     /// The tenant's admission (its concurrency slots and queue).
     pub fn admission(&self, tenant: &Tenant) -> Arc<Admission> {
         // The limits of the policy now: a request authenticated before a reload would put
-        // the old ones back.
+        // the old ones back. One whose token a reload revoked meanwhile gets an admission of
+        // no slots (429), and touches nobody's.
         match self.current_tenant(tenant) {
             Some(t) => self.admissions.of(&t),
-            None => self.admissions.of(tenant),
+            None => Arc::default(),
         }
     }
 

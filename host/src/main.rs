@@ -200,7 +200,7 @@ async fn main() -> anyhow::Result<()> {
                     let path = path.clone();
                     let result = tokio::task::spawn_blocking(move || {
                         Policy::load(&path)
-                            .map_err(anyhow::Error::from)
+                            .map_err(|e| anyhow::Error::from(e).context("the old policy stays"))
                             .and_then(|p| host.reload(p))
                     })
                     .await;
@@ -211,7 +211,7 @@ async fn main() -> anyhow::Result<()> {
                             restart.join(", ")
                         ),
                         Ok(Err(e)) => {
-                            tracing::error!("policy not reloaded, keeping the old one: {e:#}")
+                            tracing::error!("policy not reloaded: {e:#}")
                         }
                         Err(e) => tracing::error!("policy reload failed: {e}"),
                     }

@@ -9,7 +9,7 @@ use common::components::{
 };
 use common::{ALICE, BOB, TestHost, error_code, guest, raw, start_tenants, tenant_token};
 use hapi_host::Host;
-use hapi_host::policy::Policy;
+use hapi_host::policy::{Policy, hash_token};
 use hapi_host::wasm::compile::{self, DeployError};
 use serde_json::json;
 use std::path::Path;
@@ -253,10 +253,6 @@ async fn a_deployed_function_is_invoked_listed_and_removed_with_its_code() {
     assert!(compile_seconds(&metrics, "alice", "ok") > 0.0, "{metrics}");
 }
 
-/// At start the host removes what no function can use from the state directory: compiled code
-/// of another engine version, of a function no longer there or of a tenant no longer in the
-/// policy, and files a crash left half written. The code of the functions it loads stays, and
-/// they still run; a removed tenant's uploads stay too.
 /// A tenant's functions of the same bytes share one compiled image in memory, as the quota
 /// counts it once: each had been deserialized into an image of its own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -287,6 +283,18 @@ async fn functions_of_the_same_bytes_share_their_compiled_code() {
         .await;
     assert_eq!(resp.status(), 201);
     assert_ne!(image("other"), first);
+    // A restart loads both from the state directory: one image again.
+    let policy = Policy::load(&h.policy_path).expect("policy");
+    let again = tokio::task::spawn_blocking(move || Host::start(policy))
+        .await
+        .expect("join")
+        .expect("restarted");
+    let image = |name: &str| {
+        let f = again.function("alice", name).expect("loaded");
+        let range = f.prepared.component().image_range();
+        (range.start.addr(), range.end.addr())
+    };
+    assert_eq!(image("mine"), image("mine2"), "one image after a restart");
 }
 
 /// Taking the deploy right away stops the tenant's uploads (an operator's answer to abuse;
@@ -321,6 +329,10 @@ async fn a_tenant_without_the_deploy_right_runs_none_of_its_uploads() {
     assert_eq!(raw(h.invoke(ALICE, "mine", body).await).await, [7, 7, 7]);
 }
 
+/// At start the host removes what no function can use from the state directory: compiled code
+/// of another engine version, of a function no longer there or of a tenant no longer in the
+/// policy, and files a crash left half written. The code of the functions it loads stays, and
+/// they still run; a removed tenant's uploads stay too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restart_removes_compiled_code_that_no_function_uses() {
     let h = TestHost::start().await;
@@ -851,6 +863,13 @@ async fn an_upload_that_compiles_across_a_reload_is_held_to_the_new_policy() {
             409,
             "function_managed_by_policy",
             "deployed by the operator's policy",
+        ),
+        (
+            // The token rotated (a leaked one, say): the upload it sent is not deployed.
+            original.replacen(&hash_token(ALICE), &hash_token("alice-rotated"), 1),
+            401,
+            "bad_token",
+            "its token no longer belongs to tenant `alice`",
         ),
     ];
     for (changed, status, expected, says) in cases {

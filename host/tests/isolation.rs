@@ -270,3 +270,59 @@ async fn a_reload_reaches_calls_still_waiting_for_their_slot() {
         assert_eq!(code, "time_limit_exceeded", "{message}");
     }
 }
+
+/// A reload that cannot load the new policy's functions still applies what it revokes: the
+/// old policy stays, less the tenants the new one removes (they were served until a reload
+/// succeeded).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_that_fails_on_a_function_still_revokes() {
+    let h = TestHost::start().await;
+    let original = std::fs::read_to_string(&h.policy_path).expect("policy");
+    let bob_read = || read("secret", &["bob/data.bin"]);
+    assert_eq!(
+        raw(h.invoke(BOB, "hostile", bob_read()).await).await,
+        b"bob's data"
+    );
+    let (start, end) = (
+        original.find("[tenants.bob]").expect("bob"),
+        original.find("[tenants.tight]").expect("tight"),
+    );
+    let broken = h.policy_path.with_file_name("broken.wasm");
+    std::fs::write(&broken, b"not a component").expect("write");
+    let changed = format!("{}{}", &original[..start], &original[end..]).replacen(
+        "[tenants.alice.functions]\n",
+        &format!(
+            "[tenants.alice.functions]\nbroken = \"{}\"\n",
+            broken.display()
+        ),
+        1,
+    );
+    std::fs::write(&h.policy_path, changed).expect("write the policy");
+    let policy = Policy::load(&h.policy_path).expect("the policy parses");
+    let host = std::sync::Arc::clone(&h.host);
+    let e = tokio::task::spawn_blocking(move || host.reload(policy))
+        .await
+        .expect("join")
+        .expect_err("alice's new function does not build");
+    let e = format!("{e:#}");
+    assert!(
+        e.contains("less what the new one revokes (tenant `bob` removed)"),
+        "{e}"
+    );
+    assert!(e.contains("broken"), "{e}");
+    let (code, message) = error_code(h.invoke(BOB, "hostile", bob_read()).await, 401).await;
+    assert_eq!(code, "bad_token", "{message}");
+    // The rest of the old policy stays: alice is served, without the broken function.
+    assert_eq!(
+        raw(h
+            .invoke(
+                ALICE,
+                "hostile",
+                read("datasets", &["fashion-mnist/small.bin"])
+            )
+            .await)
+        .await,
+        vec![1u8; 1024]
+    );
+    assert!(h.host.function("alice", "broken").is_none());
+}

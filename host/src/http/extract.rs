@@ -55,6 +55,18 @@ impl FromRequestParts<Arc<Host>> for Authed {
     }
 }
 
+/// The request's tenant as the policy has it now, for a handler that waited (for a slot, a
+/// body): a reload meanwhile may have removed it or changed its token (401), or changed what
+/// it is granted (the tenant returned has the new grants).
+pub fn still(host: &Host, tenant: &Tenant) -> Result<Arc<Tenant>, ApiError> {
+    host.current_tenant(tenant).ok_or_else(|| {
+        ApiError::new(
+            ErrorCode::BadToken,
+            "the token was revoked by a policy reload while the request waited",
+        )
+    })
+}
+
 /// The operator, by the policy's `operator_token_sha256`.
 #[derive(Debug)]
 pub struct Operator;

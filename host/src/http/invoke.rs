@@ -61,12 +61,7 @@ pub async fn invoke(
     // A reload may have come while the call waited for its slot or its body: it runs under
     // the policy and the function of now (grants taken away are gone; a replaced function is
     // the new one), or not at all.
-    let Some(tenant) = host.current_tenant(&tenant) else {
-        return Err(refused(ApiError::new(
-            ErrorCode::BadToken,
-            "the token was revoked by a policy reload while the call waited",
-        )));
-    };
+    let tenant = extract::still(&host, &tenant).map_err(refused)?;
     let Some(f) = host.function(&tenant.name, &function) else {
         return Err(refused(ApiError::new(
             ErrorCode::FunctionNotFound,

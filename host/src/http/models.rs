@@ -3,7 +3,7 @@
 
 use crate::Host;
 use crate::http::errors::ApiError;
-use crate::http::extract::{Authed, Name};
+use crate::http::extract::{self, Authed, Name};
 use axum::Json;
 use axum::extract::State;
 use axum::response::IntoResponse;
@@ -62,5 +62,19 @@ pub async fn profile(
         .admit()
         .await
         .ok_or_else(|| refused(ApiError::busy(&tenant)))?;
+    // Under the policy of now: a reload while it waited may have revoked the token or the
+    // model's grant.
+    let tenant = extract::still(&host, &tenant).map_err(refused)?;
+    let Some(model) = host
+        .runtime()
+        .models()
+        .resolve(&tenant, &name)
+        .filter(|now| now.id == model.id)
+    else {
+        return Err(refused(ApiError::new(
+            ErrorCode::ModelNotFound,
+            format!("no model `{name}` for tenant `{}`", tenant.name),
+        )));
+    };
     Ok(Json(host.profile(&tenant, &model.id, &name).await?))
 }

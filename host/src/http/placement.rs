@@ -107,6 +107,8 @@ pub async fn lookup(
         return extract::refuse(body, MAX_BODY, timeout, ApiError::busy(&tenant)).await;
     };
     let bytes = extract::body(body, declared, MAX_BODY, timeout).await?;
+    // Its grants as they are now: a reload may have come while it waited.
+    let tenant = extract::still(&host, &tenant)?;
     let ask: Ask = serde_json::from_slice(&bytes)
         .map_err(|e| ApiError::new(ErrorCode::BadJson, format!("placement request: {e}")))?;
     if ask.keys.total > MAX_PLACEMENT_KEYS {

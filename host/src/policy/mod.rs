@@ -366,27 +366,44 @@ impl Policy {
         found
     }
 
-    /// This policy less what `next` revokes: tenants it removes or gives another token, and
-    /// the operator's token if it changes (to `next`'s); with the names of what was revoked.
-    /// Nothing else changes: what `next` grants or adds waits for the whole reload.
+    /// `next`'s tenants (who they are, their tokens, grants, models, limits and deploy right)
+    /// and operator token, with this policy's other host settings: what a reload applies at
+    /// once, before it loads `next`'s functions. Capabilities are linked into functions, so a
+    /// change of them waits for those.
+    pub fn with_tenants_of(&self, next: &Policy) -> Policy {
+        let mut p = self.clone();
+        p.tenants.clone_from(&next.tenants);
+        p.host.operator_token_sha256 = next.host.operator_token_sha256;
+        p
+    }
+
+    /// This policy less what `next` revokes, for a reload that could not load `next`'s
+    /// functions: tenants it removes are gone, a tenant whose token it changes has the new
+    /// token, and so has the operator; with the names of what changed.
     pub fn revoked_by(&self, next: &Policy) -> (Policy, Vec<String>) {
-        let mut revoked = Vec::new();
+        let mut changed = Vec::new();
         let mut narrowed = self.clone();
-        narrowed.tenants.retain(|name, t| {
-            let kept = next
-                .tenants
-                .get(name)
-                .is_some_and(|n| n.token_sha256 == t.token_sha256);
+        narrowed.tenants.retain(|name, _| {
+            let kept = next.tenants.contains_key(name);
             if !kept {
-                revoked.push(format!("tenant `{name}`"));
+                changed.push(format!("tenant `{name}` removed"));
             }
             kept
         });
+        for (name, t) in &mut narrowed.tenants {
+            let token = next.tenants[name].token_sha256;
+            if t.token_sha256 != token {
+                let mut rotated = Tenant::clone(t);
+                rotated.token_sha256 = token;
+                *t = Arc::new(rotated);
+                changed.push(format!("tenant `{name}`'s new token"));
+            }
+        }
         if self.host.operator_token_sha256 != next.host.operator_token_sha256 {
             narrowed.host.operator_token_sha256 = next.host.operator_token_sha256;
-            revoked.push("the operator's token".into());
+            changed.push("the operator's new token".into());
         }
-        (narrowed, revoked)
+        (narrowed, changed)
     }
 
     /// Whether `sha256` is the operator's token.

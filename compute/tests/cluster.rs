@@ -114,11 +114,17 @@ fn after_invocations(c: &Cluster, base: u64, n: u64, what: &str) {
 fn reads(c: &Cluster) -> (u64, u64) {
     let (mut local, mut gateway) = (0, 0);
     for n in &c.nodes {
-        let text = http_get_as(&n.host_url, "/v1/placement", TOKEN).expect("placement");
-        let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
-        let v: Value = serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {text}"));
-        local += v["local_reads"].as_u64().expect("local_reads");
-        gateway += v["gateway_reads"].as_u64().expect("gateway_reads");
+        let text = http_get_as(&n.host_url, "/metrics", OPERATOR).expect("metrics");
+        let counted = |from: &str| {
+            text.lines()
+                .find_map(|l| {
+                    l.strip_prefix(&format!("hapi_locality_reads_total{{from=\"{from}\"}} "))
+                })
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .unwrap_or_else(|| panic!("no hapi_locality_reads_total from {from}:\n{text}"))
+        };
+        local += counted("local");
+        gateway += counted("gateway");
     }
     (local, gateway)
 }

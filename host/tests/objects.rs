@@ -353,11 +353,13 @@ async fn s3_store_conforms_and_serves_the_whole_pushdown_path() {
         .filter_map(serde_json::Value::as_u64)
         .collect();
     assert!(!held.is_empty(), "{report}");
-    assert!(
-        report["local_reads"].as_u64() >= Some(keys.len() as u64),
+    // The volumes only: the node's read counters (every tenant's reads) and the volume
+    // server's address are the operator's.
+    assert_eq!(
+        report.as_object().map(serde_json::Map::len),
+        Some(1),
         "{report}"
     );
-    // The same counts for the operator's monitoring.
     let metrics = near_host.metrics().await;
     let counted = |from: &str| {
         metrics
@@ -366,14 +368,7 @@ async fn s3_store_conforms_and_serves_the_whole_pushdown_path() {
             .and_then(|v| v.parse::<u64>().ok())
             .unwrap_or_else(|| panic!("no hapi_locality_reads_total from {from}:\n{metrics}"))
     };
-    assert_eq!(
-        (Some(counted("local")), Some(counted("gateway"))),
-        (
-            report["local_reads"].as_u64(),
-            report["gateway_reads"].as_u64()
-        ),
-        "{report}"
-    );
+    assert!(counted("local") >= keys.len() as u64, "{metrics}");
     let ask = |keys: Vec<String>| {
         near_host
             .client

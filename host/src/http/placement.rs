@@ -28,13 +28,22 @@ fn not_set_up() -> ApiError {
     )
 }
 
-/// This host's volume server and the volumes it holds.
+/// The volumes this host's volume server holds: what a trainer needs to send keys here. Not
+/// the server's address, nor the node's read counters (every tenant's reads: the operator's
+/// `/metrics` has them).
+#[derive(Debug, Serialize)]
+pub struct Held {
+    volumes: Vec<u32>,
+}
+
 pub async fn report(
     State(host): State<Arc<Host>>,
     Authed(_tenant): Authed,
-) -> Result<Json<crate::store::locality::Report>, ApiError> {
+) -> Result<Json<Held>, ApiError> {
     let near = host.runtime().objects().locality().ok_or_else(not_set_up)?;
-    Ok(Json(near.report().await))
+    Ok(Json(Held {
+        volumes: near.report().await.volumes,
+    }))
 }
 
 #[derive(Debug, Deserialize)]

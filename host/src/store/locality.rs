@@ -50,7 +50,7 @@ pub struct Locality {
     gateway_reads: AtomicU64,
 }
 
-/// What a host reports of its placement (`GET /v1/placement`).
+/// What a host knows of its placement (tenants get the volumes only, `GET /v1/placement`).
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Report {
     pub volume_server: String,

@@ -8,10 +8,9 @@ use crate::caps::caller::Stop;
 use std::sync::Arc;
 use wasmtime::ResourceLimiter;
 
-/// Largest table a guest may grow to (entries). The pool is given the same bound
-/// (`engine.rs`): its own default (20,000) had made a growth between the two answer -1 to the
-/// guest, below the bound this file stated.
-pub const MAX_TABLE_ELEMENTS: usize = 20_000;
+/// Largest table a guest may grow to (entries): the pool's bound (`engine.rs`), which this
+/// limiter enforces with `table_limit_exceeded` rather than the pool's -1 to the guest.
+pub use super::engine::MAX_TABLE_ELEMENTS;
 /// What a table entry takes of the host's memory (a pointer), charged as tables grow.
 pub const TABLE_ENTRY_BYTES: u64 = 8;
 /// Most handles (resources of every kind: tensors, graphs, errors, streams...) a guest may hold

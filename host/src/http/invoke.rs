@@ -114,10 +114,7 @@ pub async fn invoke(
     let out = result?;
     let encode = Instant::now();
     let len = out.len();
-    let body = Body::from_stream(Sending {
-        chunks: vec![Bytes::from(out.header), Bytes::from(out.data)].into_iter(),
-        _slot: permit,
-    });
+    let body = sending(out.header, out.data, permit);
     let mut timing = ServerTiming::default();
     timing.set(Stage::Instantiate, t.instantiate);
     timing.set(Stage::Read, t.read);
@@ -138,13 +135,40 @@ pub async fn invoke(
     Ok((headers, body).into_response())
 }
 
-/// A response's bytes on their way to the client, holding the tenant's slot until they are
-/// sent or the connection is gone (hyper drops the body then): the output is host memory held
-/// for the tenant, so a client that reads none of its responses keeps at most `concurrency`
-/// of them, and its next calls wait in its queue, not beside them.
+/// A response's bytes on their way to the client, each chunk holding the tenant's slot until
+/// hyper lets go of it: once its last byte is written to the socket, or the connection is gone.
+/// The output is host memory held for the tenant, so a client that reads none of its responses
+/// keeps at most `concurrency` of them, and its next calls wait in its queue, not beside them.
+/// The slot is the chunks', not the body's: hyper ends a body (and dropped it, with the slot)
+/// once less than its write buffer (64 KiB) of it was left to write, while the chunk being
+/// written still held the whole output, so a client reading all but the last bytes of each
+/// response kept every output on no slot.
+fn sending<S: Send + Sync + 'static>(header: Vec<u8>, data: Vec<u8>, slot: Arc<S>) -> Body {
+    let held = |bytes| {
+        Bytes::from_owner(Held {
+            bytes,
+            _slot: Arc::clone(&slot),
+        })
+    };
+    Body::from_stream(Sending {
+        chunks: vec![held(header), held(data)].into_iter(),
+    })
+}
+
+/// Bytes that hold a slot for as long as they are held.
+struct Held<S> {
+    bytes: Vec<u8>,
+    _slot: Arc<S>,
+}
+
+impl<S> AsRef<[u8]> for Held<S> {
+    fn as_ref(&self) -> &[u8] {
+        &self.bytes
+    }
+}
+
 struct Sending {
     chunks: std::vec::IntoIter<Bytes>,
-    _slot: Arc<Permit>,
 }
 
 impl Stream for Sending {
@@ -192,5 +216,35 @@ impl Drop for Abandoned<'_> {
             },
             || self.host.function(self.tenant, self.function).is_some(),
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::BodyExt;
+
+    #[tokio::test]
+    async fn the_slot_goes_with_the_last_of_the_outputs_bytes() {
+        let slot = Arc::new(());
+        let mut body = sending(vec![1; 8], vec![2; 1 << 20], Arc::clone(&slot));
+        let mut chunks = Vec::new();
+        while let Some(frame) = body.frame().await {
+            chunks.push(frame.expect("frame").into_data().expect("data"));
+        }
+        // The body has ended and is gone (hyper drops it once the rest is queued to write);
+        // the output's bytes are still held, and so is the slot.
+        drop(body);
+        assert_eq!(chunks.len(), 2);
+        assert!(Arc::strong_count(&slot) > 1, "the slot went with the body");
+        let data = chunks.pop().expect("data");
+        let written = data.slice(0..1000); // a part hyper has yet to write
+        drop((chunks, data));
+        assert!(
+            Arc::strong_count(&slot) > 1,
+            "a part of the output still holds it"
+        );
+        drop(written);
+        assert_eq!(Arc::strong_count(&slot), 1, "given back with the last byte");
     }
 }

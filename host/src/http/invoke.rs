@@ -3,7 +3,6 @@
 
 use crate::Host;
 use crate::account::Usage;
-use crate::admission::Permit;
 use crate::http::errors::ApiError;
 use crate::http::extract::{self, Authed, Name};
 use crate::metrics::{CLIENT_CLOSED, Observation};

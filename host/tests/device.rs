@@ -858,18 +858,20 @@ async fn a_first_load_that_outlasts_the_limit_is_answered_429_and_goes_on() {
     assert_eq!(code, "device_busy", "{message}");
     assert!(message.contains("being loaded"), "{message}");
     assert!(took < Duration::from_millis(1500), "{took:?}");
-    // The load went on without the caller: a later call is served.
+    // The load went on without the caller: a later call is served. Until then a call is told
+    // the model is being loaded (429), or, once it is, may still spend its 1 s limit behind
+    // the model's first runs (TorchScript profiles its first calls; 422 in the full suite).
     let deadline = std::time::Instant::now() + Duration::from_secs(300);
     loop {
         let resp = h.invoke(&token(0), "feature-extract", call.clone()).await;
         if resp.status() == 200 {
             break;
         }
-        assert_eq!(
-            resp.status(),
-            429,
-            "{}",
-            resp.text().await.unwrap_or_default()
+        let status = resp.status();
+        let text = resp.text().await.unwrap_or_default();
+        assert!(
+            status == 429 || (status == 422 && text.contains("time_limit_exceeded")),
+            "{status}: {text}"
         );
         assert!(
             std::time::Instant::now() < deadline,

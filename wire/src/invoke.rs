@@ -24,6 +24,47 @@ pub const MAX_OPTIONS: usize = 64;
 /// Longest option name or value.
 pub const MAX_OPTION_BYTES: usize = 4096;
 
+/// Longest string an invoke body may hold, as sent: an option value's bound with every byte
+/// escaped (`\u00XX`, six bytes each). Checked before the body is parsed ([`check_strings`]).
+pub const MAX_JSON_STRING: usize = 6 * MAX_OPTION_BYTES;
+
+/// Refuses a JSON body holding a string (a value or a field name) longer than `max` bytes as
+/// sent, saying where it starts; nothing else is looked at, and nothing allocated. serde's
+/// errors quote a string of the wrong type, an unknown field or an unknown variant whole, and
+/// Debug-escaped (a two-byte character becomes the six of `\u{80}`), so a body of one 4 MiB
+/// string became messages of some 38 MB, on no tenant's account, before anything was bounded.
+pub fn check_strings(body: &[u8], max: usize) -> Result<(), String> {
+    let mut at = 0;
+    while let Some(open) = memchr_quote(body, at) {
+        let mut i = open + 1;
+        loop {
+            match body.get(i) {
+                // Unterminated: serde's error to give.
+                None => return Ok(()),
+                Some(b'\\') => i += 2,
+                Some(b'"') => break,
+                Some(_) => i += 1,
+            }
+        }
+        let len = i - open - 1;
+        if len > max {
+            return Err(format!(
+                "a string of {len} bytes at byte {open}; none may be longer than {max}"
+            ));
+        }
+        at = i + 1;
+    }
+    Ok(())
+}
+
+/// The first `"` at or after `from`.
+fn memchr_quote(body: &[u8], from: usize) -> Option<usize> {
+    body.get(from..)?
+        .iter()
+        .position(|&b| b == b'"')
+        .map(|i| from + i)
+}
+
 /// One invocation: run the function on `keys` of `bucket`, with layers [0, `split`) of `model`.
 ///
 /// `model` and `split` are optional: a function that uses no model takes neither, and
@@ -155,6 +196,7 @@ impl InvokeRequest {
                 body.len()
             ));
         }
+        check_strings(body, MAX_JSON_STRING).map_err(|e| format!("request body: {e}"))?;
         let req: Self = serde_json::from_slice(body).map_err(|e| format!("request body: {e}"))?;
         req.check()?;
         Ok(req)

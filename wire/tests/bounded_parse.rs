@@ -4,10 +4,13 @@
 
 use hapi_tests::alloc::{Counting, peak_during};
 use hapi_wire::InvokeRequest;
-use hapi_wire::invoke::{MAX_INVOKE_BODY, MAX_KEYS, MAX_OPTIONS};
+use hapi_wire::invoke::{MAX_INVOKE_BODY, MAX_KEYS, MAX_OPTIONS, check_strings};
 
 #[global_allocator]
 static ALLOCATOR: Counting = Counting;
+
+/// The allocator counts every thread's allocations: one test at a time.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// A body of at most `MAX_INVOKE_BODY` bytes: `entry` repeated (its `{i}` replaced by the
 /// entry's index in hex) between `head` and `tail`.
@@ -30,6 +33,9 @@ fn body(head: &str, entry: &str, tail: &str) -> Vec<u8> {
 
 #[test]
 fn a_body_of_tiny_entries_is_refused_holding_no_more_than_the_bounds() {
+    let _one = ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     // About 1,000,000 keys of one byte, and about 370,000 options of a few bytes.
     let keys = body(r#"{"bucket":"b","keys":["#, r#""a""#, "]}");
     let options = body(
@@ -55,4 +61,49 @@ fn a_body_of_tiny_entries_is_refused_holding_no_more_than_the_bounds() {
             b.len()
         );
     }
+}
+
+#[test]
+fn a_long_string_is_refused_before_any_message_quotes_it() {
+    let _one = ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    // One string of two-byte characters filling the body, where serde's error would quote it
+    // whole and Debug-escaped: as the list of keys, the split, a field's name, the quantize.
+    let big = "\u{80}".repeat((MAX_INVOKE_BODY - 100) / 2);
+    for (what, b) in [
+        ("keys", format!(r#"{{"bucket":"b","keys":"{big}"}}"#)),
+        (
+            "split",
+            format!(r#"{{"bucket":"b","keys":[],"split":"{big}"}}"#),
+        ),
+        (
+            "a field",
+            format!(r#"{{"bucket":"b","keys":[],"{big}":1}}"#),
+        ),
+        (
+            "quantize",
+            format!(r#"{{"bucket":"b","keys":[],"quantize":"{big}"}}"#),
+        ),
+    ] {
+        let (parsed, peak) = peak_during(|| InvokeRequest::parse(b.as_bytes()));
+        eprintln!(
+            "{what}: {peak} bytes held at once parsing a {} byte body",
+            b.len()
+        );
+        let e = parsed.expect_err(what);
+        assert!(e.contains("none may be longer than 24576"), "{what}: {e}");
+        assert!(peak < 1 << 20, "{what}: {peak} bytes held at once");
+    }
+    // Escapes count as sent; the longest option value, every byte escaped, passes.
+    let escaped = "\\u0041".repeat(4096);
+    assert_eq!(
+        check_strings(format!(r#"{{"k":"{escaped}"}}"#).as_bytes(), 6 * 4096),
+        Ok(())
+    );
+    assert!(check_strings(format!(r#"{{"k":"{escaped}a"}}"#).as_bytes(), 6 * 4096).is_err());
+    // An escaped quote does not end a string; an unterminated one is serde's to report.
+    assert!(check_strings(br#"{"k":"a\"bc"}"#, 4).is_err());
+    assert_eq!(check_strings(br#"{"k":"a\"b"}"#, 4), Ok(()));
+    assert_eq!(check_strings(br#"{"k":"abcdefgh"#, 4), Ok(()));
 }

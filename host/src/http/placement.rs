@@ -118,6 +118,9 @@ pub async fn lookup(
     let bytes = extract::body(body, declared, MAX_BODY, timeout).await?;
     // Its grants as they are now: a reload may have come while it waited.
     let tenant = extract::still(&host, &tenant)?;
+    // No string past a key's longest, escaped, before serde (whose errors quote them whole).
+    hapi_wire::invoke::check_strings(&bytes, 6 * hapi_wire::invoke::MAX_KEY_BYTES)
+        .map_err(|e| ApiError::new(ErrorCode::BadJson, format!("placement request: {e}")))?;
     let ask: Ask = serde_json::from_slice(&bytes)
         .map_err(|e| ApiError::new(ErrorCode::BadJson, format!("placement request: {e}")))?;
     if ask.keys.total > MAX_PLACEMENT_KEYS {

@@ -3,7 +3,7 @@
 //! and is best one test alone, since every thread's allocations count).
 
 use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 #[derive(Debug)]
 pub struct Counting;
@@ -22,6 +22,15 @@ unsafe impl GlobalAlloc for Counting {
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         HELD.fetch_sub(layout.size(), Ordering::Relaxed);
+        if layout.size() >= LARGE {
+            // SAFETY: gettid takes no arguments and allocates nothing.
+            let tid = unsafe { libc::gettid() } as u32;
+            let at = LARGE_NEXT.fetch_add(1, Ordering::Relaxed) % LARGE_FREES.len();
+            LARGE_FREES[at].store(
+                (u64::from(tid) << 32) | (layout.size() >> 20) as u64,
+                Ordering::Relaxed,
+            );
+        }
         // SAFETY: as the caller's contract for `GlobalAlloc::dealloc`.
         unsafe { System.dealloc(ptr, layout) }
     }
@@ -44,4 +53,38 @@ pub fn peak_during<T>(f: impl FnOnce() -> T) -> (T, usize) {
     let before = start();
     let out = f();
     (out, peak_since(before))
+}
+
+/// Frees of at least this many bytes are recorded with the thread that made them.
+pub const LARGE: usize = 8 << 20;
+static LARGE_FREES: [AtomicU64; 64] = [const { AtomicU64::new(0) }; 64];
+static LARGE_NEXT: AtomicUsize = AtomicUsize::new(0);
+
+/// The last 64 frees of at least [`LARGE`] bytes: (kernel thread id, MiB), oldest first while
+/// fewer than 64; forgotten by [`forget_large_frees`].
+pub fn large_frees() -> Vec<(u32, u64)> {
+    LARGE_FREES
+        .iter()
+        .map(|f| f.load(Ordering::Relaxed))
+        .filter(|&v| v != 0)
+        .map(|v| ((v >> 32) as u32, v & 0xffff_ffff))
+        .collect()
+}
+
+pub fn forget_large_frees() {
+    for f in &LARGE_FREES {
+        f.store(0, Ordering::Relaxed);
+    }
+}
+
+/// The kernel thread id of this process's thread named `name` (as `/proc` shows it: at most 15
+/// bytes), if there is one.
+pub fn thread_named(name: &str) -> Option<u32> {
+    std::fs::read_dir("/proc/self/task")
+        .ok()?
+        .flatten()
+        .find_map(|t| {
+            let comm = std::fs::read_to_string(t.path().join("comm")).ok()?;
+            (comm.trim_end() == name).then(|| t.file_name().to_str()?.parse().ok())?
+        })
 }

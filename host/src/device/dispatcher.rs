@@ -208,8 +208,24 @@ impl Call {
         self.reply.is_closed() || self.deadline.expired()
     }
 
-    /// The finished call's result, and where to send it.
-    fn into_ran(self) -> (Ran, oneshot::Sender<Result<Ran, DeviceError>>) {
+    /// Answers the call with `e`; what it holds of its tenant's bytes (input, output, their
+    /// charges) and its slot go to `reaper`.
+    fn refuse(self, e: DeviceError, reaper: &Reaper) {
+        let Call {
+            reply,
+            input,
+            output,
+            out_charge,
+            slot,
+            ..
+        } = self;
+        let _ = reply.send(Err(e));
+        reaper.free((input, output, out_charge, slot));
+    }
+
+    /// The finished call's result, and where to send it; its input, charge and slot with them,
+    /// for `reaper`.
+    fn into_ran(self, reaper: &Reaper) -> (Ran, oneshot::Sender<Result<Ran, DeviceError>>) {
         let dims = std::iter::once(self.input.n)
             .chain(self.out_shape.iter().copied())
             .collect();
@@ -221,6 +237,7 @@ impl Call {
             device: self.progress.device,
             batches: self.progress.batches,
         };
+        reaper.free((self.input, self.slot));
         (ran, self.reply)
     }
 }
@@ -272,6 +289,29 @@ impl Shared {
     }
 }
 
+/// Frees what calls leave behind on a thread of its own. A call's input, and an output nobody
+/// took, are up to their tenant's memory limit each, and freeing a large buffer unmaps it
+/// (tens of ms for hundreds of MiB): on the dispatcher that time held up every tenant's next
+/// batch, charged to nobody. Their charges and slots go with them.
+struct Reaper(Option<Sender<Box<dyn Send>>>);
+
+impl Reaper {
+    fn start() -> Self {
+        let (tx, rx) = channel::<Box<dyn Send>>();
+        let started = std::thread::Builder::new()
+            .name("device-reaper".into())
+            .spawn(move || rx.into_iter().for_each(drop));
+        // Without its thread, things are freed where they are let go.
+        Self(started.ok().map(|_| tx))
+    }
+
+    fn free(&self, what: impl Send + 'static) {
+        if let Some(tx) = &self.0 {
+            let _ = tx.send(Box::new(what));
+        }
+    }
+}
+
 /// The dispatcher's own state.
 struct Dispatcher {
     shared: Arc<Shared>,
@@ -288,6 +328,7 @@ struct Dispatcher {
     /// Where batches go to the workers. Calls of a running batch are out of `calls` (their
     /// ids stay in `queues`); the stats count the running batches.
     jobs: Sender<Job>,
+    reaper: Reaper,
 }
 
 impl Dispatcher {
@@ -298,6 +339,7 @@ impl Dispatcher {
             queues: BTreeMap::new(),
             fair: Fair::default(),
             recent: HashMap::new(),
+            reaper: Reaper::start(),
             next_id: 0,
             long_running: 0,
             jobs,
@@ -369,7 +411,7 @@ impl Dispatcher {
         }
         if incoming.shutdown {
             for call in incoming.calls.drain(..) {
-                let _ = call.reply.send(Err(DeviceError::ShuttingDown));
+                call.refuse(DeviceError::ShuttingDown, &self.reaper);
             }
             return false;
         }
@@ -421,7 +463,7 @@ impl Dispatcher {
             if let Some(c) = self.remove(id) {
                 lock(&self.shared.stats).tenant(&c.tenant).expired += 1;
                 let limit = c.deadline.limit();
-                let _ = c.reply.send(Err(DeviceError::Expired(limit)));
+                c.refuse(DeviceError::Expired(limit), &self.reaper);
             }
         }
         // Forget tenants that have been idle for a while.
@@ -438,7 +480,7 @@ impl Dispatcher {
 
     fn fail_all(&mut self, e: &DeviceError) {
         for (_, c) in self.calls.drain() {
-            let _ = c.reply.send(Err(e.clone()));
+            c.refuse(e.clone(), &self.reaper);
         }
         self.queues.clear();
     }
@@ -674,9 +716,10 @@ impl Dispatcher {
                 // The workers are gone (they only stop when the dispatcher does).
                 for (id, c, _) in lost.0.calls {
                     self.remove_queued(&c.tenant, id);
-                    let _ = c.reply.send(Err(DeviceError::Failed(
-                        "the device workers stopped".into(),
-                    )));
+                    c.refuse(
+                        DeviceError::Failed("the device workers stopped".into()),
+                        &self.reaper,
+                    );
                 }
             }
         }
@@ -730,7 +773,7 @@ impl Dispatcher {
                 );
                 for id in ids {
                     if let Some(c) = self.remove(id) {
-                        let _ = c.reply.send(Err(DeviceError::Failed(detail.clone())));
+                        c.refuse(DeviceError::Failed(detail.clone()), &self.reaper);
                     }
                 }
             }
@@ -750,7 +793,7 @@ impl Dispatcher {
         self.recent
             .insert(Arc::clone(&c.tenant), (now, c.cost.seconds(c.input.n)));
         let (tenant, n) = (Arc::clone(&c.tenant), c.input.n);
-        let (ran, reply) = c.into_ran();
+        let (ran, reply) = c.into_ran(&self.reaper);
         {
             let mut stats = lock(&self.shared.stats);
             let t = stats.tenant(&tenant);
@@ -758,7 +801,9 @@ impl Dispatcher {
             t.queued_seconds += ran.queued.as_secs_f64();
             t.device_seconds += ran.device.as_secs_f64();
         }
-        // A caller that gave up meanwhile gets nothing; the output is dropped with the send.
-        let _ = reply.send(Ok(ran));
+        // A caller that gave up meanwhile gets nothing; its output is freed off this thread.
+        if let Err(unsent) = reply.send(Ok(ran)) {
+            self.reaper.free(unsent);
+        }
     }
 }

@@ -306,15 +306,8 @@ async fn a_tenant_without_the_deploy_right_runs_none_of_its_uploads() {
     deploy_mine(&h).await;
     let body = json!({"bucket": "datasets", "keys": [], "model": "resnet18", "split": 0, "options": {"mode": "output", "bytes": "3"}});
     let original = std::fs::read_to_string(&h.policy_path).expect("policy");
-    let reload = |text: String| {
-        std::fs::write(&h.policy_path, text).expect("write the policy");
-        let policy = Policy::load(&h.policy_path).expect("policy");
-        let host = std::sync::Arc::clone(&h.host);
-        tokio::task::spawn_blocking(move || host.reload(policy))
-    };
-    reload(original.replacen("deploy = true", "deploy = false", 1))
+    h.reload(&original.replacen("deploy = true", "deploy = false", 1))
         .await
-        .expect("join")
         .expect("reloaded");
     let (code, message) = error_code(h.invoke(ALICE, "mine", body.clone()).await, 404).await;
     assert_eq!(code, "function_not_found", "{message}");
@@ -325,7 +318,7 @@ async fn a_tenant_without_the_deploy_right_runs_none_of_its_uploads() {
     // The policy's own functions still run.
     let hostile = json!({"bucket": "datasets", "keys": [], "model": "resnet18", "split": 0, "options": {"mode": "output", "bytes": "2"}});
     assert_eq!(raw(h.invoke(ALICE, "hostile", hostile).await).await, [7, 7]);
-    reload(original).await.expect("join").expect("reloaded");
+    h.reload(&original).await.expect("reloaded");
     assert_eq!(raw(h.invoke(ALICE, "mine", body).await).await, [7, 7, 7]);
 }
 
@@ -525,13 +518,7 @@ async fn function_quotas_obeyed_and_violated() {
         &format!("max_function_bytes = \"{quota}B\""),
         1,
     );
-    std::fs::write(&h.policy_path, lowered).expect("write the policy");
-    let policy = Policy::load(&h.policy_path).expect("policy");
-    let host = std::sync::Arc::clone(&h.host);
-    tokio::task::spawn_blocking(move || host.reload(policy))
-        .await
-        .expect("join")
-        .expect("reloaded");
+    h.reload(&lowered).await.expect("reloaded");
     let (code_, message) = error_code(h.put_function(&t1, "b", hostile("b")).await, 403).await;
     assert_eq!(code_, "quota_exceeded", "{message}");
     assert!(
@@ -839,12 +826,6 @@ async fn an_upload_that_compiles_across_a_reload_is_held_to_the_new_policy() {
     let state = h.policy_path.with_file_name("state");
     let (uploads, compiled) = (state.join("functions/alice"), state.join("compiled/alice"));
     let original = std::fs::read_to_string(&h.policy_path).expect("policy");
-    let reload = |text: String| {
-        std::fs::write(&h.policy_path, text).expect("write the policy");
-        let policy = Policy::load(&h.policy_path).expect("policy");
-        let host = std::sync::Arc::clone(&h.host);
-        tokio::task::spawn_blocking(move || host.reload(policy))
-    };
     // Seconds of compiling on this machine.
     let bytes = guest_with("hostile", &[module(16, 400_000)]);
     let managed = format!(
@@ -873,10 +854,7 @@ async fn an_upload_that_compiles_across_a_reload_is_held_to_the_new_policy() {
         ),
     ];
     for (changed, status, expected, says) in cases {
-        reload(original.clone())
-            .await
-            .expect("join")
-            .expect("reloaded");
+        h.reload(&original).await.expect("reloaded");
         let code_before = files(&compiled);
         let put = {
             let (client, url, body) = (h.client.clone(), h.url.clone(), bytes.clone());
@@ -891,7 +869,7 @@ async fn an_upload_that_compiles_across_a_reload_is_held_to_the_new_policy() {
             })
         };
         until_compiling(&h).await;
-        reload(changed).await.expect("join").expect("reloaded");
+        h.reload(&changed).await.expect("reloaded");
         assert!(
             h.host.uploads_compiling() > 0,
             "compiled before the reload: the test needs a larger upload"

@@ -3,28 +3,27 @@
 mod common;
 
 use common::{ALICE, BOB, TestHost, error_code, hostile, raw, sample_key};
-use hapi_host::policy::{Policy, hash_token};
+use hapi_host::policy::hash_token;
 use serde_json::json;
 
 fn read(bucket: &str, keys: &[&str]) -> serde_json::Value {
     json!({"bucket": bucket, "keys": keys, "model": "resnet18", "split": 0, "options": {"mode": "read"}})
 }
 
+/// Alice reads an object of her grant: its 1,024 bytes.
+async fn alice_reads_her_own(h: &TestHost) {
+    let small = read("datasets", &["fashion-mnist/small.bin"]);
+    assert_eq!(
+        raw(h.invoke(ALICE, "hostile", small).await).await,
+        vec![1u8; 1024]
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_outside_the_grant_are_denied() {
     let h = TestHost::start().await;
     // Its own grant works...
-    assert_eq!(
-        raw(h
-            .invoke(
-                ALICE,
-                "hostile",
-                read("datasets", &["fashion-mnist/small.bin"])
-            )
-            .await)
-        .await,
-        vec![1u8; 1024]
-    );
+    alice_reads_her_own(&h).await;
     // ...nothing else does.
     let cases: [(&str, &str); 8] = [
         ("secret", "bob/data.bin"),
@@ -211,12 +210,6 @@ async fn a_reload_reaches_calls_still_waiting_for_their_slot() {
     let grant = r#"grants = [{ bucket = "datasets", prefix = "fashion-mnist/" }]"#;
     assert!(original.contains(grant), "alice's grant");
     let small = || read("datasets", &["fashion-mnist/small.bin"]);
-    let reload = |text: String| {
-        std::fs::write(&h.policy_path, text).expect("write the policy");
-        let policy = Policy::load(&h.policy_path).expect("policy");
-        let host = std::sync::Arc::clone(&h.host);
-        tokio::task::spawn_blocking(move || host.reload(policy))
-    };
     let cases = [
         (
             // Alice's first grant (hers comes first) now names another prefix.
@@ -235,10 +228,7 @@ async fn a_reload_reaches_calls_still_waiting_for_their_slot() {
         ),
     ];
     for (changed, status, expected) in cases {
-        reload(original.clone())
-            .await
-            .expect("join")
-            .expect("reloaded");
+        h.reload(&original).await.expect("reloaded");
         assert_eq!(
             raw(h.invoke(ALICE, "hostile", small()).await).await,
             vec![1u8; 1024]
@@ -260,7 +250,7 @@ async fn a_reload_reaches_calls_still_waiting_for_their_slot() {
         while admission.load() != (1, 2) {
             tokio::time::sleep(std::time::Duration::from_millis(5)).await;
         }
-        reload(changed).await.expect("join").expect("reloaded");
+        h.reload(&changed).await.expect("reloaded");
         assert_eq!(admission.load(), (1, 2), "reloaded while they waited");
         for call in waiting {
             let (code, message) = error_code(call.await.expect("join"), status).await;
@@ -297,12 +287,9 @@ async fn a_reload_that_fails_on_a_function_still_revokes() {
         ),
         1,
     );
-    std::fs::write(&h.policy_path, changed).expect("write the policy");
-    let policy = Policy::load(&h.policy_path).expect("the policy parses");
-    let host = std::sync::Arc::clone(&h.host);
-    let e = tokio::task::spawn_blocking(move || host.reload(policy))
+    let e = h
+        .reload(&changed)
         .await
-        .expect("join")
         .expect_err("alice's new function does not build");
     let e = format!("{e:#}");
     assert!(
@@ -313,16 +300,6 @@ async fn a_reload_that_fails_on_a_function_still_revokes() {
     let (code, message) = error_code(h.invoke(BOB, "hostile", bob_read()).await, 401).await;
     assert_eq!(code, "bad_token", "{message}");
     // The rest of the old policy stays: alice is served, without the broken function.
-    assert_eq!(
-        raw(h
-            .invoke(
-                ALICE,
-                "hostile",
-                read("datasets", &["fashion-mnist/small.bin"])
-            )
-            .await)
-        .await,
-        vec![1u8; 1024]
-    );
+    alice_reads_her_own(&h).await;
     assert!(h.host.function("alice", "broken").is_none());
 }

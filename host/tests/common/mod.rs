@@ -277,6 +277,16 @@ impl TestHost {
         invoke_at(&self.client, &self.url, token, function, body).await
     }
 
+    /// Writes `text` as the policy and reloads it (what SIGHUP does, on a blocking thread).
+    pub async fn reload(&self, text: &str) -> anyhow::Result<Vec<String>> {
+        std::fs::write(&self.policy_path, text).expect("write the policy");
+        let policy = Policy::load(&self.policy_path).expect("the policy parses");
+        let host = Arc::clone(&self.host);
+        tokio::task::spawn_blocking(move || host.reload(policy))
+            .await
+            .expect("join")
+    }
+
     /// `PUT /v1/functions/{name}` with `token` and the component `body`.
     pub async fn put_function(&self, token: &str, name: &str, body: Vec<u8>) -> reqwest::Response {
         self.client

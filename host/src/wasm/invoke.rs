@@ -196,6 +196,19 @@ impl Timings {
     }
 }
 
+/// Bytes an invocation's request holds: its strings, each with its `String` (24 bytes).
+fn request_bytes(inv: &Invocation) -> u64 {
+    let text = |s: &str| s.len() as u64 + 24;
+    text(&inv.bucket)
+        + inv.model.as_deref().map_or(0, text)
+        + inv.keys.iter().map(|k| text(k)).sum::<u64>()
+        + inv
+            .options
+            .iter()
+            .map(|(k, v)| text(k) + text(v))
+            .sum::<u64>()
+}
+
 /// What one invocation gave.
 #[derive(Debug)]
 pub struct Finished {
@@ -408,6 +421,13 @@ async fn run(
     let limits = &tenant.limits;
     let deadline = Arc::new(Deadline::starting_at(started, limits.timeout));
     let account = Account::new(limits.memory);
+    // The request, held here while the function runs (up to 4,096 keys of 1 KiB and 64 options
+    // of 8 KiB): the tenant's too, beside the guest's own copy in its memory.
+    let _request =
+        match account.charge(request_bytes(&invocation), "the request's keys and options") {
+            Ok(held) => held,
+            Err(e) => return Finished::failed(InvokeError::Stopped(Stop::from(e)), started),
+        };
     let caller = Caller {
         tenant: Arc::clone(&tenant),
         account: Arc::clone(&account),

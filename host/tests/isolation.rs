@@ -241,15 +241,29 @@ async fn a_reload_reaches_calls_still_waiting_for_their_slot() {
                 async move { common::invoke_at(&client, &url, ALICE, "hostile", body).await },
             )
         };
+        // (running, waiting) reached within 30 s.
+        let reach = |want: (usize, usize), what: &'static str| {
+            let admission = std::sync::Arc::clone(&admission);
+            async move {
+                let until = std::time::Instant::now() + std::time::Duration::from_secs(30);
+                while admission.load() != want {
+                    let now = admission.load();
+                    assert!(
+                        std::time::Instant::now() < until,
+                        "{what}: alice's calls (running, waiting) are {now:?}, not {want:?}"
+                    );
+                    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+                }
+            }
+        };
+        // The answer above holds its slot until its last byte is written, a moment after the
+        // client has it.
+        reach((0, 0), "the first read's slot given back").await;
         // One call holds alice's only slot until her time limit; two wait behind it.
         let holding = spawn(hostile("loop", &[], &[]));
-        while admission.load() != (1, 0) {
-            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-        }
+        reach((1, 0), "the holding call running").await;
         let waiting = [spawn(small()), spawn(small())];
-        while admission.load() != (1, 2) {
-            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-        }
+        reach((1, 2), "two reads waiting behind it").await;
         h.reload(&changed).await.expect("reloaded");
         assert_eq!(admission.load(), (1, 2), "reloaded while they waited");
         for call in waiting {

@@ -22,7 +22,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::hash::{Hash, Hasher};
 use std::io::Write;
 use std::path::Path;
-use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, PoisonError, RwLock, Weak};
 use std::time::Instant;
 
 /// What uploaded functions (the policy's left out) take: how many, their Wasm bytes, and their
@@ -30,6 +30,7 @@ use std::time::Instant;
 /// its bytes) counted as well.
 fn footprint<'a>(
     fns: impl Iterator<Item = &'a Function>,
+    held: impl Iterator<Item = &'a Function>,
     extra: Option<(&'a str, u64)>,
 ) -> (usize, u64, u64) {
     let (mut count, mut wasm) = (0, 0u64);
@@ -37,6 +38,10 @@ fn footprint<'a>(
     for f in fns.filter(|f| !f.managed) {
         count += 1;
         wasm += f.size as u64;
+        codes.insert(&f.sha256, f.code_size);
+    }
+    // Replaced or removed, but still running: their compiled code is still in memory.
+    for f in held {
         codes.insert(&f.sha256, f.code_size);
     }
     if let Some((sha256, bytes)) = extra {
@@ -172,6 +177,11 @@ pub struct Functions {
     /// is held to the new one, and no deploy or removal is undone by a reload that read the
     /// state directory before it.
     writers: Mutex<BTreeMap<String, Arc<Tenant>>>,
+    /// Uploads replaced or removed while calls ran on them, by tenant: their compiled code
+    /// stays in memory until the last of those calls ends, and counts against the tenant's
+    /// quota until then (else a tenant could keep a version of its largest upload running per
+    /// slot, each outside the quota).
+    retired: Mutex<HashMap<String, Vec<Weak<Function>>>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -220,6 +230,7 @@ impl Functions {
             queue: Arc::default(),
             compiler: Arc::new(tokio::sync::Semaphore::new(COMPILES_AT_ONCE)),
             writers: Mutex::default(),
+            retired: Mutex::default(),
         })
     }
 
@@ -249,6 +260,29 @@ impl Functions {
         format!("{sha256}-{:016x}.cwasm", h.finish())
     }
 
+    /// Where `tenant`'s compiled code of `sha256` is kept in the state directory.
+    fn code_file(runtime: &Runtime, tenant: &str, sha256: &str) -> String {
+        format!("compiled/{tenant}/{}", Self::cache_name(runtime, sha256))
+    }
+
+    /// Writes `component`, the compiled code of `tenant`'s function `name`, to `file` (a
+    /// [`Self::code_file`]); a failure is logged: it costs a compile at the next start.
+    fn keep_code(
+        &self,
+        tenant: &str,
+        name: &str,
+        file: &str,
+        component: &wasmtime::component::Component,
+    ) {
+        let written = component
+            .serialize()
+            .map_err(|e| std::io::Error::other(e.to_string()))
+            .and_then(|code| self.write(&format!("compiled/{tenant}"), file, &code));
+        if let Err(e) = written {
+            tracing::warn!("not caching compiled code of `{name}` at {file}: {e}");
+        }
+    }
+
     /// Checks, compiles (or loads the tenant's cached code) and prepares `bytes` (blocking).
     /// `loading`: the tenant's functions built so far by a reload, whose code it shares too.
     fn build(
@@ -267,8 +301,7 @@ impl Functions {
         let caps = tenant.capabilities;
         compile::check(bytes, &tenant.name, &allowed_imports(caps)).map_err(bad)?;
         let sha256 = hash_bytes(bytes);
-        let dir = format!("compiled/{}", tenant.name);
-        let cached = format!("{dir}/{}", Self::cache_name(runtime, &sha256));
+        let cached = Self::code_file(runtime, &tenant.name, &sha256);
         // The tenant's functions of these bytes share one compiled image in memory, as the
         // quota counts it once: each deserialized copy was an image of its own, so the same
         // bytes under many names (or deployed again and again while calls held the old copy)
@@ -310,13 +343,7 @@ impl Functions {
         // Cached only once it is known to implement the world: code that does not is never
         // kept (nothing would remove it).
         if fresh {
-            let written = component
-                .serialize()
-                .map_err(|e| std::io::Error::other(e.to_string()))
-                .and_then(|code| self.write(&dir, &cached, &code));
-            if let Err(e) = written {
-                tracing::warn!("not caching compiled code of `{name}` at {cached}: {e}");
-            }
+            self.keep_code(&tenant.name, name, &cached, &component);
         }
         Ok(Function {
             name: name.to_string(),
@@ -328,14 +355,26 @@ impl Functions {
         })
     }
 
-    /// Writes `path` atomically (a temporary file, then a rename).
+    /// Writes `path` atomically and durably (a temporary file, synced, renamed, and the
+    /// directory synced: an upload answered 201 is there after a power loss).
     fn write(&self, dir: &str, path: &str, bytes: &[u8]) -> std::io::Result<()> {
         self.state.create_dir_all(dir)?;
         let tmp = format!("{path}.tmp");
         let mut f = self.state.create(&tmp)?;
         f.write_all(bytes)?;
         f.sync_all()?;
-        self.state.rename(&tmp, &self.state, path)
+        self.state.rename(&tmp, &self.state, path)?;
+        self.sync_dir(dir);
+        Ok(())
+    }
+
+    /// Syncs directory `dir` (after a file is renamed into it or removed from it), so that the
+    /// change survives a power loss. A failure is logged: the change itself was made, and an
+    /// error here would answer it as not made.
+    fn sync_dir(&self, dir: &str) {
+        if let Err(e) = self.state.open(dir).and_then(|d| d.sync_all()) {
+            tracing::warn!("syncing the state directory {dir}: {e}");
+        }
     }
 
     /// Removes compiled code of `sha256` for `tenant` unless another of its functions uses it.
@@ -344,8 +383,9 @@ impl Functions {
             .get(tenant)
             .is_some_and(|f| f.values().any(|f| f.sha256 == sha256));
         if !used {
-            let path = format!("compiled/{tenant}/{}", Self::cache_name(runtime, sha256));
-            let _ = self.state.remove_file(path);
+            let _ = self
+                .state
+                .remove_file(Self::code_file(runtime, tenant, sha256));
         }
     }
 
@@ -364,10 +404,10 @@ impl Functions {
             bytes += b;
         };
         for (tenant, fns) in table.iter() {
+            count(self.remove_files(&format!("functions/{tenant}"), |f| f.ends_with(".tmp")));
             // A tenant without the deploy right keeps the code of its uploads, which are not
             // loaded: they come back with the right, without compiling again.
             if tenants.get(tenant).is_some_and(|t| !t.deploy) {
-                count(self.remove_files(&format!("functions/{tenant}"), |f| f.ends_with(".tmp")));
                 continue;
             }
             let keep: HashSet<String> = fns
@@ -375,7 +415,6 @@ impl Functions {
                 .map(|f| Self::cache_name(runtime, &f.sha256))
                 .collect();
             count(self.remove_files(&format!("compiled/{tenant}"), |f| !keep.contains(f)));
-            count(self.remove_files(&format!("functions/{tenant}"), |f| f.ends_with(".tmp")));
         }
         let gone = |dir: &str| -> Vec<String> {
             let Ok(entries) = self.state.read_dir(dir) else {
@@ -497,7 +536,8 @@ impl Functions {
                     })?;
                 fns.insert(name.clone(), Arc::new(f));
             }
-            let (count, wasm, compiled) = footprint(fns.values().map(Arc::as_ref), None);
+            let (count, wasm, compiled) =
+                footprint(fns.values().map(Arc::as_ref), std::iter::empty(), None);
             let limits = &tenant.limits;
             if count > limits.max_functions || wasm + compiled > limits.max_function_bytes {
                 tracing::warn!(
@@ -645,16 +685,15 @@ impl Functions {
         bytes: &[u8],
         built: Function,
     ) -> Result<Arc<Function>, FunctionError> {
-        let now = writers.get(&t.name);
-        if now.is_none_or(|now| now.token_sha256 != t.token_sha256) {
+        let Some(now) = t.as_in(writers) else {
             return Err(revoked(&t.name, name, "deployed"));
-        }
-        let now = now.filter(|now| now.deploy).ok_or_else(|| {
-            FunctionError::NotAllowed(format!(
+        };
+        if !now.deploy {
+            return Err(FunctionError::NotAllowed(format!(
                 "the policy was reloaded while function `{name}` compiled, and tenant `{}` may no longer deploy functions: nothing was deployed",
                 t.name
-            ))
-        })?;
+            )));
+        }
         if now.functions.contains_key(name) {
             return Err(FunctionError::Managed(name.to_string()));
         }
@@ -672,6 +711,13 @@ impl Functions {
         let dir = format!("functions/{}", t.name);
         self.write(&dir, &format!("{dir}/{name}.wasm"), bytes)
             .map_err(|e| FunctionError::Host(format!("saving function `{name}`: {e}")))?;
+        // A build that shared the compiled code of a loaded function wrote no file of it; a
+        // removal of that function since (removals wait for this lock, builds do not) took the
+        // file away, and the host would compile the code again at every start.
+        let cached = Self::code_file(runtime, &t.name, &f.sha256);
+        if !self.state.exists(&cached) {
+            self.keep_code(&t.name, name, &cached, f.prepared.component());
+        }
         let mut table = self.table.write().unwrap_or_else(PoisonError::into_inner);
         let old = table
             .entry(t.name.clone())
@@ -679,6 +725,7 @@ impl Functions {
             .insert(name.to_string(), Arc::clone(&f));
         if let Some(old) = old.filter(|o| o.sha256 != f.sha256) {
             self.forget_code(runtime, &t.name, &old.sha256, &table);
+            self.retire(&t.name, &old);
         }
         Ok(f)
     }
@@ -696,7 +743,8 @@ impl Functions {
         let fns = self.list(&tenant.name);
         // The others it keeps: one it replaces by name is not counted.
         let others = fns.iter().map(Arc::as_ref).filter(|f| f.name != name);
-        let (count, wasm, compiled) = footprint(others, code);
+        let held = self.still_running(&tenant.name);
+        let (count, wasm, compiled) = footprint(others, held.iter().map(Arc::as_ref), code);
         let limits = &tenant.limits;
         if count + 1 > limits.max_functions {
             return Err(FunctionError::Quota(format!(
@@ -709,17 +757,51 @@ impl Functions {
         if bytes > limits.max_function_bytes {
             return Err(FunctionError::Quota(format!(
                 "tenant `{}`'s uploaded functions would take {bytes} bytes ({wasm} of Wasm and \
-                 {compiled} of compiled code{}); its quota is {}",
+                 {compiled} of compiled code{}{}); its quota is {}",
                 tenant.name,
                 if code.is_none() {
                     ", before this one is compiled"
                 } else {
                     ""
                 },
+                if held.is_empty() {
+                    String::new()
+                } else {
+                    format!(
+                        ", the code of {} replaced or removed uploads included, which calls \
+                         still run on",
+                        held.len()
+                    )
+                },
                 limits.max_function_bytes
             )));
         }
         Ok(())
+    }
+
+    /// The tenant's uploads out of the table that calls still run on.
+    fn still_running(&self, tenant: &str) -> Vec<Arc<Function>> {
+        let mut retired = lock(&self.retired);
+        let Some(list) = retired.get_mut(tenant) else {
+            return Vec::new();
+        };
+        list.retain(|w| w.strong_count() > 0);
+        let alive = list.iter().filter_map(Weak::upgrade).collect();
+        if list.is_empty() {
+            retired.remove(tenant);
+        }
+        alive
+    }
+
+    /// Keeps track of `f`, out of the table, while calls still run on it.
+    fn retire(&self, tenant: &str, f: &Arc<Function>) {
+        if f.managed {
+            return;
+        }
+        let mut retired = lock(&self.retired);
+        let list = retired.entry(tenant.to_string()).or_default();
+        list.retain(|w| w.strong_count() > 0);
+        list.push(Arc::downgrade(f));
     }
 
     /// A place in the compile queue (waiting for the compiler or being compiled),
@@ -750,10 +832,7 @@ impl Functions {
         // After a reload in progress, which may have read the function from the state
         // directory already, and under the tenant as it left it.
         let writers = lock(&self.writers);
-        if writers
-            .get(&tenant.name)
-            .is_none_or(|now| now.token_sha256 != tenant.token_sha256)
-        {
+        if tenant.as_in(&writers).is_none() {
             return Err(revoked(&tenant.name, name, "removed"));
         }
         let mut table = self.table.write().unwrap_or_else(PoisonError::into_inner);
@@ -770,10 +849,23 @@ impl Functions {
         let Some(f) = fns.remove(name) else {
             return Ok(());
         };
-        let _ = self
+        // Its file gone, or it stays: a file left behind would bring the function back at the
+        // next reload or start, after the client was told it was removed.
+        match self
             .state
-            .remove_file(format!("functions/{}/{name}.wasm", tenant.name));
+            .remove_file(format!("functions/{}/{name}.wasm", tenant.name))
+        {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                fns.insert(name.to_string(), f);
+                return Err(FunctionError::Host(format!(
+                    "removing function `{name}` of tenant `{}`: {e}; it stays deployed",
+                    tenant.name
+                )));
+            }
+            _ => self.sync_dir(&format!("functions/{}", tenant.name)),
+        }
         self.forget_code(runtime, &tenant.name, &f.sha256, &table);
+        self.retire(&tenant.name, &f);
         Ok(())
     }
 }

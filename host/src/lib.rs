@@ -48,7 +48,7 @@ use anyhow::Context;
 use hapi_wire::InvokeRequest;
 use hapi_wire::profile::ModelProfile;
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, PoisonError, RwLock};
+use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
 /// Longest a profile request waits for its model to be loaded and for room to measure it
@@ -60,7 +60,7 @@ pub const UNDEPLOYS_AT_ONCE: usize = 2;
 /// The running host: policy, functions, runtime and device.
 #[derive(Debug)]
 pub struct Host {
-    policy: RwLock<Arc<Policy>>,
+    policy: Arc<policy::Current>,
     runtime: Arc<Runtime>,
     device: Arc<Device>,
     functions: Arc<Functions>,
@@ -79,6 +79,8 @@ impl Host {
     /// Opens the store and the models, starts the engine and the device, and deploys the
     /// functions the policy names and those tenants uploaded earlier.
     pub fn start(policy: Policy) -> anyhow::Result<Arc<Self>> {
+        let policy = Arc::new(policy);
+        let current = Arc::new(policy::Current::new(Arc::clone(&policy)));
         let h = &policy.host;
         let device = hapi_model::device::parse(&h.device)?;
         let models = Arc::new(
@@ -110,6 +112,7 @@ impl Host {
         let engine = wasm::engine::engine(policy::MAX_GUEST_MEMORY, h.keep_resident)?;
         let runtime = Arc::new(Runtime::new(
             engine,
+            Arc::clone(&current),
             models,
             Arc::new(store),
             Arc::clone(&device),
@@ -122,7 +125,7 @@ impl Host {
         functions.load_all(&runtime, &policy)?;
         functions.sweep(&runtime);
         Ok(Arc::new(Self {
-            policy: RwLock::new(Arc::new(policy)),
+            policy: current,
             runtime,
             device,
             functions,
@@ -134,14 +137,16 @@ impl Host {
     }
 
     pub fn policy(&self) -> Arc<Policy> {
-        Arc::clone(&self.policy.read().unwrap_or_else(PoisonError::into_inner))
+        self.policy.get()
     }
 
-    /// Replaces the policy (SIGHUP). In-flight invocations finish under the settings they
-    /// started with; admission counts carry over; a call still waiting for its slot runs under
-    /// the new policy, or not at all (see [`Host::current_tenant`]). The model directories are
-    /// read again. Returns what changed but takes effect only at the next restart: host
-    /// settings, and model packages changed on disk.
+    /// Replaces the policy (SIGHUP). In-flight invocations finish under the limits they started
+    /// with, and under the new policy's grants from their next host call on (objects, models:
+    /// see [`caps::caller::Caller::tenant_now`]); admission counts carry over; a call still
+    /// waiting for its slot runs under the new policy, or not at all (see
+    /// [`Host::current_tenant`]). The model directories are read again. Returns what changed
+    /// but takes effect only at the next restart: host settings, and model packages changed
+    /// on disk.
     ///
     /// Tenants come first: once the new policy has parsed and its packages are read, its
     /// tenants (who they are, tokens, grants, models, limits, deploy rights) and operator token
@@ -191,7 +196,7 @@ impl Host {
     }
 
     fn set_policy(&self, policy: Arc<Policy>) {
-        *self.policy.write().unwrap_or_else(PoisonError::into_inner) = policy;
+        self.policy.set(policy);
     }
 
     /// The tenant as the policy has it now, if it is still there with the same token: a
@@ -199,11 +204,7 @@ impl Host {
     /// refused where it next looks (an invocation, once admitted and its body read), and one
     /// whose grants, models or limits changed runs under the new ones.
     pub fn current_tenant(&self, tenant: &Tenant) -> Option<Arc<Tenant>> {
-        self.policy()
-            .tenants
-            .get(&tenant.name)
-            .filter(|t| t.token_sha256 == tenant.token_sha256)
-            .cloned()
+        tenant.as_in(&self.policy().tenants).cloned()
     }
 
     pub fn runtime(&self) -> &Arc<Runtime> {
@@ -326,6 +327,7 @@ impl Host {
         tenant: &Tenant,
         id: &str,
         model: &str,
+        slot: Option<admission::Permit>,
     ) -> Result<ModelProfile, DeviceError> {
         let deadline = Deadline::new(PROFILE_TIMEOUT.min(tenant.limits.timeout));
         let share = || -> Arc<dyn Pace> { self.runtime.share_for(tenant, deadline.at()) };
@@ -380,10 +382,11 @@ impl Host {
         let what = format!("profiling model `{model}` at batch {batch}");
         let held = self
             .device
-            .reserve(cost.run_bytes(batch as u64), 0, tenant, &deadline, &what)
+            .reserve(cost.run_bytes(batch as u64), tenant, &deadline, &what)
             .await?;
-        // The model stays pinned, and the memory and the turn held, until the measurement
-        // ends, even when the caller goes away.
+        // The model stays pinned, and the memory, the turn and the tenant's admission slot
+        // held, until the measurement ends, even when the caller goes away: a tenant that
+        // hangs up cannot run more measurements at once than its concurrency.
         let id = id.to_string();
         let (layers, pin) = tokio::task::spawn_blocking(move || {
             // On a slot of the tenant's share, or not at all once its time is up.
@@ -391,6 +394,7 @@ impl Host {
             drop(work);
             drop(held);
             drop(measuring);
+            drop(slot);
             (layers, pin)
         })
         .await

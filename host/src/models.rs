@@ -335,6 +335,16 @@ impl Models {
         Some(Resolved { id, manifest })
     }
 
+    /// Whether `tenant` may use the model with id `id` (what [`Models::resolve`] gave), under
+    /// the grants it has now: its own packages, or a shared model it is granted.
+    pub fn may_use(&self, tenant: &Tenant, id: &str) -> bool {
+        let granted = match id.split_once('/') {
+            Some((owner, _)) => owner == tenant.name,
+            None => tenant.models.contains(id),
+        };
+        granted && self.catalog().entries.contains_key(id)
+    }
+
     /// Every model `tenant` may use, by the name it uses.
     pub fn visible(&self, tenant: &Tenant) -> Vec<(String, Arc<Manifest>)> {
         let catalog = self.catalog();
@@ -404,6 +414,13 @@ impl Models {
             .get(name)
             .ok_or_else(|| format!("no model `{name}` on this host"))?;
         measured(&entry.memory_key).get_or_make(|| self.kept_or_measured(name, entry, pkg))
+    }
+
+    /// The memory model of `id` if this process has it already (measured, or read from where
+    /// it is kept); never loads or measures.
+    pub fn memory_known(&self, id: &str) -> Option<Arc<ModelMemory>> {
+        let catalog = self.catalog();
+        measured(&catalog.entries.get(id)?.memory_key).done()
     }
 
     /// The memory model kept on disk under `key`, else measured and kept there.

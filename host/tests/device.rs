@@ -310,16 +310,48 @@ async fn a_reservation_that_cannot_fit_unloads_no_model() {
     assert_eq!((s.loaded, s.evictions), (2, 0), "{s:?}");
     // Unloading the idle model would not make room: it stays.
     let big = free + p.weights(idle) + 1;
-    assert!(budget.reserve_now(big, big, "t").is_none());
+    assert!(budget.reserve_now(big, "t").is_none());
     let s = budget.snapshot();
     assert_eq!((s.loaded, s.evictions), (2, 0), "{s:?}");
     // Unloading it makes room: it goes.
     let held = budget
-        .reserve_now(free + p.weights(idle), 1, "t")
+        .reserve_now(free + p.weights(idle), "t")
         .expect("room once it is unloaded");
     let s = budget.snapshot();
     assert_eq!((s.loaded, s.evictions), (1, 1), "{s:?}");
     drop((held, pinned));
+}
+
+/// A model whose weights fit the budget but not beside one sample's run is refused before it
+/// is loaded again, once its memory model is known: each call loaded it (unloading idle
+/// models, its weights charged, read from disk) only to be refused once it was loaded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_that_cannot_run_one_sample_is_not_loaded_again() {
+    let _one = serial().lock().await;
+    let p = Packages::open();
+    let model = "resnet18";
+    let budget = Budget::new(p.weights(model) + (1 << 20), RESIDENT_FOR);
+    let mut loads = Vec::new();
+    for _ in 0..3 {
+        let e = p
+            .pin(&budget, model, "t", LONG)
+            .await
+            .expect_err("one sample does not fit beside the weights");
+        assert!(
+            matches!(e, hapi_host::device::DeviceError::TooLarge(_)),
+            "{e}"
+        );
+        assert!(e.to_string().contains("to run one sample"), "{e}");
+        loads.push(budget.snapshot().loads);
+    }
+    // The first call may load it (to measure it, unless this process has already); no later
+    // call does.
+    assert!(
+        loads[0] <= 1 && loads[1] == loads[0] && loads[2] == loads[0],
+        "{loads:?}"
+    );
+    let s = budget.snapshot();
+    assert_eq!((s.loaded, s.weights), (0, 0), "{s:?}");
 }
 
 /// A tenant that loads model after model (resnet18, densenet121, resnet18, ...) in a budget
@@ -377,7 +409,7 @@ async fn a_batch_makes_room_from_its_own_models_not_a_neighbours() {
         p.use_model(&budget, mine, "me").await;
         let need = free + p.weights(theirs);
         let held = budget
-            .reserve_now(need, 1, "me")
+            .reserve_now(need, "me")
             .expect("room from my own model");
         // One model unloaded either way: mine, or (least recently used, whoever's) theirs.
         let s = budget.snapshot();
@@ -393,31 +425,39 @@ async fn a_batch_makes_room_from_its_own_models_not_a_neighbours() {
 }
 
 /// A batch that cannot get one sample's room by the rules (the neighbour's model within its
-/// share, the leader's own pinned) still runs one sample, unloading the neighbour's idle model:
-/// a leader that never runs would hold up every tenant's batches behind it. Only one sample's
-/// room is taken that way.
+/// share, the leader's own pinned: the leader wants more than its share) unloads nothing and
+/// waits, as a load does, until the neighbour's model goes stale; the dispatcher passes over
+/// such a leader meanwhile. It had run one sample at a time, unloading the neighbour's idle
+/// model each time: a tenant keeping its own models pinned by queued calls made its
+/// neighbour load its model again and again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_batch_that_fits_no_sample_by_the_rules_still_runs_one() {
+async fn a_batch_that_fits_no_sample_by_the_rules_unloads_no_neighbours_model() {
     let _one = serial().lock().await;
     let p = Packages::open();
     let (theirs, mine) = ("efficientnet_lite0", "resnet18");
     let free = 1 << 20;
-    let budget = Budget::new(p.weights(theirs) + p.weights(mine) + free, RESIDENT_FOR);
-    p.use_model(&budget, theirs, "neighbour").await;
-    let running = p.pin(&budget, mine, "me", LONG).await.expect(mine);
+    let total = p.weights(theirs) + p.weights(mine) + free;
     let one = 2 * free;
-    // Two samples' room is not there by the rules, nor by unloading anything for one sample.
-    assert!(budget.reserve_now(2 * one, one, "me").is_none());
-    assert_eq!(budget.snapshot().evictions, 0);
-    assert_eq!(
-        budget.room_for(one, "me"),
-        one,
-        "one sample's room, no more"
-    );
-    let held = budget.reserve_now(one, one, "me").expect("one sample runs");
-    let s = budget.snapshot();
-    assert_eq!((s.loaded, s.evictions), (1, 1), "{s:?}");
-    drop((held, running));
+    for (resident_for, runs) in [(RESIDENT_FOR, false), (Duration::ZERO, true)] {
+        let budget = Budget::new(total, resident_for);
+        p.use_model(&budget, theirs, "neighbour").await;
+        let running = p.pin(&budget, mine, "me", LONG).await.expect(mine);
+        let room = budget.room_for(one, "me");
+        let held = budget.reserve_now(one, "me");
+        let s = budget.snapshot();
+        if runs {
+            // The neighbour's use is stale at once: its model is nobody's.
+            assert!(room >= one, "{room}");
+            assert!(held.is_some());
+            assert_eq!((s.loaded, s.evictions), (1, 1), "{s:?}");
+        } else {
+            assert_eq!(room, free, "the free bytes only");
+            assert!(budget.room_once_reservations_end("me") < one);
+            assert!(held.is_none(), "no sample's room");
+            assert_eq!((s.loaded, s.evictions), (2, 0), "{s:?}");
+        }
+        drop((held, running));
+    }
 }
 
 /// A tenant loads one model at a time: while its load of resnet50 (measured on first use:
@@ -1077,7 +1117,7 @@ async fn a_leader_that_cannot_fit_a_sample_does_not_hold_up_a_neighbour_that_can
     let _one = serial().lock().await;
     let p = Packages::open();
     let (big, small) = ("resnet18", "efficientnet_lite0");
-    let device = |budget: u64| {
+    let device = |budget: u64, resident_for: Duration| {
         Device::start(
             DeviceConfig {
                 budget,
@@ -1088,7 +1128,7 @@ async fn a_leader_that_cannot_fit_a_sample_does_not_hold_up_a_neighbour_that_can
                 slice: Duration::from_millis(50),
                 batch_time: Duration::from_millis(50),
                 workers: 1,
-                resident_for: RESIDENT_FOR,
+                resident_for,
             },
             Arc::clone(&p.models),
         )
@@ -1097,7 +1137,7 @@ async fn a_leader_that_cannot_fit_a_sample_does_not_hold_up_a_neighbour_that_can
     let one = |pin: &hapi_host::device::budget::Pin| pin.memory.segment(0..1).run_bytes(1);
     // The two segments' one-sample runs, from their memory models (measured on first load).
     let (one_big, one_small) = {
-        let d = device(4 << 30);
+        let d = device(4 << 30, RESIDENT_FOR);
         let (b, s) = (Arc::from("measure"), Deadline::new(LONG));
         let big_pin = d.acquire(big, &b, &s, None).await.expect(big);
         let small_pin = d.acquire(small, &b, &s, None).await.expect(small);
@@ -1108,7 +1148,11 @@ async fn a_leader_that_cannot_fit_a_sample_does_not_hold_up_a_neighbour_that_can
         "{one_big} <= {one_small}: the test proves nothing"
     );
     // Both models loaded leave room for one sample of the small segment, not of the big one.
-    let d = device(p.weights(big) + p.weights(small) + one_small);
+    // The light tenant's model is its own for a second after its last use.
+    let d = device(
+        p.weights(big) + p.weights(small) + one_small,
+        Duration::from_secs(1),
+    );
     let (heavy, light): (Arc<str>, Arc<str>) = (Arc::from("heavy"), Arc::from("light"));
     let limit = Duration::from_secs(10);
     let job = |tenant: &Arc<str>, pin| {
@@ -1129,6 +1173,7 @@ async fn a_leader_that_cannot_fit_a_sample_does_not_hold_up_a_neighbour_that_can
             account,
             deadline: Arc::new(Deadline::new(limit)),
             slot: None,
+            usage: Arc::default(),
         }
     };
     let deadline = Deadline::new(LONG);
@@ -1151,7 +1196,8 @@ async fn a_leader_that_cannot_fit_a_sample_does_not_hold_up_a_neighbour_that_can
     let heavy_ran = heavy_call.await.expect("join");
     eprintln!("the light call ran in {light_took:?}");
     assert!(light_ran.is_ok(), "{light_ran:?}");
-    // With the light call done its model is idle: the heavy call's sample unloads it and runs.
+    // With the light call done its model is idle, and a second later nobody's: the heavy
+    // call's sample unloads it then and runs.
     assert!(heavy_ran.is_ok(), "{heavy_ran:?}");
     assert_eq!(d.memory().evictions, 1);
 }

@@ -191,6 +191,50 @@ async fn unknown_models_and_layer_ranges_are_rejected() {
     ); // usize is 32-bit in the guest
 }
 
+/// The two ways a reload takes alice's reads away, with what a call then gets (status, code,
+/// and a part of its message): her first grant (hers comes first) names another prefix, or
+/// her token changes.
+fn revocations(original: &str) -> [(String, u16, &'static str, &'static str); 2] {
+    let grant = r#"grants = [{ bucket = "datasets", prefix = "fashion-mnist/" }]"#;
+    assert!(original.contains(grant), "alice's grant");
+    [
+        (
+            original.replacen(
+                grant,
+                r#"grants = [{ bucket = "datasets", prefix = "private/" }]"#,
+                1,
+            ),
+            403,
+            "object_denied",
+            "outside tenant `alice`'s grants",
+        ),
+        (
+            original.replacen(&hash_token(ALICE), &hash_token("alice-new-token"), 1),
+            401,
+            "bad_token",
+            "tenant `alice`",
+        ),
+    ]
+}
+
+/// Waits (30 s at most) until alice's calls, (running, waiting), are `want`; `what` names the
+/// state in the failure.
+async fn reach(
+    admission: &std::sync::Arc<hapi_host::admission::Admission>,
+    want: (usize, usize),
+    what: &str,
+) {
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while admission.load() != want {
+        let now = admission.load();
+        assert!(
+            std::time::Instant::now() < until,
+            "{what}: alice's calls (running, waiting) are {now:?}, not {want:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+}
+
 /// A reload reaches calls that were admitted to the queue before it but have not run: they
 /// run under the new grants, or not at all once their token is revoked (they ran under the
 /// policy they authenticated with, reading what the new one takes away).
@@ -207,27 +251,8 @@ async fn a_reload_reaches_calls_still_waiting_for_their_slot() {
     })
     .await;
     let original = std::fs::read_to_string(&h.policy_path).expect("policy");
-    let grant = r#"grants = [{ bucket = "datasets", prefix = "fashion-mnist/" }]"#;
-    assert!(original.contains(grant), "alice's grant");
     let small = || read("datasets", &["fashion-mnist/small.bin"]);
-    let cases = [
-        (
-            // Alice's first grant (hers comes first) now names another prefix.
-            original.replacen(
-                grant,
-                r#"grants = [{ bucket = "datasets", prefix = "private/" }]"#,
-                1,
-            ),
-            403,
-            "object_denied",
-        ),
-        (
-            original.replacen(&hash_token(ALICE), &hash_token("alice-new-token"), 1),
-            401,
-            "bad_token",
-        ),
-    ];
-    for (changed, status, expected) in cases {
+    for (changed, status, expected, _) in revocations(&original) {
         h.reload(&original).await.expect("reloaded");
         assert_eq!(
             raw(h.invoke(ALICE, "hostile", small()).await).await,
@@ -241,29 +266,14 @@ async fn a_reload_reaches_calls_still_waiting_for_their_slot() {
                 async move { common::invoke_at(&client, &url, ALICE, "hostile", body).await },
             )
         };
-        // (running, waiting) reached within 30 s.
-        let reach = |want: (usize, usize), what: &'static str| {
-            let admission = std::sync::Arc::clone(&admission);
-            async move {
-                let until = std::time::Instant::now() + std::time::Duration::from_secs(30);
-                while admission.load() != want {
-                    let now = admission.load();
-                    assert!(
-                        std::time::Instant::now() < until,
-                        "{what}: alice's calls (running, waiting) are {now:?}, not {want:?}"
-                    );
-                    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-                }
-            }
-        };
         // The answer above holds its slot until its last byte is written, a moment after the
         // client has it.
-        reach((0, 0), "the first read's slot given back").await;
+        reach(&admission, (0, 0), "the first read's slot given back").await;
         // One call holds alice's only slot until her time limit; two wait behind it.
         let holding = spawn(hostile("loop", &[], &[]));
-        reach((1, 0), "the holding call running").await;
+        reach(&admission, (1, 0), "the holding call running").await;
         let waiting = [spawn(small()), spawn(small())];
-        reach((1, 2), "two reads waiting behind it").await;
+        reach(&admission, (1, 2), "two reads waiting behind it").await;
         h.reload(&changed).await.expect("reloaded");
         assert_eq!(admission.load(), (1, 2), "reloaded while they waited");
         for call in waiting {
@@ -316,4 +326,43 @@ async fn a_reload_that_fails_on_a_function_still_revokes() {
     // The rest of the old policy stays: alice is served, without the broken function.
     alice_reads_her_own(&h).await;
     assert!(h.host.function("alice", "broken").is_none());
+}
+
+/// A reload reaches a running invocation at its next host call that uses a grant: one reading
+/// an object over and over stops being served once the grant is taken away (the guest sees
+/// `denied`) or the tenant's token changes (the invocation stops, 401). It read under the
+/// grants it started with until its time limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_reaches_a_running_invocation_at_its_next_read() {
+    let h = TestHost::start().await;
+    let original = std::fs::read_to_string(&h.policy_path).expect("policy");
+    for (changed, status, expected, says) in revocations(&original) {
+        h.reload(&original).await.expect("reloaded");
+        alice_reads_her_own(&h).await;
+        let alice = h.host.policy().tenants["alice"].clone();
+        let admission = h.host.admission(&alice);
+        reach(&admission, (0, 0), "the first read's slot given back").await;
+        // Reads of one small object, far more than alice's 20 s allow.
+        let body = hostile(
+            "reread",
+            &[("count", "1000000000")],
+            &["fashion-mnist/small.bin"],
+        );
+        let (client, url) = (h.client.clone(), h.url.clone());
+        let rereading =
+            tokio::spawn(
+                async move { common::invoke_at(&client, &url, ALICE, "hostile", body).await },
+            );
+        reach(&admission, (1, 0), "the rereading call running").await;
+        // Reading by now (its body is a few hundred bytes, its reads microseconds apart).
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        h.reload(&changed).await.expect("reloaded");
+        let (code, message) = error_code(rereading.await.expect("join"), status).await;
+        assert_eq!(code, expected, "{message}");
+        assert!(message.contains(says), "{message}");
+        // Stopped while it ran, not refused before it started.
+        if status == 401 {
+            assert!(message.contains("while its invocation ran"), "{message}");
+        }
+    }
 }

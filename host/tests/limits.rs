@@ -391,6 +391,83 @@ async fn a_profile_takes_one_of_the_tenants_slots() {
     assert_eq!(profile().await.status(), 200);
 }
 
+/// A profile whose client hangs up while the model is measured keeps its tenant's slot until
+/// the measurement ends, as a device batch does: tenant `prof` (one slot, no queue) could
+/// otherwise start a measurement, hang up, and start the next, running as many at once as it
+/// has models unmeasured, each holding device memory and a thread.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_profile_keeps_its_slot_while_it_measures_after_its_client_hangs_up() {
+    const PROF: &str = "prof-token";
+    let h = common::start_tenants(|store, state| {
+        let text = common::policy_text_for(
+            &format!("store = \"{}\"", store.display()),
+            "measure_at_start = false",
+            state,
+        );
+        format!(
+            "{text}\n[tenants.prof]\ntoken_sha256 = \"{}\"\ngrants = []\nmodels = [\"vit_b_16\", \"densenet121\"]\nmemory = \"64MiB\"\ntimeout = \"600s\"\nconcurrency = 1\nqueue = 0\n",
+            hash_token(PROF)
+        )
+    })
+    .await;
+    let prof = h.host.policy().tenants["prof"].clone();
+    let admission = h.host.admission(&prof);
+    let addr = h.url.trim_start_matches("http://").to_string();
+    let mut conn = TcpStream::connect(&addr).await.expect("connect");
+    conn.write_all(
+        format!("GET /v1/models/vit_b_16/profile HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {PROF}\r\n\r\n")
+            .as_bytes(),
+    )
+    .await
+    .expect("send");
+    let until = Instant::now() + Duration::from_secs(30);
+    while admission.load() != (1, 0) {
+        assert!(Instant::now() < until, "{:?}", admission.load());
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // Past the model's load (which goes on after its caller has gone, one per tenant at a
+    // time), measuring: the measurement's memory is reserved in the budget while it runs.
+    let until = Instant::now() + Duration::from_secs(180);
+    loop {
+        let text = h.metrics().await;
+        let reserved = text
+            .lines()
+            .find_map(|l| l.strip_prefix("hapi_device_reserved_bytes "))
+            .and_then(|v| v.trim().parse::<f64>().ok());
+        if reserved.is_some_and(|r| r > 0.0) {
+            break;
+        }
+        assert!(Instant::now() < until, "never measuring:\n{text}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut answer = [0u8; 64];
+    let early = tokio::time::timeout(
+        Duration::from_millis(100),
+        tokio::io::AsyncReadExt::read(&mut conn, &mut answer),
+    )
+    .await;
+    assert!(
+        early.is_err(),
+        "the profile was answered within 3 s: the test proves nothing"
+    );
+    drop(conn);
+    let second = h
+        .client
+        .get(format!("{}/v1/models/densenet121/profile", h.url))
+        .bearer_auth(PROF)
+        .send()
+        .await
+        .expect("profile request");
+    let (code, message) = error_code(second, 429).await;
+    assert_eq!(code, "busy", "{message}");
+    // The slot comes back when the measurement ends.
+    let until = Instant::now() + Duration::from_secs(300);
+    while admission.load() != (0, 0) {
+        assert!(Instant::now() < until, "{:?}", admission.load());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// A request the tenant has no room for (`tight`'s two slots running endless loops, its one
 /// queue place taken) is refused before its body is used: the body, 3 MiB, is read and
 /// dropped, so that the client, still sending it, gets the 429 `busy` answer and not a broken
@@ -743,6 +820,73 @@ async fn a_client_that_hangs_up_stops_its_invocation_and_is_charged_for_it() {
     assert!(
         closed("hapi_invocation_seconds_total").expect("seconds") >= 4.0,
         "{text}"
+    );
+}
+
+/// A compute that its time limit stops part way is counted for the device time it had: each
+/// batch's time is added as the batch ends, to the invocation's `hapi_compute_seconds_total`
+/// and the tenant's `hapi_device_seconds_total` (both were added only when a call finished, so a
+/// tenant whose large calls always ran out of time had device time recorded for nobody). The
+/// metrics are read once the device runs no batch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn device_time_is_counted_for_a_compute_its_time_limit_stops() {
+    const STOPPED: &str = "stopped-token";
+    let h = common::start_tenants(|store, state| {
+        let mut text = common::policy_text(store, state);
+        text.push_str(&format!(
+            "\n[tenants.stopped]\ntoken_sha256 = \"{}\"\ngrants = []\nmodels = [\"resnet18\"]\nmemory = \"512MiB\"\ntimeout = \"3s\"\n[tenants.stopped.functions]\nhostile = \"{}\"\n",
+            hash_token(STOPPED),
+            common::guest("hostile").display()
+        ));
+        text
+    })
+    .await;
+    let graph = |dims: &str, bytes: usize| {
+        hostile(
+            "graph",
+            &[
+                ("graph", "resnet18[0..15]"),
+                ("dims", dims),
+                ("bytes", &bytes.to_string()),
+            ],
+            &[],
+        )
+    };
+    // Alice loads and measures the model (its first use), within her 20 s.
+    let warm = h
+        .warm(ALICE, "hostile", graph("1,3,224,224", 602_112))
+        .await;
+    assert_eq!(warm.status(), 200, "{:?}", warm.text().await);
+    // 192 samples through the whole network: many seconds of batches on this CPU, past its 3 s.
+    let resp = h
+        .invoke(STOPPED, "hostile", graph("192,3,224,224", 192 * 602_112))
+        .await;
+    let (code, message) = error_code(resp, 422).await;
+    assert_eq!(code, "time_limit_exceeded", "{message}");
+    let until = Instant::now() + Duration::from_secs(60);
+    while h.host.device().memory().running_batches > 0 {
+        assert!(
+            Instant::now() < until,
+            "the stopped call's last batch never ended"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let text = h.metrics().await;
+    let value = |series: &str| -> f64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(series))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {series} in\n{text}"))
+    };
+    let compute = value(
+        "hapi_compute_seconds_total{tenant=\"stopped\",function=\"hostile\",code=\"time_limit_exceeded\"}",
+    );
+    let device = value("hapi_device_seconds_total{tenant=\"stopped\"}");
+    // The batch running when the call stopped is the tenant's once it ends, and may end after
+    // the invocation's own count was taken.
+    assert!(
+        compute > 0.3 && device >= compute,
+        "device time counted: {compute} s for the invocation, {device} s for the tenant"
     );
 }
 

@@ -547,3 +547,44 @@ async fn listing_bounds_obeyed_and_violated() {
         Err(ObjectError::TooManyEntries((n - 1) as u64))
     );
 }
+
+/// A placement request is bounded by its tenant's time limit, as an invocation is: against a
+/// filer that does not answer, `tight`'s (1 s limit) 64 keys were looked up eight at a time,
+/// each waiting for the client's 10 s timeout, holding its slot and its share of the lookups
+/// for 80 s. At the limit it answers what it found (here nothing: no volumes for any key).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_placement_request_ends_at_its_tenants_time_limit() {
+    // A filer that accepts connections and never answers.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let filer = format!("http://{}", listener.local_addr().expect("addr"));
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for conn in listener.incoming().flatten() {
+            held.push(conn);
+        }
+    });
+    let tmp = tempfile::tempdir().expect("tmp");
+    let section = format!(
+        "[host.s3]\nendpoint = \"http://127.0.0.1:9\"\nseaweedfs_filer = \"{filer}\"\nlocal_volume_server = \"http://127.0.0.1:9\"\n"
+    );
+    let text = common::policy_text_for("store = \"s3://\"", &section, &tmp.path().join("state"));
+    let h = TestHost::start_with(tmp, std::path::PathBuf::new(), text).await;
+    let keys: Vec<String> = (0..64).map(sample_key).collect();
+    let started = std::time::Instant::now();
+    let ask = h
+        .client
+        .post(format!("{}/v1/placement", h.url))
+        .bearer_auth(common::TIGHT)
+        .json(&json!({"bucket": "datasets", "keys": keys}))
+        .send();
+    let resp = tokio::time::timeout(std::time::Duration::from_secs(30), ask)
+        .await
+        .expect("answered at the tenant's limit, not once every lookup had ended")
+        .expect("placement");
+    assert_eq!(resp.status(), 200);
+    let answer: serde_json::Value = resp.json().await.expect("JSON");
+    let volumes = answer["volumes"].as_array().expect("volumes");
+    assert_eq!(volumes.len(), 64);
+    assert!(volumes.iter().all(|v| v == &json!([])), "{answer}");
+    eprintln!("answered in {:?}", started.elapsed());
+}

@@ -79,6 +79,11 @@ fn bad_values_are_named_with_key_and_line() {
             "grants = [{ bucket = \"d\", prefix = \"../x\" }]",
             "prefix `../x` must be relative",
         ),
+        // No key has an empty segment: the grant would give nothing, silently.
+        (
+            "grants = [{ bucket = \"d\", prefix = \"team//alice/\" }]",
+            "prefix `team//alice/` must be relative, without empty",
+        ),
     ] {
         let e = parse(&with_tenant(extra)).expect_err(extra);
         assert!(e.contains("policy.toml line 8"), "{extra}: {e}");
@@ -91,6 +96,41 @@ fn bad_values_are_named_with_key_and_line() {
     assert!(e.contains("line 6") && e.contains("64 hex digits"), "{e}");
     let e = parse("[host]\nstore = \"s\"\n").expect_err("missing");
     assert!(e.contains("missing field `models`"), "{e}");
+}
+
+/// On S3: half a key pair would be ignored for the environment's credentials, and a bucket S3
+/// refuses would fail every read as the store's fault; both are named at parse time.
+#[test]
+fn s3_credentials_and_bucket_names_are_checked() {
+    let s3 = |s3: &str, bucket: &str| {
+        format!(
+            "[host]\nstore = \"s3://\"\nmodels = \"models\"\nstate = \"state\"\n[host.s3]\nendpoint = \"http://127.0.0.1:8333\"\n{s3}\n\n[tenants.alice]\ntoken_sha256 = \"{}\"\ngrants = [{{ bucket = \"{bucket}\" }}]\n",
+            hash_token("t")
+        )
+    };
+    let both = "access_key_id = \"k\"\nsecret_access_key = \"s\"";
+    parse(&s3(both, "datasets")).expect("valid");
+    parse(&s3("", "my-data-1")).expect("the environment's credentials");
+    for half in ["access_key_id = \"k\"", "secret_access_key = \"s\""] {
+        let e = parse(&s3(half, "datasets")).expect_err(half);
+        assert!(e.contains("policy.toml line 7"), "{half}: {e}");
+        assert!(
+            e.contains("set access_key_id and secret_access_key together"),
+            "{half}: {e}"
+        );
+    }
+    for bucket in ["Data", "my_data", "ab", "-data"] {
+        let e = parse(&s3(both, bucket)).expect_err(bucket);
+        assert!(
+            e.contains("an S3 bucket's name is 3 to 63"),
+            "{bucket}: {e}"
+        );
+        // The same names serve a local store.
+        parse(&with_tenant(&format!(
+            "grants = [{{ bucket = \"{bucket}\" }}]"
+        )))
+        .unwrap_or_else(|e| panic!("{bucket} on a local store: {e}"));
+    }
 }
 
 #[test]

@@ -48,6 +48,29 @@ pub fn quote(s: &str) -> String {
     out
 }
 
+/// `value`'s text (`{:#}`, so an error's chain), formatting only up to [`MAX_MESSAGE`] bytes:
+/// the formatting stops there, so a value whose whole text would be huge (a trap's backtrace)
+/// costs the host no more than its first bytes.
+pub fn bounded_display(value: &dyn std::fmt::Display) -> String {
+    struct Capped(String);
+    impl std::fmt::Write for Capped {
+        fn write_str(&mut self, s: &str) -> std::fmt::Result {
+            let room = (MAX_MESSAGE - 40).saturating_sub(self.0.len());
+            if s.len() > room {
+                self.0.push_str(prefix(s, room));
+                return Err(std::fmt::Error);
+            }
+            self.0.push_str(s);
+            Ok(())
+        }
+    }
+    let mut out = Capped(String::new());
+    if std::fmt::Write::write_fmt(&mut out, format_args!("{value:#}")).is_err() {
+        out.0.push_str("... (cut)");
+    }
+    out.0
+}
+
 /// `s` cut to at most [`MAX_MESSAGE`] bytes, saying how much was cut.
 pub fn bounded(mut s: String) -> String {
     if s.len() > MAX_MESSAGE {
@@ -79,5 +102,21 @@ mod tests {
         assert!(b.len() <= MAX_MESSAGE, "{}", b.len());
         assert!(b.ends_with(&format!("({} bytes in all)", 24 << 20)));
         assert_eq!(bounded("short".into()), "short");
+        // Formatting stops at the bound: a Display that would write forever ends.
+        struct Endless;
+        impl std::fmt::Display for Endless {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                loop {
+                    f.write_str("again ")?;
+                }
+            }
+        }
+        let d = bounded_display(&Endless);
+        assert!(
+            d.len() <= MAX_MESSAGE && d.ends_with("... (cut)"),
+            "{}",
+            d.len()
+        );
+        assert_eq!(bounded_display(&"short"), "short");
     }
 }

@@ -37,7 +37,7 @@ impl ModelsCtx {
 
 impl wit::Host for ModelsCtx {
     async fn describe(&mut self, name: String) -> wasmtime::Result<Result<wit::ModelInfo, String>> {
-        let tenant = &self.caller.tenant;
+        let tenant = &self.caller.tenant_now().map_err(Stop::trap)?;
         let Some(m) = self.models.resolve(tenant, &name).map(|r| r.manifest) else {
             return Ok(Err(format!(
                 "model `{}` is not one tenant `{}` may use",

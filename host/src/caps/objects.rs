@@ -110,6 +110,14 @@ impl ObjectsCtx {
         }
     }
 
+    /// Checks the next call against the grants of the tenant as the policy in force has it: a
+    /// reload reaches a running invocation here.
+    fn regrant(&mut self) -> wasmtime::Result<()> {
+        let now = self.caller.tenant_now().map_err(Stop::trap)?;
+        self.scoped.regrant(now);
+        Ok(())
+    }
+
     /// Records a failure on `key` and turns it into the guest's error; past the invocation's
     /// deadline (the local store's job stops there, `Stopped`), any failure stops the
     /// invocation at its time limit instead, a store's own failure recorded first.
@@ -152,6 +160,7 @@ impl ObjectsCtx {
         key: &str,
         range: Option<(u64, u64)>,
     ) -> Answer<Vec<u8>> {
+        self.regrant()?;
         let started = Instant::now();
         let turn = Arc::clone(&self.caller.turn);
         // Planning and reading are one call on the turn.
@@ -204,6 +213,7 @@ impl wit::Host for ObjectsCtx {
     }
 
     async fn head(&mut self, bucket: String, key: String) -> Answer<wit::ObjectMeta> {
+        self.regrant()?;
         let started = Instant::now();
         let turn = Arc::clone(&self.caller.turn);
         let here = self.scoped.works_here();
@@ -227,6 +237,7 @@ impl wit::Host for ObjectsCtx {
         prefix: String,
         limit: u32,
     ) -> Answer<Vec<wit::ObjectMeta>> {
+        self.regrant()?;
         let started = Instant::now();
         let turn = Arc::clone(&self.caller.turn);
         let here = self.scoped.works_here();

@@ -13,10 +13,10 @@
 //! included), in that order, least recently used first within each; never from a model of a
 //! tenant within its share. A tenant that loads model after model unloads its own, not a
 //! neighbour's. A claim that cannot be met that way waits (woken when a use grows stale) until
-//! its deadline; except that a batch which cannot get one sample's room that way runs one
-//! sample, unloading idle models whoever's (a leader that never ran would hold up every
-//! tenant's batches behind it). A tenant loads one model at a time: a load goes on after its
-//! caller has gone, and the tenant's next load waits for it.
+//! its deadline, a batch's too (the dispatcher passes over a leader that cannot get one
+//! sample's room, rather than hold up every tenant's batches behind it). A tenant loads one
+//! model at a time: a load goes on after its caller has gone, and the tenant's next load waits
+//! for it.
 
 use crate::account::{Deadline, Pace};
 use crate::device::types::DeviceError;
@@ -127,7 +127,7 @@ enum Claim<'a> {
     For(&'a str),
     /// Models nobody owns.
     Stale,
-    /// Any idle model (only to tell why a claim waits).
+    /// Any idle model (only to tell why a claim waits: nothing is unloaded for it).
     Any,
 }
 
@@ -435,6 +435,13 @@ impl Budget {
                 self.total
             )));
         }
+        // Once its memory model is known (its first load measured it), a model whose weights
+        // fit but not beside one sample's run is refused before it is loaded again: each call
+        // would otherwise unload idle models, charge its weights and read it from disk, only
+        // to be refused once it was loaded.
+        if let Some(memory) = models.memory_known(name) {
+            self.fits_one_sample(name, weights, &memory)?;
+        }
         // Counted once per call in `deferred`.
         let mut counted = false;
         loop {
@@ -612,37 +619,28 @@ impl Budget {
     ) -> Result<Pin, DeviceError> {
         let mut s = lock(&self.state);
         let result = match loaded {
-            Ok((package, memory)) => {
-                let first = memory.one_sample_peak();
-                if weights + first > self.total {
-                    Err(DeviceError::TooLarge(format!(
-                        "model `{name}` needs {weights} bytes of weights and {first} to run one \
-                         sample; the device budget is {}",
-                        self.total
-                    )))
-                } else {
-                    s.clock += 1;
-                    let (tick, window) = (s.clock, s.resident_for);
-                    let pin = Pin {
-                        budget: Arc::clone(self),
-                        name: name.to_string(),
-                        tenant: Arc::clone(tenant),
-                        model: Arc::clone(&package),
-                        memory: Arc::clone(&memory),
-                    };
-                    let mut loaded = Loaded {
-                        package,
-                        memory,
-                        weights,
-                        pins: 0,
-                        last_used: tick,
-                        users: Vec::new(),
-                    };
-                    loaded.pin(tenant, Instant::now(), window);
-                    s.models.insert(name.to_string(), Slot::Loaded(loaded));
-                    Ok(pin)
-                }
-            }
+            Ok((package, memory)) => self.fits_one_sample(name, weights, &memory).map(|()| {
+                s.clock += 1;
+                let (tick, window) = (s.clock, s.resident_for);
+                let pin = Pin {
+                    budget: Arc::clone(self),
+                    name: name.to_string(),
+                    tenant: Arc::clone(tenant),
+                    model: Arc::clone(&package),
+                    memory: Arc::clone(&memory),
+                };
+                let mut loaded = Loaded {
+                    package,
+                    memory,
+                    weights,
+                    pins: 0,
+                    last_used: tick,
+                    users: Vec::new(),
+                };
+                loaded.pin(tenant, Instant::now(), window);
+                s.models.insert(name.to_string(), Slot::Loaded(loaded));
+                pin
+            }),
             Err(e) => Err(DeviceError::Failed(format!("loading model `{name}`: {e}"))),
         };
         if result.is_err() {
@@ -654,6 +652,24 @@ impl Budget {
         result
     }
 
+    /// Whether `name`'s weights and one sample's run fit the budget at all.
+    fn fits_one_sample(
+        &self,
+        name: &str,
+        weights: u64,
+        memory: &ModelMemory,
+    ) -> Result<(), DeviceError> {
+        let first = memory.one_sample_peak();
+        if weights.saturating_add(first) > self.total {
+            return Err(DeviceError::TooLarge(format!(
+                "model `{name}` needs {weights} bytes of weights and {first} to run one sample; \
+                 the device budget is {}",
+                self.total
+            )));
+        }
+        Ok(())
+    }
+
     /// The most a batch of `model` could ever reserve: the budget less its own weights.
     pub fn ceiling(&self, model_weights: u64) -> u64 {
         self.total.saturating_sub(model_weights)
@@ -661,9 +677,9 @@ impl Budget {
 
     /// Bytes a batch led by `tenant` could reserve now: free, or once the models nobody owns
     /// are unloaded; if that leaves less than `one` (a sample's run), once the models
-    /// [`Claim::For`] `tenant` allows are; and if not even that leaves `one`, `one` if
-    /// unloading idle models whoever's would (a batch of one sample goes on: a leader that
-    /// cannot run would hold up every tenant's batches behind it).
+    /// [`Claim::For`] `tenant` allows are. Never by unloading a model another tenant keeps
+    /// within its share: a leader that cannot have one sample's room by these rules is passed
+    /// over (see the dispatcher) and waits for those models to go stale, as a load does.
     pub fn room_for(&self, one: u64, tenant: &str) -> u64 {
         let s = lock(&self.state);
         let now = Instant::now();
@@ -671,19 +687,15 @@ impl Budget {
         if stale >= one {
             return stale;
         }
-        let claimable = s.room(self.total, Claim::For(tenant), now);
-        if claimable >= one {
-            return claimable;
-        }
-        let any = s.room(self.total, Claim::Any, now);
-        if any >= one { one } else { any }
+        s.room(self.total, Claim::For(tenant), now)
     }
 
-    /// Bytes a batch could have once the reservations held now (running batches, profiles)
-    /// are given back and every idle model is unloaded: what waiting for them can give.
-    pub fn room_once_reservations_end(&self) -> u64 {
+    /// Bytes a batch led by `tenant` could have once the reservations held now (running
+    /// batches, profiles) are given back and the models it may claim are unloaded: what
+    /// waiting for the running batches can give it.
+    pub fn room_once_reservations_end(&self, tenant: &str) -> u64 {
         let s = lock(&self.state);
-        s.room(self.total, Claim::Any, Instant::now())
+        s.room(self.total, Claim::For(tenant), Instant::now())
             .saturating_add(s.reserved)
     }
 
@@ -694,14 +706,12 @@ impl Budget {
     }
 
     /// Reserves `need` bytes now for work led by `tenant`, unloading the models [`Claim::For`]
-    /// `tenant` allows (those nobody owns first: their last use is older than any owned one's),
-    /// else (for at most `one` byte, a sample's run) any idle models; or `None`.
-    pub fn reserve_now(self: &Arc<Self>, need: u64, one: u64, tenant: &str) -> Option<Reservation> {
+    /// `tenant` allows (those nobody owns first: their last use is older than any owned one's);
+    /// or `None`.
+    pub fn reserve_now(self: &Arc<Self>, need: u64, tenant: &str) -> Option<Reservation> {
         let mut s = lock(&self.state);
         let now = Instant::now();
-        let made = s.make_room(self.total, need, Claim::For(tenant), now)
-            || (need <= one && s.make_room(self.total, need, Claim::Any, now));
-        if !made {
+        if !s.make_room(self.total, need, Claim::For(tenant), now) {
             return None;
         }
         s.reserved += need;
@@ -718,7 +728,6 @@ impl Budget {
     pub async fn reserve(
         self: &Arc<Self>,
         need: u64,
-        one: u64,
         tenant: &str,
         deadline: &Deadline,
         what: &str,
@@ -733,7 +742,7 @@ impl Budget {
             let notified = self.notify.notified();
             let mut notified = std::pin::pin!(notified);
             notified.as_mut().enable();
-            if let Some(r) = self.reserve_now(need, one, tenant) {
+            if let Some(r) = self.reserve_now(need, tenant) {
                 return Ok(r);
             }
             let kept = {

@@ -177,6 +177,8 @@ pub struct Call {
     /// The invocation's admission slot (see [`crate::device::job::Job::slot`]): let go with
     /// the call, once no batch holds it.
     pub slot: Option<Arc<crate::admission::Permit>>,
+    /// The invocation's usage, which each batch's share of device time is added to as it ends.
+    pub usage: Arc<crate::account::Usage>,
     pub reply: oneshot::Sender<Result<Ran, DeviceError>>,
     pub enqueued: Instant,
     /// How far the device has got with it.
@@ -567,7 +569,7 @@ impl Dispatcher {
                 chosen = Some((Arc::clone(t), head, cap));
                 break;
             }
-            if budget.room_once_reservations_end() >= cost.run_bytes(1) {
+            if budget.room_once_reservations_end(t) >= cost.run_bytes(1) {
                 break; // wait for the running batches to give it their room
             }
         }
@@ -671,11 +673,11 @@ impl Dispatcher {
         let (model, range) = (Arc::clone(&c.pin.model), c.range.clone());
         let (shape, out_shape) = (c.input.shape.clone(), c.out_shape.clone());
         let held = if self.config().adapt {
-            match self.shared.budget.reserve_now(
-                cost.run_bytes(size as u64),
-                cost.run_bytes(1),
-                &c.tenant,
-            ) {
+            match self
+                .shared
+                .budget
+                .reserve_now(cost.run_bytes(size as u64), &c.tenant)
+            {
                 Some(r) => Some(r),
                 None => {
                     self.shared.budget.wait_changed(MEMORY_POLL);
@@ -730,13 +732,12 @@ impl Dispatcher {
     fn complete(&mut self, done: Done) {
         self.long_running -= usize::from(done.long).min(self.long_running);
         let size: i64 = done.calls.iter().map(|(_, _, take)| take).sum();
-        {
-            let mut stats = lock(&self.shared.stats);
-            stats.finished();
-            stats.batch(done.calls.iter().map(|(_, c, _)| &*c.tenant), size);
-            if done.result.is_err() {
-                stats.faults += 1;
-            }
+        // Held through the loop below, which adds each call's device time.
+        let mut stats = lock(&self.shared.stats);
+        stats.finished();
+        stats.batch(done.calls.iter().map(|(_, c, _)| &*c.tenant), size);
+        if done.result.is_err() {
+            stats.faults += 1;
         }
         let mut ids = Vec::with_capacity(done.calls.len());
         for ((id, mut c, take), est) in done.calls.into_iter().zip(done.estimate) {
@@ -744,6 +745,9 @@ impl Dispatcher {
             let share = done.took.mul_f64(take as f64 / size.max(1) as f64);
             c.progress.device += share;
             c.progress.batches += 1;
+            // Counted as it ran, whether or not the call gets to its end.
+            c.usage.add_compute(share);
+            stats.tenant(&c.tenant).device_seconds += share.as_secs_f64();
             self.fair
                 .charge(&c.tenant, share.as_secs_f64() - est, c.weight);
             // Its id stayed in its tenant's queue, unless the queues were cleared meanwhile.
@@ -754,6 +758,8 @@ impl Dispatcher {
             self.calls.insert(id, c);
             ids.push(id);
         }
+        // `finish` takes the stats again.
+        drop(stats);
         match done.result {
             Ok(()) => {
                 for id in ids {
@@ -799,7 +805,6 @@ impl Dispatcher {
             let t = stats.tenant(&tenant);
             t.samples += n as u64;
             t.queued_seconds += ran.queued.as_secs_f64();
-            t.device_seconds += ran.device.as_secs_f64();
         }
         // A caller that gave up meanwhile gets nothing; its output is freed off this thread.
         if let Err(unsent) = reply.send(Ok(ran)) {

@@ -105,18 +105,16 @@ impl Device {
 
     /// Holds `need` bytes of the device's budget for work of `tenant` outside the dispatcher
     /// (a model's profile), waiting for room until `deadline`.
-    /// `one`: a sample's run (see [`Budget::reserve_now`]).
     pub async fn reserve(
         &self,
         need: u64,
-        one: u64,
         tenant: &str,
         deadline: &Deadline,
         what: &str,
     ) -> Result<Reservation, DeviceError> {
         self.shared
             .budget
-            .reserve(need, one, tenant, deadline, what)
+            .reserve(need, tenant, deadline, what)
             .await
     }
 
@@ -147,6 +145,7 @@ impl Device {
             account,
             deadline,
             slot,
+            usage,
         } = job;
         let n = input.n;
         let cost = pin.memory.segment(range.clone());
@@ -192,11 +191,7 @@ impl Device {
                     )),
                 ));
             }
-            match self
-                .shared
-                .budget
-                .reserve_now(need, cost.run_bytes(1), &tenant)
-            {
+            match self.shared.budget.reserve_now(need, &tenant) {
                 Some(r) => Some(r),
                 None => {
                     return Err(self.refused(
@@ -227,6 +222,7 @@ impl Device {
                 held,
                 deadline: Arc::clone(&deadline),
                 slot,
+                usage,
                 reply,
                 enqueued: Instant::now(),
                 progress: Progress::default(),
@@ -260,6 +256,7 @@ impl Device {
                     &mut output,
                     &d,
                     &cancel,
+                    &usage,
                 )?;
                 let dims = std::iter::once(n).chain(out_shape).collect();
                 Ok(Ran {
@@ -296,6 +293,7 @@ fn run_here(
     output: &mut Vec<u8>,
     deadline: &Deadline,
     cancel: &Cancel,
+    usage: &crate::account::Usage,
 ) -> Result<(Duration, Duration, u32), DeviceError> {
     let config = &shared.config;
     let (mut queued, mut device, mut batches) = (Duration::ZERO, Duration::ZERO, 0u32);
@@ -321,10 +319,7 @@ fn run_here(
                 .unwrap_or(i64::MAX);
             let b = cap.min(fits);
             if b >= 1
-                && let Some(r) =
-                    shared
-                        .budget
-                        .reserve_now(cost.run_bytes(b as u64), cost.run_bytes(1), tenant)
+                && let Some(r) = shared.budget.reserve_now(cost.run_bytes(b as u64), tenant)
             {
                 break (Some(r), b);
             }
@@ -350,8 +345,10 @@ fn run_here(
         drop(held);
         device += took;
         batches += 1;
+        usage.add_compute(took);
         {
             let mut stats = lock(&shared.stats);
+            stats.tenant(tenant).device_seconds += took.as_secs_f64();
             stats.batch(std::iter::once(tenant), b);
             if result.is_err() {
                 stats.faults += 1;

@@ -1,6 +1,6 @@
 //! What goes in and out of the device: a compute call and its result.
 
-use crate::account::{Account, Charge, Deadline};
+use crate::account::{Account, Charge, Deadline, Usage};
 use crate::admission::Permit;
 use crate::device::budget::Pin;
 use std::ops::Range;
@@ -58,6 +58,9 @@ pub struct Job {
     /// invocation stops (its time limit, its client gone) runs to its end, and the tenant's
     /// next call waits for it rather than holding as much again beside it.
     pub slot: Option<Arc<Permit>>,
+    /// The invocation's usage: each batch's device time is added as the batch ends, so a call
+    /// stopped part way (its time limit, its client gone) is counted for what ran.
+    pub usage: Arc<Usage>,
 }
 
 /// A finished call: its output and where its time went.

@@ -57,7 +57,7 @@ pub async fn profile(
     };
     // A profile may load the model and run it: it takes one of the tenant's slots, as an
     // invocation does, so that profiles cannot be called past the tenant's concurrency.
-    let _permit = host
+    let permit = host
         .admission(&tenant)
         .admit()
         .await
@@ -76,5 +76,9 @@ pub async fn profile(
             format!("no model `{name}` for tenant `{}`", tenant.name),
         )));
     };
-    Ok(Json(host.profile(&tenant, &model.id, &name).await?))
+    // The slot goes with the measurement, if one starts, not with this request.
+    Ok(Json(
+        host.profile(&tenant, &model.id, &name, Some(permit))
+            .await?,
+    ))
 }

@@ -61,7 +61,7 @@ mod parse;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
 /// Largest guest memory a policy may grant: the whole 32-bit address space.
@@ -341,12 +341,35 @@ pub fn valid_name(name: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || c == b'-' || c == b'_')
 }
 
-/// Checks a grant prefix: relative, no `.`/`..` segments, no backslashes or NULs.
-pub fn valid_key_part(s: &str) -> bool {
-    !s.starts_with('/')
-        && !s.contains('\\')
-        && !s.contains('\0')
-        && s.split('/').all(|seg| seg != "." && seg != "..")
+/// The policy in force, which a reload replaces. Running invocations read their tenant from it
+/// at every host call that uses a grant, so a reload reaches them there (see
+/// [`crate::caps::caller::Caller::tenant_now`]).
+#[derive(Debug)]
+pub struct Current(RwLock<Arc<Policy>>);
+
+impl Current {
+    pub fn new(policy: Arc<Policy>) -> Self {
+        Self(RwLock::new(policy))
+    }
+
+    pub fn get(&self) -> Arc<Policy> {
+        Arc::clone(&self.0.read().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    pub fn set(&self, policy: Arc<Policy>) {
+        *self.0.write().unwrap_or_else(PoisonError::into_inner) = policy;
+    }
+}
+
+impl Tenant {
+    /// This tenant as `tenants` (a policy's, maybe one reloaded since it authenticated) has it,
+    /// if it is there with the same token: what a call, deploy or removal that authenticated
+    /// earlier acts as. `None`: the tenant was removed or its token changed.
+    pub fn as_in<'a>(&self, tenants: &'a BTreeMap<String, Arc<Tenant>>) -> Option<&'a Arc<Tenant>> {
+        tenants
+            .get(&self.name)
+            .filter(|now| constant_time_eq(&now.token_sha256, &self.token_sha256))
+    }
 }
 
 fn constant_time_eq(a: &[u8; 32], b: &[u8; 32]) -> bool {

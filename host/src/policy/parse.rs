@@ -54,8 +54,8 @@ struct RawS3 {
     endpoint: String,
     #[serde(default = "default_region")]
     region: String,
-    access_key_id: Option<String>,
-    secret_access_key: Option<String>,
+    access_key_id: Option<Spanned<String>>,
+    secret_access_key: Option<Spanned<String>>,
     seaweedfs_filer: Option<Spanned<String>>,
     local_volume_server: Option<Spanned<String>>,
 }
@@ -328,8 +328,9 @@ impl Policy {
         let host = host_settings(&ctx, &raw.host)?;
         let mut tenants = BTreeMap::new();
         let mut tokens = BTreeMap::new();
+        let s3 = matches!(host.store, StoreLocation::S3(_));
         for (name, t) in &raw.tenants {
-            let tenant = tenant(&ctx, name, t, models)?;
+            let tenant = tenant(&ctx, name, t, models, s3)?;
             // A tenant's state (`functions/<tenant>`, `compiled/<tenant>`) is a directory of
             // its name: on a case-insensitive file system two such names would share it.
             if let Some(other) = tenants
@@ -395,13 +396,30 @@ fn host_settings(ctx: &Ctx<'_>, h: &RawHost) -> Result<HostSettings, PolicyError
                     secret_access_key: None,
                     locality: None,
                 },
-                Some(s) => S3Settings {
-                    endpoint: s.endpoint.clone(),
-                    region: s.region.clone(),
-                    access_key_id: s.access_key_id.clone(),
-                    secret_access_key: s.secret_access_key.clone(),
-                    locality: locality(ctx, s)?,
-                },
+                Some(s) => {
+                    // One without the other would be ignored, and the store reached with the
+                    // environment's credentials (`AWS_*`, an instance role): maybe not the
+                    // ones the operator meant.
+                    match (&s.access_key_id, &s.secret_access_key) {
+                        (Some(one), None) | (None, Some(one)) => {
+                            return ctx.err(
+                                one.span(),
+                                "host.s3: set access_key_id and secret_access_key together, or neither (to use the environment's credentials)".into(),
+                            );
+                        }
+                        _ => {}
+                    }
+                    S3Settings {
+                        endpoint: s.endpoint.clone(),
+                        region: s.region.clone(),
+                        access_key_id: s.access_key_id.as_ref().map(|k| k.get_ref().clone()),
+                        secret_access_key: s
+                            .secret_access_key
+                            .as_ref()
+                            .map(|k| k.get_ref().clone()),
+                        locality: locality(ctx, s)?,
+                    }
+                }
             };
             StoreLocation::S3(s3)
         }
@@ -537,11 +555,23 @@ fn host_settings(ctx: &Ctx<'_>, h: &RawHost) -> Result<HostSettings, PolicyError
     })
 }
 
+/// An S3 bucket name as AWS (and SeaweedFS, MinIO) accept it, within [`valid_name`]'s
+/// characters.
+fn valid_s3_bucket(name: &str) -> bool {
+    let b = name.as_bytes();
+    (3..=63).contains(&b.len())
+        && b.iter()
+            .all(|&c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-')
+        && b.first().is_some_and(u8::is_ascii_alphanumeric)
+        && b.last().is_some_and(u8::is_ascii_alphanumeric)
+}
+
 fn tenant(
     ctx: &Ctx<'_>,
     name: &str,
     t: &Spanned<RawTenant>,
     known_models: Option<&PolicyModels>,
+    s3: bool,
 ) -> Result<Tenant, PolicyError> {
     let span = t.span();
     let t = t.get_ref();
@@ -566,17 +596,29 @@ fn tenant(
                 ),
             );
         }
+        // S3 refuses other names: every read of such a bucket would fail as the store's fault.
+        if s3 && !valid_s3_bucket(bucket) {
+            return ctx.err(
+                g.bucket.span(),
+                format!(
+                    "{}: bucket `{bucket}`: an S3 bucket's name is 3 to 63 lowercase letters, digits and `-`, beginning and ending with a letter or digit",
+                    key("grants")
+                ),
+            );
+        }
         let prefix = g
             .prefix
             .as_ref()
             .map(|p| p.get_ref().clone())
             .unwrap_or_default();
-        if !valid_key_part(&prefix) || prefix.len() > hapi_wire::invoke::MAX_KEY_BYTES {
+        // Checked as a listing's prefix is: a prefix no key can have (an empty segment, as in
+        // `a//b/`) would grant nothing, silently.
+        if let Err(e) = crate::store::keys::check_prefix(&prefix) {
             let span = g.prefix.as_ref().map_or(g.bucket.span(), Spanned::span);
             return ctx.err(
                 span,
                 format!(
-                    "{}: prefix `{prefix}` must be relative, without `.` or `..` segments, at most {} bytes",
+                    "{}: prefix `{prefix}` must be relative, without empty, `.` or `..` segments, at most {} bytes ({e})",
                     key("grants"),
                     hapi_wire::invoke::MAX_KEY_BYTES
                 ),

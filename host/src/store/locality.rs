@@ -179,9 +179,19 @@ impl Locality {
     }
 
     /// Bytes `[offset, offset + length)` of the object from the local volume server, when
-    /// every chunk they span is there; `None` means: read it through the gateway.
-    pub async fn read(&self, bucket: &str, key: &str, offset: u64, length: u64) -> Option<Vec<u8>> {
-        let served = self.read_local(bucket, key, offset, length).await;
+    /// every chunk they span is there; `None` means: read it through the gateway. Its chunk
+    /// lookup takes one of `tenant`'s [`TENANT_LOOKUPS`] and a host-wide slot, or none (to the
+    /// gateway at once): one tenant's reads cannot take every slot and send every other
+    /// tenant's reads through the gateway.
+    pub async fn read(
+        &self,
+        tenant: &str,
+        bucket: &str,
+        key: &str,
+        offset: u64,
+        length: u64,
+    ) -> Option<Vec<u8>> {
+        let served = self.read_local(tenant, bucket, key, offset, length).await;
         let counter = if served.is_some() {
             &self.local_reads
         } else {
@@ -193,13 +203,19 @@ impl Locality {
 
     async fn read_local(
         &self,
+        tenant: &str,
         bucket: &str,
         key: &str,
         offset: u64,
         length: u64,
     ) -> Option<Vec<u8>> {
         let end = offset.checked_add(length)?;
-        let chunks = self.object_chunks(bucket, key, false).await?;
+        // The tenant's lookup is held for the filer's answer only, not the transfer.
+        let chunks = {
+            let share = self.tenant_share(tenant);
+            let _mine = share.try_acquire().ok()?;
+            self.object_chunks(bucket, key, false).await?
+        };
         let local = self.volumes().await;
         let wanted: Vec<&Chunk> = chunks
             .iter()
@@ -246,7 +262,15 @@ impl Locality {
     /// [`TENANT_LOOKUPS`] first, then a host-wide slot. A key named more than once is looked
     /// up once (a request naming its largest object 1,024 times had the filer send, and the
     /// host parse, up to 256 KiB of chunk list 1,024 times).
-    pub async fn placement(&self, tenant: &str, bucket: &str, keys: &[String]) -> Vec<Vec<u32>> {
+    /// Keys whose lookups have not ended by `deadline` are answered with no volumes (placement
+    /// is advice: the caller reads those through any host).
+    pub async fn placement(
+        &self,
+        tenant: &str,
+        bucket: &str,
+        keys: &[String],
+        deadline: &crate::account::Deadline,
+    ) -> Vec<Vec<u32>> {
         use futures::StreamExt;
         let mut unique: Vec<&str> = Vec::new();
         let mut first: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
@@ -260,29 +284,33 @@ impl Locality {
             })
             .collect();
         let share = self.tenant_share(tenant);
-        let found: Vec<Vec<u32>> = futures::stream::iter(unique.into_iter().map(str::to_string))
-            .map(|key: String| {
-                let share = Arc::clone(&share);
-                async move {
-                    let Ok(_mine) = share.acquire().await else {
-                        return Vec::new();
-                    };
-                    let mut v: Vec<u32> = self
-                        .object_chunks(bucket, &key, true)
-                        .await
-                        .unwrap_or_default()
-                        .iter()
-                        .map(|c| c.volume)
-                        .collect();
-                    v.sort_unstable();
-                    v.dedup();
-                    v
-                }
-            })
-            .buffered(TENANT_LOOKUPS)
+        let looked_up: Vec<Vec<u32>> =
+            futures::stream::iter(unique.into_iter().map(str::to_string))
+                .map(|key: String| {
+                    let share = Arc::clone(&share);
+                    async move {
+                        let Ok(_mine) = share.acquire().await else {
+                            return Vec::new();
+                        };
+                        let mut v: Vec<u32> = self
+                            .object_chunks(bucket, &key, true)
+                            .await
+                            .unwrap_or_default()
+                            .iter()
+                            .map(|c| c.volume)
+                            .collect();
+                        v.sort_unstable();
+                        v.dedup();
+                        v
+                    }
+                })
+                .buffered(TENANT_LOOKUPS)
+                .take_until(tokio::time::sleep_until(deadline.at().into()))
+                .collect()
+                .await;
+        at.into_iter()
+            .map(|i| looked_up.get(i).cloned().unwrap_or_default())
             .collect()
-            .await;
-        at.into_iter().map(|i| found[i].clone()).collect()
     }
 
     /// `tenant`'s lookup semaphore (made on first use; those of tenants with nothing in flight
@@ -348,6 +376,7 @@ async fn read_capped(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::account::Deadline;
 
     #[test]
     fn a_filer_entry_gives_its_chunks_in_order_and_refuses_what_a_volume_server_cannot_serve() {
@@ -418,6 +447,30 @@ mod tests {
         (format!("http://{addr}"), fast)
     }
 
+    /// A placement answers at its deadline with what it found: keys whose lookups the filer
+    /// still holds have no volumes (it waited for every lookup, up to the client's 10 s each,
+    /// eight at a time: 80 s for these 64 keys).
+    #[tokio::test]
+    async fn a_placement_answers_what_it_found_by_its_deadline() {
+        let (filer, _) = stalling_filer();
+        let near = Locality::new(Settings {
+            filer,
+            volume_server: "http://127.0.0.1:9".into(),
+        });
+        let mut keys = vec!["fast".to_string()];
+        keys.extend((0..64).map(|k| format!("slow/{k}")));
+        let deadline = Deadline::new(Duration::from_secs(1));
+        let found = tokio::time::timeout(
+            Duration::from_secs(30),
+            near.placement("a", "b", &keys, &deadline),
+        )
+        .await
+        .expect("answered at its deadline, not once every lookup had ended");
+        assert_eq!(found[0], vec![3]);
+        assert!(found[1..].iter().all(Vec::is_empty));
+        assert_eq!(found.len(), keys.len());
+    }
+
     #[tokio::test]
     async fn a_key_named_again_is_looked_up_once() {
         let (filer, fast) = stalling_filer();
@@ -426,8 +479,59 @@ mod tests {
             volume_server: "http://127.0.0.1:9".into(),
         });
         let keys = vec!["fast".to_string(); 100];
-        assert_eq!(near.placement("a", "b", &keys).await, vec![vec![3]; 100]);
+        assert_eq!(
+            near.placement("a", "b", &keys, &Deadline::new(Duration::from_secs(60)))
+                .await,
+            vec![vec![3]; 100]
+        );
         assert_eq!(fast.load(Ordering::Relaxed), 1);
+    }
+
+    /// Waits (5 s at most) for the flooding tenant's lookups to take the host-wide slots its
+    /// share allows, and asserts, a moment later, that they took no more (`what` says whose).
+    async fn holds_its_share(near: &Locality, what: &str) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while near.lookups.available_permits() > LOOKUPS - TENANT_LOOKUPS
+            && Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(
+            near.lookups.available_permits(),
+            LOOKUPS - TENANT_LOOKUPS,
+            "{what}, no more"
+        );
+    }
+
+    /// Reads take their chunk lookups from their tenant's share too: tenant a's 40 reads of
+    /// objects whose lookups the filer holds take 8 of the host-wide slots, and tenant c's
+    /// read still looks its object up (it had found every slot taken and gone to the gateway
+    /// without looking: locality lost for every tenant but the flooding one).
+    #[tokio::test]
+    async fn a_tenant_flooding_reads_leaves_lookups_for_the_others() {
+        let (filer, fast) = stalling_filer();
+        let near = Arc::new(Locality::new(Settings {
+            filer,
+            volume_server: "http://127.0.0.1:9".into(),
+        }));
+        let flood: Vec<_> = (0..40)
+            .map(|i| {
+                let near = Arc::clone(&near);
+                tokio::spawn(async move { near.read("a", "b", &format!("slow/{i}"), 0, 5).await })
+            })
+            .collect();
+        holds_its_share(
+            &near,
+            "tenant a's reads hold its share of the host-wide lookups",
+        )
+        .await;
+        // Looked up (the volume server is not there: the read then goes to the gateway).
+        assert_eq!(near.read("c", "b", "fast", 0, 5).await, None);
+        assert_eq!(fast.load(Ordering::Relaxed), 1, "tenant c's read looked up");
+        for t in flood {
+            t.abort();
+        }
     }
 
     #[tokio::test]
@@ -443,24 +547,21 @@ mod tests {
             .map(|i| {
                 let near = Arc::clone(&near);
                 let keys: Vec<String> = (0..64).map(|k| format!("slow/{i}/{k}")).collect();
-                tokio::spawn(async move { near.placement("a", "b", &keys).await })
+                tokio::spawn(async move {
+                    near.placement("a", "b", &keys, &Deadline::new(Duration::from_secs(60)))
+                        .await
+                })
             })
             .collect();
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while near.lookups.available_permits() > LOOKUPS - TENANT_LOOKUPS
-            && Instant::now() < deadline
-        {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        assert_eq!(
-            near.lookups.available_permits(),
-            LOOKUPS - TENANT_LOOKUPS,
-            "tenant a holds its share of the host-wide lookups, no more"
-        );
+        holds_its_share(&near, "tenant a holds its share of the host-wide lookups").await;
         let other = tokio::time::timeout(
             Duration::from_secs(5),
-            near.placement("c", "b", &["fast".to_string()]),
+            near.placement(
+                "c",
+                "b",
+                &["fast".to_string()],
+                &Deadline::new(Duration::from_secs(60)),
+            ),
         )
         .await
         .expect("tenant c's lookup waited behind tenant a's");

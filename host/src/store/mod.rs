@@ -75,6 +75,7 @@ impl Store {
     /// (`head`) and has charged for; a shorter read if the object shrank meanwhile.
     pub async fn read(
         &self,
+        tenant: &str,
         bucket: &str,
         key: &str,
         offset: u64,
@@ -83,7 +84,7 @@ impl Store {
     ) -> Result<Vec<u8>, ObjectError> {
         match self {
             Store::Local(l) => l.read(bucket, key, offset, length, pace).await,
-            Store::S3(s) => s.read(bucket, key, offset, length).await,
+            Store::S3(s) => s.read(tenant, bucket, key, offset, length).await,
         }
     }
 

@@ -96,8 +96,10 @@ impl S3 {
         })
     }
 
+    /// Bytes of an object, for `tenant` (whose share of the filer lookups a local read uses).
     pub async fn read(
         &self,
+        tenant: &str,
         bucket: &str,
         key: &str,
         offset: u64,
@@ -108,7 +110,7 @@ impl S3 {
         };
         let (client, path) = (self.client(bucket)?, Self::path(key)?);
         if let Some(near) = &self.locality
-            && let Some(bytes) = near.read(bucket, key, offset, length).await
+            && let Some(bytes) = near.read(tenant, bucket, key, offset, length).await
         {
             return Ok(bytes);
         }

@@ -21,7 +21,10 @@ pub struct Read {
 /// One invocation's view of the objects: its tenant's grants and its byte budget.
 #[derive(Debug)]
 pub struct Scoped {
+    /// The tenant as the invocation was admitted: its name and limits.
     tenant: Arc<Tenant>,
+    /// The tenant whose grants apply: the same, or as a reload since has it ([`Scoped::regrant`]).
+    grants: Arc<Tenant>,
     store: Arc<Store>,
     /// Who the local store's work for these calls is charged to.
     pace: Option<Arc<dyn Pace>>,
@@ -51,6 +54,7 @@ pub fn granted(tenant: &Tenant, bucket: &str, key: &str, is_prefix: bool) -> boo
 impl Scoped {
     pub fn new(tenant: Arc<Tenant>, store: Arc<Store>) -> Self {
         Self {
+            grants: Arc::clone(&tenant),
             tenant,
             store,
             pace: None,
@@ -77,6 +81,12 @@ impl Scoped {
         }
     }
 
+    /// The grants of `now` (the tenant as a reloaded policy has it) apply from the next call on;
+    /// the limits stay the invocation's.
+    pub fn regrant(&mut self, now: Arc<Tenant>) {
+        self.grants = now;
+    }
+
     /// Whether the store's work for a call is done on this host's threads (see
     /// [`Store::works_here`]).
     pub fn works_here(&self) -> bool {
@@ -91,7 +101,7 @@ impl Scoped {
             check_key(key)
         }
         .map_err(ObjectError::Denied)?;
-        if !granted(&self.tenant, bucket, key, is_prefix) {
+        if !granted(&self.grants, bucket, key, is_prefix) {
             return Err(ObjectError::Denied(format!(
                 "`{}/{}` is outside tenant `{}`'s grants",
                 quote(bucket),
@@ -139,7 +149,14 @@ impl Scoped {
             return Ok(Vec::new());
         }
         self.store
-            .read(&r.bucket, &r.key, r.offset, r.length, self.pace.as_ref())
+            .read(
+                &self.tenant.name,
+                &r.bucket,
+                &r.key,
+                r.offset,
+                r.length,
+                self.pace.as_ref(),
+            )
             .await
     }
 
@@ -169,7 +186,7 @@ impl Scoped {
         visits: usize,
     ) -> Result<Vec<ObjectMeta>, ObjectError> {
         self.authorise(bucket, prefix, true)?;
-        let (tenant, b) = (Arc::clone(&self.tenant), bucket.to_string());
+        let (tenant, b) = (Arc::clone(&self.grants), bucket.to_string());
         let keep: Arc<dyn Fn(&str) -> bool + Send + Sync> =
             Arc::new(move |k: &str| check_key(k).is_ok() && granted(&tenant, &b, k, false));
         let limit = limit.min(MAX_LIST) as usize;
@@ -210,7 +227,7 @@ impl Scoped {
     /// `""` does not walk the whole bucket, other tenants' data included), none inside another.
     fn walks(&self, bucket: &str, prefix: &str) -> Vec<String> {
         let mut walks = Vec::new();
-        for g in self.tenant.grants.iter().filter(|g| g.bucket == bucket) {
+        for g in self.grants.grants.iter().filter(|g| g.bucket == bucket) {
             let p = grant_prefix(g);
             if prefix.starts_with(&p) {
                 return vec![prefix.to_string()];

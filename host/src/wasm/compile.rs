@@ -28,6 +28,12 @@ pub const MAX_MODULES: usize = 64;
 /// deep would cost the host about 1 GiB per trap, charged to no one. Rust's longest names in
 /// our guests are a few hundred bytes.
 pub const MAX_FUNCTION_NAME: usize = 4096;
+/// Most memories and tables defined by all of a component's core modules together (whether
+/// instantiated or not: wasmtime prepares every module's memory and table images when it
+/// compiles, before the pool's per-component bounds are checked), and the bound on a table's
+/// initial size: the pool's own bounds (`wasm::engine`).
+pub const MAX_MEMORIES: u32 = crate::wasm::engine::MAX_MEMORIES_PER_COMPONENT;
+pub const MAX_TABLES: u32 = crate::wasm::engine::MAX_TABLES_PER_COMPONENT;
 
 /// Why a component cannot be deployed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -80,6 +86,7 @@ pub fn check(bytes: &[u8], tenant: &str, allowed: &[&str]) -> Result<Checked, De
         largest_body: 0,
     };
     let (mut depth, mut exports_run) = (0i64, false);
+    let (mut memories, mut tables) = (0u32, 0u32);
     let too = |what: String| Err(DeployError::TooComplex(what));
     for payload in Parser::new(0).parse_all(bytes) {
         let payload = payload.map_err(|e| DeployError::Invalid(e.to_string()))?;
@@ -114,6 +121,32 @@ pub fn check(bytes: &[u8], tenant: &str, allowed: &[&str]) -> Result<Checked, De
                 for function in reader {
                     let function = function.map_err(|e| DeployError::Invalid(e.to_string()))?;
                     utf8_only(&function)?;
+                }
+            }
+            Payload::MemorySection(reader) => {
+                memories = memories.saturating_add(reader.count());
+                if memories > MAX_MEMORIES {
+                    return too(format!(
+                        "more than {MAX_MEMORIES} memories defined by its modules"
+                    ));
+                }
+            }
+            Payload::TableSection(reader) => {
+                tables = tables.saturating_add(reader.count());
+                if tables > MAX_TABLES {
+                    return too(format!(
+                        "more than {MAX_TABLES} tables defined by its modules"
+                    ));
+                }
+                for table in reader {
+                    let table = table.map_err(|e| DeployError::Invalid(e.to_string()))?;
+                    let max = crate::wasm::engine::MAX_TABLE_ELEMENTS as u64;
+                    if table.ty.initial > max {
+                        return too(format!(
+                            "a table of {} elements at its start; at most {max}",
+                            table.ty.initial
+                        ));
+                    }
                 }
             }
             Payload::CustomSection(section) if section.name() == "name" => {
@@ -232,7 +265,8 @@ fn names_within_bound(section: &wasmparser::CustomSectionReader<'_>) -> Result<(
 
 /// Compiles checked bytes.
 pub fn compile(engine: &Engine, bytes: &[u8]) -> Result<Component, DeployError> {
-    Component::new(engine, bytes).map_err(|e| DeployError::Invalid(format!("{e:#}")))
+    Component::new(engine, bytes)
+        .map_err(|e| DeployError::Invalid(crate::account::text::bounded_display(&e)))
 }
 
 #[cfg(test)]

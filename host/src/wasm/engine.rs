@@ -53,6 +53,11 @@ pub fn engine(max_memory: u64, keep_resident: u64) -> anyhow::Result<Engine> {
     config.parallel_compilation(false);
     config.async_stack_size(STACK_BYTES);
     config.epoch_interruption(true);
+    // A memory's initial image is built when a module is compiled (for copy-on-write
+    // instantiation) if it is dense, or smaller than this: with wasmtime's 16 MiB, one data
+    // byte at each end of a memory made a 16 MiB image of a few bytes of upload, per memory,
+    // charged to no one. Now at most 1 MiB, or twice the data bytes, which the upload carries.
+    config.memory_guaranteed_dense_image_size(1 << 20);
     // Traps' backtraces name each frame's module and function (bounded at upload, see
     // `compile::MAX_FUNCTION_NAME`); never the DWARF file names and paths a guest may carry,
     // whatever `WASMTIME_BACKTRACE_DETAILS` says.

@@ -6,7 +6,7 @@
 //! after it; a guest that reports a store failure the host never saw gets `function_error`
 //! (422), not a server error.
 
-use crate::account::text::{bounded, quote};
+use crate::account::text::{bounded, bounded_display, quote};
 use crate::bindings::GuestError;
 use crate::bindings::hapi::pushdown::objects::ObjectError as WitObjectError;
 use crate::caps::caller::Stop;
@@ -59,6 +59,7 @@ impl InvokeError {
             InvokeError::Stopped(Stop::Device(d)) | InvokeError::Device(d) => device_code(d),
             InvokeError::Stopped(Stop::Memory(_)) => ErrorCode::MemoryLimitExceeded,
             InvokeError::Stopped(Stop::Table(_)) => ErrorCode::TableLimitExceeded,
+            InvokeError::Stopped(Stop::Revoked(_)) => ErrorCode::BadToken,
             InvokeError::Stopped(Stop::Time { .. }) | InvokeError::TimeLimit(_) => {
                 ErrorCode::TimeLimitExceeded
             }
@@ -116,7 +117,7 @@ pub fn classify_trap(e: wasmtime::Error, limit: Duration) -> InvokeError {
     }
     // A trap in guest code, or a misuse of a host interface (a stale handle): the guest's
     // doing as far as the caller is concerned; the host itself is unaffected.
-    InvokeError::Trapped(bounded(format!("{e:#}")))
+    InvokeError::Trapped(bounded_display(&e))
 }
 
 /// What the host saw of the store during the invocation, which decides the answer when the

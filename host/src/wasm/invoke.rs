@@ -16,7 +16,7 @@ use crate::caps::nn::host::NnView;
 use crate::caps::objects::ObjectsCtx;
 use crate::device::Device;
 use crate::models::Models;
-use crate::policy::{Capabilities, Tenant};
+use crate::policy::{Capabilities, Current, Tenant};
 use crate::store::Store as ObjectStore;
 use crate::wasm::compile::DeployError;
 use crate::wasm::cpu::{CpuShares, Turn};
@@ -196,9 +196,9 @@ impl Timings {
     }
 }
 
-/// Bytes an invocation's request holds: its strings, each with its `String` (24 bytes).
+/// Bytes an invocation's request holds: its strings, each with its `String`.
 fn request_bytes(inv: &Invocation) -> u64 {
-    let text = |s: &str| s.len() as u64 + 24;
+    let text = crate::store::error::string_bytes;
     text(&inv.bucket)
         + inv.model.as_deref().map_or(0, text)
         + inv.keys.iter().map(|k| text(k)).sum::<u64>()
@@ -239,6 +239,8 @@ impl Finished {
 /// The engine, the linkers and what every store needs.
 pub struct Runtime {
     engine: Engine,
+    /// The policy in force: invocations' host calls read their tenant's grants from it.
+    policy: Arc<Current>,
     linkers: HashMap<Capabilities, Linker<State>>,
     models: Arc<Models>,
     objects: Arc<ObjectStore>,
@@ -277,6 +279,7 @@ impl Drop for AbortOnDrop {
 impl Runtime {
     pub fn new(
         engine: Engine,
+        policy: Arc<Current>,
         models: Arc<Models>,
         objects: Arc<ObjectStore>,
         device: Arc<Device>,
@@ -298,6 +301,7 @@ impl Runtime {
             .build()?;
         Ok(Self {
             engine,
+            policy,
             linkers,
             models,
             objects,
@@ -339,9 +343,7 @@ impl Runtime {
         let pre = linker
             .instantiate_pre(component)
             .and_then(PushdownPre::new)
-            .map_err(|e| {
-                DeployError::WrongWorld(crate::account::text::bounded(format!("{e:#}")))
-            })?;
+            .map_err(|e| DeployError::WrongWorld(crate::account::text::bounded_display(&e)))?;
         Ok(Prepared { pre })
     }
 
@@ -375,6 +377,7 @@ impl Runtime {
         }
         let job = run(
             Arc::clone(tenant),
+            Arc::clone(&self.policy),
             function.pre.clone(),
             invocation,
             reply,
@@ -407,6 +410,7 @@ impl Runtime {
 #[allow(clippy::too_many_arguments)]
 async fn run(
     tenant: Arc<Tenant>,
+    policy: Arc<Current>,
     pre: PushdownPre<State>,
     invocation: Invocation,
     reply: Reply,
@@ -430,6 +434,7 @@ async fn run(
         };
     let caller = Caller {
         tenant: Arc::clone(&tenant),
+        policy,
         account: Arc::clone(&account),
         deadline: Arc::clone(&deadline),
         usage: Arc::clone(&usage),

@@ -223,3 +223,62 @@ pub fn growing_table(by: u32) -> Vec<u8> {
     section(10, &code, &mut module);
     module
 }
+
+/// A core module defining `memories` memories of no pages and `tables` funcref tables of
+/// `table_elements` elements at their start.
+pub fn defining_many(memories: usize, tables: usize, table_elements: usize) -> Vec<u8> {
+    let mut module = b"\0asm\x01\0\0\0".to_vec();
+    if tables > 0 {
+        let mut t = Vec::new();
+        leb(tables, &mut t);
+        for _ in 0..tables {
+            t.extend_from_slice(&[0x70, 0x00]); // funcref, a minimum and no maximum
+            leb(table_elements, &mut t);
+        }
+        section(4, &t, &mut module);
+    }
+    if memories > 0 {
+        let mut m = Vec::new();
+        leb(memories, &mut m);
+        for _ in 0..memories {
+            m.extend_from_slice(&[0x00, 0x00]); // no maximum, no pages
+        }
+        section(5, &m, &mut module);
+    }
+    module
+}
+
+/// A core module whose start function traps (`unreachable`), that function named `name` in the
+/// module's `name` section.
+pub fn trapping_named(name: &str) -> Vec<u8> {
+    let mut module = b"\0asm\x01\0\0\0".to_vec();
+    section(1, &[1, 0x60, 0, 0], &mut module); // type 0: () -> ()
+    section(3, &[1, 0], &mut module); // function 0 of type 0
+    section(8, &[0], &mut module); // start: function 0
+    section(10, &[1, 3, 0x00, 0x00, 0x0b], &mut module); // no locals; unreachable; end
+    let mut names = Vec::new();
+    leb(1, &mut names);
+    leb(0, &mut names);
+    leb(name.len(), &mut names);
+    names.extend_from_slice(name.as_bytes());
+    let mut body = Vec::new();
+    leb(4, &mut body);
+    body.extend_from_slice(b"name");
+    section(1, &names, &mut body);
+    section(0, &body, &mut module);
+    module
+}
+
+/// Memories and tables the core modules of `component` define, all of them together.
+pub fn memories_and_tables(component: &[u8]) -> (u32, u32) {
+    use wasmparser::{Parser, Payload};
+    let (mut memories, mut tables) = (0, 0);
+    for payload in Parser::new(0).parse_all(component) {
+        match payload.expect("valid") {
+            Payload::MemorySection(r) => memories += r.count(),
+            Payload::TableSection(r) => tables += r.count(),
+            _ => {}
+        }
+    }
+    (memories, tables)
+}

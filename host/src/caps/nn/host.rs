@@ -158,7 +158,7 @@ impl graph::Host for NnView<'_> {
             Ok(p) => p,
             Err(e) => return self.error(Code::InvalidArgument, e),
         };
-        let tenant = Arc::clone(&self.ctx.caller.tenant);
+        let tenant = self.ctx.caller.tenant_now().map_err(trap)?;
         let Some(resolved) = self.ctx.models.resolve(&tenant, model) else {
             return self.error(
                 Code::NotFound,
@@ -296,6 +296,18 @@ impl inference::HostGraphExecutionContext for NnView<'_> {
         inputs: Vec<NamedTensor>,
     ) -> Answer<Vec<NamedTensor>> {
         let info = Arc::clone(&self.table.get(&context)?.info);
+        // The graph was loaded under the grants in force then; a reload may have taken the
+        // model away since.
+        let now = self.ctx.caller.tenant_now().map_err(trap)?;
+        if !self.ctx.models.may_use(&now, &info.model) {
+            return self.error(
+                Code::NotFound,
+                format!(
+                    "a policy reload took model `{}` away from tenant `{}` while its invocation ran",
+                    info.model, now.name
+                ),
+            );
+        }
         let mut inputs = inputs;
         if inputs.len() != 1 {
             return self.error(
@@ -320,6 +332,7 @@ impl inference::HostGraphExecutionContext for NnView<'_> {
         let caller = self.ctx.caller.clone();
         let tenant: Arc<str> = Arc::from(caller.tenant.name.as_str());
         let started = Instant::now();
+        let computed = caller.usage.compute();
         let device = Arc::clone(&self.ctx.device);
         let Tensor { data, charge, .. } = tensor;
         // The model's pin and the device call are one wait: no run slot is taken between them.
@@ -349,20 +362,19 @@ impl inference::HostGraphExecutionContext for NnView<'_> {
                     account: Arc::clone(&caller.account),
                     deadline: Arc::clone(&caller.deadline),
                     slot: caller.slot.clone(),
+                    usage: Arc::clone(&caller.usage),
                 };
                 device.run(job).await
             })
             .await;
-        let elapsed = started.elapsed();
+        // The device added its batches' time to the usage as they ended, those of a call that
+        // stopped part way too.
+        let ran_for = caller.usage.compute().saturating_sub(computed);
+        self.ctx.queue_time += started.elapsed().saturating_sub(ran_for);
         let ran = match ran {
             Ok(r) => r,
-            Err(e) => {
-                self.ctx.queue_time += elapsed;
-                return self.device_error(e);
-            }
+            Err(e) => return self.device_error(e),
         };
-        self.ctx.queue_time += elapsed.saturating_sub(ran.device);
-        self.ctx.caller.usage.add_compute(ran.device);
         let dimensions: Vec<u32> = ran
             .dims
             .iter()

@@ -366,3 +366,44 @@ async fn a_reload_reaches_a_running_invocation_at_its_next_read() {
         }
     }
 }
+
+/// A response's `x-request-id` says nothing of other requests: ids polled from `/healthz`
+/// (no token needed) by one client, while another tenant's calls come in between, are unique
+/// and unordered. They were a counter in the clear (and the process's start time), so two
+/// polls told anyone how many requests the host had had from everyone in between.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_ids_do_not_count_other_tenants_requests() {
+    let h = TestHost::start().await;
+    let id = |r: reqwest::Response| {
+        assert_eq!(r.status(), 200);
+        let v = r.headers().get("x-request-id").expect("x-request-id");
+        // Its last part, where an id had a counter after the start time.
+        let id = v
+            .to_str()
+            .expect("ascii id")
+            .rsplit('-')
+            .next()
+            .unwrap_or_default();
+        u64::from_str_radix(id, 16).expect("a hexadecimal id")
+    };
+    let mut ids = Vec::new();
+    for _ in 0..64 {
+        let r = h.client.get(format!("{}/healthz", h.url)).send().await;
+        ids.push(id(r.expect("healthz")));
+        for _ in 0..3 {
+            let r = h
+                .client
+                .get(format!("{}/v1/functions", h.url))
+                .bearer_auth(BOB);
+            assert_eq!(r.send().await.expect("list").status(), 200);
+        }
+    }
+    let mut sorted = ids.clone();
+    sorted.sort_unstable();
+    sorted.dedup();
+    assert_eq!(sorted.len(), ids.len(), "ids repeat: {ids:x?}");
+    assert_ne!(sorted, ids, "ids come in order: {ids:x?}");
+    let steps: std::collections::BTreeSet<u64> =
+        ids.windows(2).map(|w| w[1].wrapping_sub(w[0])).collect();
+    assert!(steps.len() > 32, "steps between ids repeat: {steps:?}");
+}

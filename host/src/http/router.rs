@@ -27,14 +27,24 @@ pub struct RequestId(pub Arc<str>);
 
 fn next_id() -> String {
     static NEXT: AtomicU64 = AtomicU64::new(0);
-    static EPOCH: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
-    // Ids differ across restarts (the start time) and within a run (a counter).
-    let epoch = *EPOCH.get_or_init(|| {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs())
-    });
-    format!("{epoch:x}-{:x}", NEXT.fetch_add(1, Ordering::Relaxed))
+    format!("{:016x}", unlinkable(NEXT.fetch_add(1, Ordering::Relaxed)))
+}
+
+/// `n` through a keyed permutation of the 64-bit numbers (a four-round Feistel network whose
+/// round function is SipHash under a key drawn when the process starts): ids stay unique, but
+/// two of them say nothing of how many requests came between them. A counter in the clear let
+/// anyone, without a token, poll `/healthz` and read every neighbour's request rate off the
+/// difference of two ids (and the host's start time off their prefix).
+fn unlinkable(n: u64) -> u64 {
+    use std::hash::BuildHasher;
+    static KEY: std::sync::OnceLock<std::hash::RandomState> = std::sync::OnceLock::new();
+    let key = KEY.get_or_init(std::hash::RandomState::new);
+    let (mut left, mut right) = ((n >> 32) as u32, n as u32);
+    for round in 0u8..4 {
+        let f = key.hash_one((round, right)) as u32;
+        (left, right) = (right, left ^ f);
+    }
+    (u64::from(left) << 32) | u64::from(right)
 }
 
 /// The code for an error status that no handler gave a code of its own.

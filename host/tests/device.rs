@@ -1202,6 +1202,97 @@ async fn a_leader_that_cannot_fit_a_sample_does_not_hold_up_a_neighbour_that_can
     assert_eq!(d.memory().evictions, 1);
 }
 
+/// A leader whose batch waits for batch mates (one sample, below its target, its window not
+/// over) does not hold the device meanwhile: its neighbours' due batches on another segment run
+/// during the wait. The leader waited with every worker idle: among three or more active
+/// tenants (with two, the slice is the smaller call's, so a one-sample call is due at once), a
+/// tenant sending one sample at a time led whenever it had a call queued and left the device
+/// idle for a window before each of its calls, charged to no one, while its neighbours' due
+/// batches waited. Here the window is 5 s: the neighbours' calls end before the leader's on the
+/// code after the fix, after it before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_waiting_for_batch_mates_does_not_hold_up_its_neighbours_due_batches() {
+    use hapi_host::account::Account;
+    use hapi_host::device::executor::Device;
+    use hapi_host::device::job::{Input, Job};
+    use hapi_host::device::types::DeviceConfig;
+    let _one = serial().lock().await;
+    let p = Packages::open();
+    let window = Duration::from_secs(5);
+    // Not adapting: batches are bounded by `max_batch` alone, whatever batch sizes the memory
+    // model finds efficient on this machine.
+    let d = Device::start(
+        DeviceConfig {
+            budget: 4 << 30,
+            adapt: false,
+            pool: true,
+            window,
+            max_batch: 16,
+            slice: Duration::from_millis(50),
+            batch_time: Duration::from_millis(50),
+            workers: 1,
+            resident_for: RESIDENT_FOR,
+        },
+        Arc::clone(&p.models),
+    )
+    .expect("device");
+    let job = |tenant: &Arc<str>, pin, n: i64| {
+        let account = Account::new(1 << 30);
+        let bytes = vec![0u8; usize::try_from(n).expect("samples") * 3 * 224 * 224 * 4];
+        Job {
+            tenant: Arc::clone(tenant),
+            weight: 1,
+            pin,
+            range: 0..1,
+            input: Input {
+                charge: account.charge(bytes.len() as u64, "input").expect("charge"),
+                bytes,
+                shape: vec![3, 224, 224],
+                n,
+            },
+            out: hapi_wire::tensor::WireDtype::F32,
+            account,
+            deadline: Arc::new(Deadline::new(window * 3)),
+            slot: None,
+            usage: Arc::default(),
+        }
+    };
+    let deadline = Deadline::new(LONG);
+    let trickle: Arc<str> = Arc::from("trickle");
+    let trickle_pin = d
+        .acquire("resnet18", &trickle, &deadline, None)
+        .await
+        .expect("resnet18");
+    // Two neighbours with 64 samples each of another segment: batches of up to 16, due at once.
+    let mut neighbours = Vec::new();
+    for name in ["first", "second"] {
+        let t: Arc<str> = Arc::from(name);
+        let pin = d
+            .acquire("efficientnet_lite0", &t, &deadline, None)
+            .await
+            .expect("efficientnet_lite0");
+        let (d2, call) = (Arc::clone(&d), job(&t, pin, 64));
+        neighbours.push(tokio::spawn(async move { d2.run(call).await }));
+    }
+    while d.memory().running_batches == 0 {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    // One sample while their first batch runs: with the least virtual time, it leads.
+    let d2 = Arc::clone(&d);
+    let one = job(&trickle, trickle_pin, 1);
+    let trickle_call = tokio::spawn(async move { d2.run(one).await });
+    for n in neighbours {
+        let ran = n.await.expect("join");
+        assert!(ran.is_ok(), "{ran:?}");
+    }
+    assert!(
+        !trickle_call.is_finished(),
+        "the neighbours' due batches waited for the leader's window"
+    );
+    let trickle_ran = trickle_call.await.expect("join");
+    assert!(trickle_ran.is_ok(), "{trickle_ran:?}");
+}
+
 /// A batch already running when its invocation stops (here its client hangs up) runs to its
 /// end, holding the call's input, output and model pin: the invocation's admission slot is
 /// held with them, so the tenant's next call waits for it instead of holding as much again

@@ -222,7 +222,8 @@ impl Call {
             ..
         } = self;
         let _ = reply.send(Err(e));
-        reaper.free((input, output, out_charge, slot));
+        let bytes = input.bytes.capacity() + output.capacity();
+        reaper.free_sized(bytes, (input, output, out_charge, slot));
     }
 
     /// The finished call's result, and where to send it; its input, charge and slot with them,
@@ -239,7 +240,7 @@ impl Call {
             device: self.progress.device,
             batches: self.progress.batches,
         };
-        reaper.free((self.input, self.slot));
+        reaper.free_sized(self.input.bytes.capacity(), (self.input, self.slot));
         (ran, self.reply)
     }
 }
@@ -312,7 +313,24 @@ impl Reaper {
             let _ = tx.send(Box::new(what));
         }
     }
+
+    /// Frees `what`, which holds `bytes` of buffers: here if they are small (below
+    /// [`FREE_HERE`]), which costs less than the hand-over; else on the reaper. Everything went
+    /// to the reaper, in one queue: a light tenant's finished call gave its slot back only after
+    /// every large buffer a heavy tenant's calls had queued before it was unmapped, and its next
+    /// call found its own slot still held.
+    fn free_sized(&self, bytes: usize, what: impl Send + 'static) {
+        if bytes < FREE_HERE {
+            drop(what);
+        } else {
+            self.free(what);
+        }
+    }
 }
+
+/// Buffers smaller than this are freed by the dispatcher itself (a few µs: the allocator keeps
+/// them, or unmaps one small mapping).
+const FREE_HERE: usize = 1 << 20;
 
 /// The dispatcher's own state.
 struct Dispatcher {
@@ -542,9 +560,17 @@ impl Dispatcher {
         // free the room but the neighbours' models, pinned by their queued calls, and it is
         // passed over for the first in fair order whose segment fits, rather than holding up
         // every tenant's batches.
-        let config = &self.shared.config;
-        let budget = &self.shared.budget;
-        let mut chosen = None;
+        //
+        // A leader whose batch is not due yet (fewer samples than its target, its oldest call
+        // within the window) waits for batch mates without holding the device: the next in
+        // fair order whose batch is due runs meanwhile. The leader waited with every worker
+        // idle, so a tenant sending one sample at a time, leading whenever it had a call
+        // queued, left the device idle for a window before each of its calls, charged to no
+        // one, while its neighbours' full batches waited.
+        let shared = Arc::clone(&self.shared);
+        let (config, budget) = (&shared.config, &shared.budget);
+        let mut earliest: Option<Instant> = None;
+        let mut memory_wait = false;
         for t in self
             .fair
             .order(backlogged.iter().map(|(_, t, work)| (t, *work)))
@@ -556,9 +582,10 @@ impl Dispatcher {
             }) else {
                 continue;
             };
+            let one = cost.run_bytes(1);
             let mut cap = config.max_batch;
             if config.adapt {
-                let room = budget.room_for(cost.run_bytes(1), t);
+                let room = budget.room_for(one, t);
                 let fits = room.saturating_sub(cost.workspace) / cost.per_sample.max(1);
                 cap = cap.min(i64::try_from(fits).unwrap_or(i64::MAX));
                 if let Some(e) = cost.efficient_batch {
@@ -566,25 +593,55 @@ impl Dispatcher {
                 }
             }
             if cap >= 1 {
-                chosen = Some((Arc::clone(t), head, cap));
-                break;
+                match self.lead(&backlogged, t, head, cap) {
+                    Some(due) => {
+                        earliest = Some(earliest.map_or(due, |e| e.min(due)));
+                        continue;
+                    }
+                    None => return None,
+                }
             }
-            if budget.room_once_reservations_end(t) >= cost.run_bytes(1) {
+            if budget.room_once_reservations_end(t) >= one {
+                memory_wait = true;
                 break; // wait for the running batches to give it their room
             }
         }
-        let Some((leader, head, cap)) = chosen else {
-            // Not even one sample fits while other work holds the memory.
-            budget.wait_changed(MEMORY_POLL);
-            return None;
-        };
+        match earliest {
+            Some(due) => {
+                let wait = due.saturating_duration_since(Instant::now());
+                Some(if memory_wait {
+                    wait.min(MEMORY_POLL)
+                } else {
+                    wait
+                })
+            }
+            None => {
+                // Not even one sample fits while other work holds the memory.
+                budget.wait_changed(MEMORY_POLL);
+                None
+            }
+        }
+    }
+
+    /// Runs a batch led by `leader`'s call `head` (at most `cap` samples) with every tenant's
+    /// calls for the same segment, if it is due: None once it is handed over, or the instant
+    /// it will be due (its target reached, or its oldest call's window over).
+    fn lead(
+        &mut self,
+        backlogged: &[(Instant, Arc<str>, i64)],
+        leader: &Arc<str>,
+        head: u64,
+        cap: i64,
+    ) -> Option<Instant> {
+        let shared = Arc::clone(&self.shared);
+        let config = &shared.config;
         let lead = self.calls.get(&head)?;
         let cost = lead.cost.clone();
         // Every tenant's calls for this segment: the leader first, then by virtual time.
-        let mut order: Vec<Arc<str>> = backlogged.into_iter().map(|(_, t, _)| t).collect();
+        let mut order: Vec<Arc<str>> = backlogged.iter().map(|(_, t, _)| Arc::clone(t)).collect();
         order.sort_by(|a, b| {
-            (*a != leader)
-                .cmp(&(*b != leader))
+            (a != leader)
+                .cmp(&(b != leader))
                 .then(self.fair.vtime(a).total_cmp(&self.fair.vtime(b)))
         });
         let mut pending = Vec::new();
@@ -631,7 +688,7 @@ impl Dispatcher {
         let due = oldest + config.window;
         let now = Instant::now();
         if waiting < target && now < due {
-            return Some(due - now);
+            return Some(due);
         }
         let hold = stretch(n_active);
         let per_sample = cost.seconds(target) / target as f64;

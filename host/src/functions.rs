@@ -304,20 +304,30 @@ impl Functions {
         let cached = Self::code_file(runtime, &tenant.name, &sha256);
         // The tenant's functions of these bytes share one compiled image in memory, as the
         // quota counts it once: each deserialized copy was an image of its own, so the same
-        // bytes under many names (or deployed again and again while calls held the old copy)
-        // took many times the code the quota allowed.
+        // bytes under many names (or deployed again and again while calls held the old copy,
+        // or removed and uploaded again) took many times the code the quota allowed.
         let same = |fns: &BTreeMap<String, Arc<Function>>| {
             fns.values()
                 .find(|f| f.sha256 == sha256)
                 .map(|f| f.prepared.component().clone())
         };
-        let loaded = same(loading).or_else(|| {
-            self.table
-                .read()
-                .unwrap_or_else(PoisonError::into_inner)
-                .get(&tenant.name)
-                .and_then(same)
-        });
+        let loaded = same(loading)
+            .or_else(|| {
+                self.table
+                    .read()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .get(&tenant.name)
+                    .and_then(same)
+            })
+            .or_else(|| {
+                // Replaced or removed, but calls still run on it: the quota counts its code
+                // once per digest, so bytes removed and uploaded again must not load a second
+                // image beside it.
+                self.still_running(&tenant.name)
+                    .into_iter()
+                    .find(|f| f.sha256 == sha256)
+                    .map(|f| f.prepared.component().clone())
+            });
         let from_cache = loaded.or_else(|| {
             self.state.read(&cached).ok().and_then(|code| {
                 // SAFETY: the file was written by `Component::serialize` of an engine with the same
@@ -718,13 +728,18 @@ impl Functions {
         if !self.state.exists(&cached) {
             self.keep_code(&t.name, name, &cached, f.prepared.component());
         }
-        let mut table = self.table.write().unwrap_or_else(PoisonError::into_inner);
-        let old = table
+        let old = self
+            .table
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
             .entry(t.name.clone())
             .or_default()
             .insert(name.to_string(), Arc::clone(&f));
         if let Some(old) = old.filter(|o| o.sha256 != f.sha256) {
+            // Its file unlinked under the read lock: invocations read on meanwhile.
+            let table = self.table.read().unwrap_or_else(PoisonError::into_inner);
             self.forget_code(runtime, &t.name, &old.sha256, &table);
+            drop(table);
             self.retire(&t.name, &old);
         }
         Ok(f)
@@ -835,28 +850,25 @@ impl Functions {
         if tenant.as_in(&writers).is_none() {
             return Err(revoked(&tenant.name, name, "removed"));
         }
-        let mut table = self.table.write().unwrap_or_else(PoisonError::into_inner);
         let not_found = || FunctionError::NotFound {
             tenant: tenant.name.clone(),
             name: name.to_string(),
         };
-        let fns = table.get_mut(&tenant.name).ok_or_else(not_found)?;
-        match fns.get(name) {
+        match self.get(&tenant.name, name) {
             None => return Err(not_found()),
             Some(f) if f.managed => return Err(FunctionError::Managed(name.to_string())),
             Some(_) => {}
         }
-        let Some(f) = fns.remove(name) else {
-            return Ok(());
-        };
         // Its file gone, or it stays: a file left behind would bring the function back at the
-        // next reload or start, after the client was told it was removed.
+        // next reload or start, after the client was told it was removed. Removed and synced
+        // before the table is locked for writing (`writers`, held, orders every change): every
+        // invocation reads the table, and the directory's fsync took milliseconds each time, so
+        // a tenant removing and uploading one function in a loop stalled every tenant's calls.
         match self
             .state
             .remove_file(format!("functions/{}/{name}.wasm", tenant.name))
         {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                fns.insert(name.to_string(), f);
                 return Err(FunctionError::Host(format!(
                     "removing function `{name}` of tenant `{}`: {e}; it stays deployed",
                     tenant.name
@@ -864,7 +876,18 @@ impl Functions {
             }
             _ => self.sync_dir(&format!("functions/{}", tenant.name)),
         }
+        let removed = self
+            .table
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get_mut(&tenant.name)
+            .and_then(|fns| fns.remove(name));
+        let Some(f) = removed else {
+            return Ok(());
+        };
+        let table = self.table.read().unwrap_or_else(PoisonError::into_inner);
         self.forget_code(runtime, &tenant.name, &f.sha256, &table);
+        drop(table);
         self.retire(&tenant.name, &f);
         Ok(())
     }

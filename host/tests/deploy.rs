@@ -5,8 +5,8 @@
 mod common;
 
 use common::components::{
-    component, defining, defining_many, guest_with, instantiating, memories_and_tables, module,
-    named, string_encoding, trapping_named, variant,
+    component, defining, defining_many, guest_with, importing, imports_of, instantiating,
+    memories_and_tables, module, named, string_encoding, trapping_named, variant,
 };
 use common::{ALICE, BOB, TestHost, error_code, guest, raw, start_tenants, tenant_token};
 use hapi_host::Host;
@@ -671,6 +671,13 @@ async fn replaced_code_that_calls_still_run_on_counts_against_the_quota() {
     .expect("reloaded");
     let t = h.host.policy().tenants["t0"].clone();
     let admission = h.host.admission(&t);
+    let image_of_v1 = h
+        .host
+        .function("t0", "mine")
+        .expect("deployed")
+        .prepared
+        .component()
+        .image_range();
     let (client, url, token) = (h.client.clone(), h.url.clone(), t0.clone());
     let running = tokio::spawn(async move {
         let body = common::hostile("loop", &[], &[]);
@@ -693,6 +700,36 @@ async fn replaced_code_that_calls_still_run_on_counts_against_the_quota() {
         message.contains("the code of 1 replaced or removed uploads included"),
         "{message}"
     );
+    // v1's bytes uploaded again (under another name, v2 removed first) share the image the
+    // call runs on, as the quota counts them: once. They were compiled into a second image
+    // beside it, and a tenant held one more copy per call it kept running.
+    let delete = h
+        .client
+        .delete(format!("{}/v1/functions/mine", h.url))
+        .bearer_auth(&t0)
+        .send()
+        .await
+        .expect("delete");
+    assert_eq!(delete.status(), 204);
+    assert_eq!(
+        h.put_function(&t0, "again", hostile("v1")).await.status(),
+        201
+    );
+    let again = h.host.function("t0", "again").expect("deployed");
+    assert_eq!(
+        again.prepared.component().image_range(),
+        image_of_v1,
+        "v1's bytes were loaded again, in an image of their own"
+    );
+    drop(again);
+    let delete = h
+        .client
+        .delete(format!("{}/v1/functions/again", h.url))
+        .bearer_auth(&t0)
+        .send()
+        .await
+        .expect("delete");
+    assert_eq!(delete.status(), 204);
     // Once the call on v1 ends, its code is gone, and v3 fits.
     let (code_, message) = error_code(running.await.expect("join"), 422).await;
     assert_eq!(code_, "time_limit_exceeded", "{message}");
@@ -815,6 +852,14 @@ fn the_code_bounds_are_checked_before_compiling() {
     too(
         check(&guest_with("hostile", &[defining_many(0, 1, elements + 1)])),
         "a table of 20001 elements at its start",
+    );
+    // Imports, the component's and its modules' together, counted before the validator
+    // builds its tables for them.
+    let spare = (compile::MAX_IMPORTS - imports_of(&wasm("hostile"))) as usize;
+    check(&guest_with("hostile", &[importing(spare)])).expect("within the imports");
+    too(
+        check(&guest_with("hostile", &[importing(spare + 1)])),
+        "more than 10000 imports",
     );
     // Function names (wasmtime copies them into every trap's backtrace).
     let name = compile::MAX_FUNCTION_NAME;

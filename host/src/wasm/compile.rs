@@ -2,10 +2,10 @@
 //!
 //! Compiling costs the host time and memory that grow with the code (cranelift on one huge
 //! function takes seconds and hundreds of MiB), so everything that can be checked without
-//! compiling is checked first, in one linear pass of the same parser wasmtime uses: the bytes
-//! validate, they are a component, they import only interfaces the tenant is granted, they
-//! export `run`, and their code stays within named bounds. Only then is the component compiled
-//! (see `functions` for the queue that does it off the request path).
+//! compiling is checked first: in one linear pass of the same parser wasmtime uses, that the
+//! bytes are a component whose code and imports stay within named bounds; then that they
+//! validate, import only interfaces the tenant is granted, and export `run`. Only then is the
+//! component compiled (see `functions` for the queue that does it off the request path).
 
 use crate::account::text::quote;
 use wasmparser::{Encoding, Parser, Payload, Validator, WasmFeatures};
@@ -28,6 +28,11 @@ pub const MAX_MODULES: usize = 64;
 /// deep would cost the host about 1 GiB per trap, charged to no one. Rust's longest names in
 /// our guests are a few hundred bytes.
 pub const MAX_FUNCTION_NAME: usize = 4096;
+/// Most imports, of the component and of its core modules together. Our guests import a few
+/// dozen interfaces and functions; wasmparser allows a million per section.
+pub const MAX_IMPORTS: u32 = 10_000;
+/// Most denied imports an error names, and how many more there were.
+const DENIED_NAMED: usize = 8;
 /// Most memories and tables defined by all of a component's core modules together (whether
 /// instantiated or not: wasmtime prepares every module's memory and table images when it
 /// compiles, before the pool's per-component bounds are checked), and the bound on a table's
@@ -74,10 +79,10 @@ pub fn check(bytes: &[u8], tenant: &str, allowed: &[&str]) -> Result<Checked, De
     if bytes[4..8] == [1, 0, 0, 0] {
         return Err(DeployError::CoreModule);
     }
-    let mut validator = Validator::new_with_features(WasmFeatures::default());
-    validator
-        .validate_all(bytes)
-        .map_err(|e| DeployError::Invalid(e.to_string()))?;
+    // The bounds first, in a pass that keeps nothing but counts and the component's import
+    // names, then the validator, whose tables grow with what it validates: validating first
+    // built its tables for a million imports (and the host quoted every denied name in the
+    // error) before any bound applied, on a compile thread, charged to no one.
     let mut info = Checked {
         imports: Vec::new(),
         modules: 0,
@@ -86,7 +91,7 @@ pub fn check(bytes: &[u8], tenant: &str, allowed: &[&str]) -> Result<Checked, De
         largest_body: 0,
     };
     let (mut depth, mut exports_run) = (0i64, false);
-    let (mut memories, mut tables) = (0u32, 0u32);
+    let (mut memories, mut tables, mut imports) = (0u32, 0u32, 0u32);
     let too = |what: String| Err(DeployError::TooComplex(what));
     for payload in Parser::new(0).parse_all(bytes) {
         let payload = payload.map_err(|e| DeployError::Invalid(e.to_string()))?;
@@ -102,7 +107,14 @@ pub fn check(bytes: &[u8], tenant: &str, allowed: &[&str]) -> Result<Checked, De
                 }
             }
             Payload::End(_) => depth -= 1,
-            Payload::ComponentImportSection(reader) if depth == 0 => {
+            Payload::ComponentImportSection(reader) => {
+                imports = imports.saturating_add(reader.count());
+                if imports > MAX_IMPORTS {
+                    return too(format!("more than {MAX_IMPORTS} imports"));
+                }
+                if depth > 0 {
+                    continue;
+                }
                 for import in reader {
                     let import = import.map_err(|e| DeployError::Invalid(e.to_string()))?;
                     // Types a world `use`s are imported by name too; they grant nothing.
@@ -121,6 +133,12 @@ pub fn check(bytes: &[u8], tenant: &str, allowed: &[&str]) -> Result<Checked, De
                 for function in reader {
                     let function = function.map_err(|e| DeployError::Invalid(e.to_string()))?;
                     utf8_only(&function)?;
+                }
+            }
+            Payload::ImportSection(reader) => {
+                imports = imports.saturating_add(reader.count());
+                if imports > MAX_IMPORTS {
+                    return too(format!("more than {MAX_IMPORTS} imports"));
                 }
             }
             Payload::MemorySection(reader) => {
@@ -172,16 +190,23 @@ pub fn check(bytes: &[u8], tenant: &str, allowed: &[&str]) -> Result<Checked, De
             _ => {}
         }
     }
-    let denied: Vec<String> = info
+    let mut validator = Validator::new_with_features(WasmFeatures::default());
+    validator
+        .validate_all(bytes)
+        .map_err(|e| DeployError::Invalid(e.to_string()))?;
+    let denied: Vec<&String> = info
         .imports
         .iter()
         .filter(|name| !allowed.iter().any(|p| name.starts_with(p)))
-        .map(|n| quote(n))
         .collect();
     if !denied.is_empty() {
+        let mut named: Vec<String> = denied.iter().take(DENIED_NAMED).map(|n| quote(n)).collect();
+        if denied.len() > DENIED_NAMED {
+            named.push(format!("and {} more", denied.len() - DENIED_NAMED));
+        }
         return Err(DeployError::NotGranted {
             tenant: tenant.to_string(),
-            imports: denied.join(", "),
+            imports: named.join(", "),
         });
     }
     if !exports_run {

@@ -282,3 +282,34 @@ pub fn memories_and_tables(component: &[u8]) -> (u32, u32) {
     }
     (memories, tables)
 }
+
+/// A core module importing `n` functions `() -> ()` (module `m`, names `f0`, `f1`...).
+pub fn importing(n: usize) -> Vec<u8> {
+    let mut module = b"\0asm\x01\0\0\0".to_vec();
+    section(1, &[1, 0x60, 0, 0], &mut module); // type 0: () -> ()
+    let mut imports = Vec::new();
+    leb(n, &mut imports);
+    for i in 0..n {
+        let name = format!("f{i}");
+        imports.extend_from_slice(&[1, b'm']);
+        leb(name.len(), &mut imports);
+        imports.extend_from_slice(name.as_bytes());
+        imports.extend_from_slice(&[0x00, 0x00]); // a function of type 0
+    }
+    section(2, &imports, &mut module);
+    module
+}
+
+/// Imports of a component and of its core modules together, as the host counts them.
+pub fn imports_of(component: &[u8]) -> u32 {
+    use wasmparser::{Parser, Payload};
+    let mut imports = 0;
+    for payload in Parser::new(0).parse_all(component) {
+        match payload.expect("valid") {
+            Payload::ImportSection(r) => imports += r.count(),
+            Payload::ComponentImportSection(r) => imports += r.count(),
+            _ => {}
+        }
+    }
+    imports
+}

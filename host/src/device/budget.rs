@@ -251,6 +251,7 @@ impl State {
         if free < need {
             return false;
         }
+        let mut unloaded = Vec::new();
         for name in victims {
             if let Some(slot) = self.models.remove(&name) {
                 self.weights -= slot.weights();
@@ -259,8 +260,10 @@ impl State {
                     "unloaded model `{name}` ({} bytes of weights) to make room",
                     slot.weights()
                 );
+                unloaded.push(slot);
             }
         }
+        free_elsewhere(unloaded);
         true
     }
 
@@ -274,6 +277,24 @@ impl State {
     /// Bytes a claim could have: free now, or once the models it may unload are.
     fn room(&self, total: u64, claim: Claim<'_>, now: Instant) -> u64 {
         self.victims(total, u64::MAX, claim, now).1
+    }
+}
+
+/// Frees unloaded models' weights on a thread of their own. They were freed where they were
+/// unloaded, under the budget's lock, on the dispatcher or an invocation worker: unmapping
+/// hundreds of MiB of weights (tens of ms) stopped every tenant's batches, pins and
+/// reservations meanwhile, and a tenant allowed two models that do not fit its share together
+/// could unload one for the other at every call.
+fn free_elsewhere(unloaded: Vec<Slot>) {
+    if unloaded.is_empty() {
+        return;
+    }
+    let spawned = std::thread::Builder::new()
+        .name("model-unload".into())
+        .spawn(move || drop(unloaded));
+    if let Err(e) = spawned {
+        // The slots went with the closure: freed here, on the caller's thread.
+        tracing::warn!("freeing unloaded models on the caller's thread: {e}");
     }
 }
 

@@ -11,8 +11,12 @@ use serde_json::json;
 #[global_allocator]
 static ALLOCATOR: Counting = Counting;
 
+/// The tests one at a time: the record of large frees is the process's.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_calls_input_is_freed_off_the_dispatcher() {
+    let _one = ONE_AT_A_TIME.lock().await;
     let h: TestHost = start_tenants(|store, state| {
         tenants_policy(store, state, "pool = true", 1, &["resnet18"], |_| {
             String::new()
@@ -46,4 +50,112 @@ async fn a_calls_input_is_freed_off_the_dispatcher() {
         frees.iter().all(|&(tid, _)| tid != dispatcher),
         "freed on the dispatcher: {frees:?}"
     );
+}
+
+/// A pooled batch copies its calls' inputs into its tensor once: they were joined into one
+/// buffer first (freed on the device worker when the batch ended), a second copy of the whole
+/// batch's input that no memory model or account counted. Three tenants' calls of 16 samples
+/// (9.6 MB each) arrive within the window; the first batch pools the first call with part of
+/// the second (with three tenants active a batch may run half as long again as its leader's
+/// samples), and its joined input (13 MiB in one run) was freed on the worker's thread.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pooled_batch_copies_its_inputs_once() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    use hapi_host::account::{Account, Deadline};
+    use hapi_host::device::executor::Device;
+    use hapi_host::device::job::{Input, Job};
+    use hapi_host::device::types::DeviceConfig;
+    use std::sync::Arc;
+    use std::time::Duration;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let text = common::policy_text(&dir.path().join("store"), &dir.path().join("state"));
+    let policy =
+        hapi_host::policy::Policy::parse("policy.toml", &text, dir.path()).expect("policy");
+    let models = hapi_host::models::Models::open(&policy, tch::Device::Cpu, None).expect("models");
+    // This device's worker: the thread of that name that was not there before it started (the
+    // other test's host may still be ending).
+    let before = workers();
+    // No batch is due before 48 samples are in (a window of 5 s, and batches may run for
+    // 100 s).
+    let d = Device::start(
+        DeviceConfig {
+            budget: 4 << 30,
+            adapt: false,
+            pool: true,
+            window: Duration::from_secs(5),
+            max_batch: 48,
+            slice: Duration::from_secs(100),
+            batch_time: Duration::from_secs(100),
+            workers: 1,
+            resident_for: Duration::from_secs(600),
+        },
+        Arc::new(models),
+    )
+    .expect("device");
+    let deadline = Deadline::new(Duration::from_secs(300));
+    let mut calls = Vec::new();
+    for name in ["first", "second", "third"] {
+        let tenant: Arc<str> = Arc::from(name);
+        let pin = d
+            .acquire("resnet18", &tenant, &deadline, None)
+            .await
+            .expect("resnet18");
+        let account = Account::new(1 << 30);
+        let n = 16;
+        let bytes = vec![0u8; n * 3 * 224 * 224 * 4];
+        let job = Job {
+            tenant,
+            weight: 1,
+            pin,
+            range: 0..1,
+            input: Input {
+                charge: account.charge(bytes.len() as u64, "input").expect("charge"),
+                bytes,
+                shape: vec![3, 224, 224],
+                n: n as i64,
+            },
+            out: hapi_wire::tensor::WireDtype::F32,
+            account,
+            deadline: Arc::new(Deadline::new(Duration::from_secs(60))),
+            slot: None,
+            usage: Arc::default(),
+        };
+        forget_large_frees();
+        let d2 = Arc::clone(&d);
+        calls.push(tokio::spawn(async move { d2.run(job).await }));
+    }
+    let mut ran = Vec::new();
+    for c in calls {
+        ran.push(c.await.expect("join").expect("ran"));
+    }
+    let worker = workers()
+        .into_iter()
+        .find(|t| !before.contains(t))
+        .expect("the device worker's thread");
+    let memory = d.memory();
+    assert!(
+        memory.largest_batch > 16,
+        "no batch pooled two calls: {memory:?}"
+    );
+    let frees = large_frees();
+    eprintln!("large frees (thread, MiB): {frees:?}; worker {worker}");
+    assert!(
+        frees.iter().all(|&(tid, _)| tid != worker),
+        "a large buffer was freed on the device worker: {frees:?}"
+    );
+    drop(ran);
+}
+
+/// The threads named `device-worker-0` now.
+fn workers() -> Vec<u32> {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return Vec::new();
+    };
+    tasks
+        .flatten()
+        .filter_map(|t| {
+            let comm = std::fs::read_to_string(t.path().join("comm")).ok()?;
+            (comm.trim_end() == "device-worker-0").then(|| t.file_name().to_str()?.parse().ok())?
+        })
+        .collect()
 }

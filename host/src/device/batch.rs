@@ -62,22 +62,35 @@ fn run_inner(
         .iter()
         .try_fold(F32, |acc, &d| acc.checked_mul(usize::try_from(d).ok()?))
         .ok_or("batch dimensions overflow")?;
-    let x = {
-        let joined;
-        let bytes: &[u8] = match inputs {
-            [one] => one,
-            many => {
-                joined = many.concat();
-                &joined
+    let given: usize = inputs.iter().map(|i| i.len()).sum();
+    if given != need {
+        return Err(format!(
+            "batch input is {given} bytes; {dims:?} of f32 need {need}"
+        ));
+    }
+    let x = match inputs {
+        [one] => Tensor::f_from_data_size(one, &dims, Kind::Float).map_err(|e| e.to_string())?,
+        // The calls' slices copied into the batch's tensor one after the other. They were
+        // joined into one buffer first, and the tensor copied from it: a second copy of the
+        // whole batch's input, up to `max_batch` samples per worker, that no memory model or
+        // account counted.
+        many => {
+            let x =
+                Tensor::f_empty(&dims, (Kind::Float, Device::Cpu)).map_err(|e| e.to_string())?;
+            if !x.is_contiguous() || x.numel() * F32 != need {
+                return Err(format!("the batch's tensor is not {need} contiguous bytes"));
             }
-        };
-        if bytes.len() != need {
-            return Err(format!(
-                "batch input is {} bytes; {dims:?} of f32 need {need}",
-                bytes.len()
-            ));
+            let base = x.data_ptr().cast::<u8>();
+            let mut at = 0;
+            for part in many {
+                // SAFETY: `x` was just made, contiguous, on the CPU, of `need` bytes, and
+                // nothing else refers to it; the parts' lengths sum to `need`, so each copy
+                // stays within it, and a Rust slice never overlaps libtorch's new storage.
+                unsafe { std::ptr::copy_nonoverlapping(part.as_ptr(), base.add(at), part.len()) };
+                at += part.len();
+            }
+            x
         }
-        Tensor::f_from_data_size(bytes, &dims, Kind::Float).map_err(|e| e.to_string())?
     };
     let x = if model.device() == Device::Cpu {
         x

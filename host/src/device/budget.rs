@@ -144,11 +144,14 @@ struct State {
     /// Loads that waited because other tenants' models, within their shares, held the room.
     deferred: u64,
     resident_for: Duration,
+    /// Weights of unloaded models still being freed, beyond the claims that unloaded them
+    /// (see [`Unloaded`]).
+    freeing: u64,
 }
 
 impl State {
     fn used(&self) -> u64 {
-        self.weights + self.reserved
+        self.weights + self.reserved + self.freeing
     }
 
     fn note_peak(&mut self) {
@@ -244,27 +247,42 @@ impl State {
     }
 
     /// Unloads the idle models [`Self::victims`] picks for `claim` if that frees `need`
-    /// bytes, and returns whether they are free; unloads none if it would not (a waiter that
-    /// cannot fit yet must not empty the device of others' models).
-    fn make_room(&mut self, total: u64, need: u64, claim: Claim<'_>, now: Instant) -> bool {
+    /// bytes, and returns them, to be freed once the lock is let go ([`Budget::free`]); `None`
+    /// (and unloads none) if it would not free enough (a waiter that cannot fit yet must not
+    /// empty the device of others' models).
+    fn make_room(
+        &mut self,
+        total: u64,
+        need: u64,
+        claim: Claim<'_>,
+        now: Instant,
+    ) -> Option<Unloaded> {
         let (victims, free) = self.victims(total, need, claim, now);
         if free < need {
-            return false;
+            return None;
         }
-        let mut unloaded = Vec::new();
+        let mut unloaded = Unloaded {
+            slots: Vec::new(),
+            held: 0,
+        };
+        let mut bytes = 0;
         for name in victims {
             if let Some(slot) = self.models.remove(&name) {
                 self.weights -= slot.weights();
                 self.evictions += 1;
+                bytes += slot.weights();
                 tracing::info!(
                     "unloaded model `{name}` ({} bytes of weights) to make room",
                     slot.weights()
                 );
-                unloaded.push(slot);
+                unloaded.slots.push(slot);
             }
         }
-        free_elsewhere(unloaded);
-        true
+        // Until they are freed, the part of their weights beyond the claim stays counted: no
+        // one else takes memory that is still theirs.
+        unloaded.held = bytes.saturating_sub(need);
+        self.freeing += unloaded.held;
+        Some(unloaded)
     }
 
     /// When a claim of `need` bytes cannot be met: `Some` (how long until the next use grows
@@ -280,22 +298,17 @@ impl State {
     }
 }
 
-/// Frees unloaded models' weights on a thread of their own. They were freed where they were
-/// unloaded, under the budget's lock, on the dispatcher or an invocation worker: unmapping
-/// hundreds of MiB of weights (tens of ms) stopped every tenant's batches, pins and
-/// reservations meanwhile, and a tenant allowed two models that do not fit its share together
-/// could unload one for the other at every call.
-fn free_elsewhere(unloaded: Vec<Slot>) {
-    if unloaded.is_empty() {
-        return;
-    }
-    let spawned = std::thread::Builder::new()
-        .name("model-unload".into())
-        .spawn(move || drop(unloaded));
-    if let Err(e) = spawned {
-        // The slots went with the closure: freed here, on the caller's thread.
-        tracing::warn!("freeing unloaded models on the caller's thread: {e}");
-    }
+/// Models unloaded to make room, to be freed by the claimant that unloaded them once the
+/// budget's lock is let go, before it uses the room ([`Budget::free`]). They were freed under
+/// the lock, on the dispatcher or an invocation worker: unmapping hundreds of MiB of weights
+/// (tens of ms) stopped every tenant's pins, reservations and finishing batches meanwhile, and
+/// a tenant allowed two models that do not fit its share together could unload one for the
+/// other at every call. `held`: bytes of their weights beyond the claim, counted in the
+/// budget until they are freed.
+#[must_use]
+struct Unloaded {
+    slots: Vec<Slot>,
+    held: u64,
 }
 
 /// Waits for `notified` (the budget changed), or at most `kept` (when other tenants' models
@@ -406,6 +419,20 @@ impl Budget {
 
     pub fn total(&self) -> u64 {
         self.total
+    }
+
+    /// Frees models [`State::make_room`] unloaded, outside the lock, on the claimant's thread
+    /// before it uses the room; then gives back what of their weights was still counted.
+    fn free(&self, unloaded: Unloaded) {
+        let Unloaded { slots, held } = unloaded;
+        if slots.is_empty() {
+            return;
+        }
+        drop(slots);
+        if held > 0 {
+            lock(&self.state).freeing -= held;
+            self.wake();
+        }
     }
 
     fn wake(&self) {
@@ -560,7 +587,7 @@ impl Budget {
                 if let Some(other) = mine {
                     return Attempt::Turn(other);
                 }
-                if s.make_room(self.total, weights, Claim::For(tenant), now) {
+                if let Some(unloaded) = s.make_room(self.total, weights, Claim::For(tenant), now) {
                     s.weights += weights;
                     s.loads += 1;
                     s.note_peak();
@@ -571,6 +598,8 @@ impl Budget {
                             weights,
                         },
                     );
+                    drop(s);
+                    self.free(unloaded);
                     Attempt::Load
                 } else {
                     Attempt::NoRoom {
@@ -732,11 +761,11 @@ impl Budget {
     pub fn reserve_now(self: &Arc<Self>, need: u64, tenant: &str) -> Option<Reservation> {
         let mut s = lock(&self.state);
         let now = Instant::now();
-        if !s.make_room(self.total, need, Claim::For(tenant), now) {
-            return None;
-        }
+        let unloaded = s.make_room(self.total, need, Claim::For(tenant), now)?;
         s.reserved += need;
         s.note_peak();
+        drop(s);
+        self.free(unloaded);
         Some(Reservation {
             budget: Arc::clone(self),
             bytes: need,

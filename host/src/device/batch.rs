@@ -77,6 +77,9 @@ fn run_inner(
         many => {
             let x =
                 Tensor::f_empty(&dims, (Kind::Float, Device::Cpu)).map_err(|e| e.to_string())?;
+            if need == 0 {
+                return Err("an empty batch".into());
+            }
             if !x.is_contiguous() || x.numel() * F32 != need {
                 return Err(format!("the batch's tensor is not {need} contiguous bytes"));
             }

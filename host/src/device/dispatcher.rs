@@ -571,17 +571,25 @@ impl Dispatcher {
         let (config, budget) = (&shared.config, &shared.budget);
         let mut earliest: Option<Instant> = None;
         let mut memory_wait = false;
+        // Segments whose batch was found not due: a later tenant's calls for one of them are
+        // in that batch already, and must not lead it past the tenant ahead of it.
+        let mut not_due: Vec<(*const ModelPackage, Range<usize>)> = Vec::new();
         for t in self
             .fair
             .order(backlogged.iter().map(|(_, t, work)| (t, *work)))
         {
             // Calls in a running batch are not in `calls`: the head is the oldest waiting.
-            let Some((head, cost)) = self.queues.get(t).and_then(|q| {
-                q.iter()
-                    .find_map(|id| self.calls.get(id).map(|c| (*id, &c.cost)))
+            let Some((head, cost, segment)) = self.queues.get(t).and_then(|q| {
+                q.iter().find_map(|id| {
+                    let c = self.calls.get(id)?;
+                    Some((*id, &c.cost, (Arc::as_ptr(&c.pin.model), c.range.clone())))
+                })
             }) else {
                 continue;
             };
+            if not_due.contains(&segment) {
+                continue;
+            }
             let one = cost.run_bytes(1);
             let mut cap = config.max_batch;
             if config.adapt {
@@ -596,6 +604,7 @@ impl Dispatcher {
                 match self.lead(&backlogged, t, head, cap) {
                     Some(due) => {
                         earliest = Some(earliest.map_or(due, |e| e.min(due)));
+                        not_due.push(segment);
                         continue;
                     }
                     None => return None,

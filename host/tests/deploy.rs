@@ -6,7 +6,7 @@ mod common;
 
 use common::components::{
     component, defining, defining_many, guest_with, importing, imports_of, instantiating,
-    memories_and_tables, module, named, string_encoding, trapping_named, variant,
+    memories_and_tables, module, named, string_encoding, trapping_named, typing, variant,
 };
 use common::{ALICE, BOB, TestHost, error_code, guest, raw, start_tenants, tenant_token};
 use hapi_host::Host;
@@ -860,6 +860,16 @@ fn the_code_bounds_are_checked_before_compiling() {
     too(
         check(&guest_with("hostile", &[importing(spare + 1)])),
         "more than 10000 imports",
+    );
+    // Items of every section together (here types), counted before the validator builds its
+    // tables for them.
+    check(&guest_with("hostile", &[typing(100_000)])).expect("within the items");
+    too(
+        check(&guest_with(
+            "hostile",
+            &[typing(compile::MAX_ITEMS as usize)],
+        )),
+        "items (types, imports, functions, exports...)",
     );
     // Function names (wasmtime copies them into every trap's backtrace).
     let name = compile::MAX_FUNCTION_NAME;

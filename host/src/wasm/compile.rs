@@ -31,6 +31,11 @@ pub const MAX_FUNCTION_NAME: usize = 4096;
 /// Most imports, of the component and of its core modules together. Our guests import a few
 /// dozen interfaces and functions; wasmparser allows a million per section.
 pub const MAX_IMPORTS: u32 = 10_000;
+/// Most items all of a component's sections declare together (types, imports, functions,
+/// tables, memories, globals, exports, elements, data, instances, aliases...; a function is
+/// counted in its module's function section and again in its code section), counted before the
+/// validator builds its tables for them. Our largest guest declares a few thousand.
+pub const MAX_ITEMS: u32 = 150_000;
 /// Most denied imports an error names, and how many more there were.
 const DENIED_NAMED: usize = 8;
 /// Most memories and tables defined by all of a component's core modules together (whether
@@ -93,8 +98,15 @@ pub fn check(bytes: &[u8], tenant: &str, allowed: &[&str]) -> Result<Checked, De
     let (mut depth, mut exports_run) = (0i64, false);
     let (mut memories, mut tables, mut imports) = (0u32, 0u32, 0u32);
     let too = |what: String| Err(DeployError::TooComplex(what));
+    let mut items = 0u32;
     for payload in Parser::new(0).parse_all(bytes) {
         let payload = payload.map_err(|e| DeployError::Invalid(e.to_string()))?;
+        items = items.saturating_add(section_items(&payload));
+        if items > MAX_ITEMS {
+            return too(format!(
+                "more than {MAX_ITEMS} items (types, imports, functions, exports...) in its sections"
+            ));
+        }
         match payload {
             Payload::Version { encoding, .. } if depth == 0 && encoding != Encoding::Component => {
                 return Err(DeployError::CoreModule);
@@ -215,6 +227,32 @@ pub fn check(bytes: &[u8], tenant: &str, allowed: &[&str]) -> Result<Checked, De
         ));
     }
     Ok(info)
+}
+
+/// Items a section declares (its count, read without reading them), 0 for other payloads.
+fn section_items(payload: &Payload<'_>) -> u32 {
+    match payload {
+        Payload::TypeSection(r) => r.count(),
+        Payload::ImportSection(r) => r.count(),
+        Payload::FunctionSection(r) => r.count(),
+        Payload::TableSection(r) => r.count(),
+        Payload::MemorySection(r) => r.count(),
+        Payload::TagSection(r) => r.count(),
+        Payload::GlobalSection(r) => r.count(),
+        Payload::ExportSection(r) => r.count(),
+        Payload::ElementSection(r) => r.count(),
+        Payload::DataSection(r) => r.count(),
+        Payload::CodeSectionStart { count, .. } => *count,
+        Payload::InstanceSection(r) => r.count(),
+        Payload::CoreTypeSection(r) => r.count(),
+        Payload::ComponentInstanceSection(r) => r.count(),
+        Payload::ComponentAliasSection(r) => r.count(),
+        Payload::ComponentTypeSection(r) => r.count(),
+        Payload::ComponentCanonicalSection(r) => r.count(),
+        Payload::ComponentImportSection(r) => r.count(),
+        Payload::ComponentExportSection(r) => r.count(),
+        _ => 0,
+    }
 }
 
 /// Refuses a canonical function whose strings are UTF-16 or Latin-1 in the guest's memory: the

@@ -313,3 +313,15 @@ pub fn imports_of(component: &[u8]) -> u32 {
     }
     imports
 }
+
+/// A core module declaring `n` function types `() -> ()`.
+pub fn typing(n: usize) -> Vec<u8> {
+    let mut module = b"\0asm\x01\0\0\0".to_vec();
+    let mut types = Vec::new();
+    leb(n, &mut types);
+    for _ in 0..n {
+        types.extend_from_slice(&[0x60, 0, 0]);
+    }
+    section(1, &types, &mut module);
+    module
+}

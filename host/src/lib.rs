@@ -362,23 +362,28 @@ impl Host {
         // is held in the budget while it runs, at the largest batch (up to PROFILE_BATCH) that
         // the budget can hold beside the weights now without unloading models other tenants
         // keep within their shares (one sample at least: it waits for that, and never takes
-        // it from such a model, as a batch that every tenant waits behind may). The
-        // measurement is kept: a first profile under contention is measured at a smaller
-        // batch.
+        // it from such a model, as a batch that every tenant waits behind may). A measurement
+        // at the largest batch the budget can hold is kept for every caller; one at a smaller
+        // batch (under contention) is answered to this caller only (`Models::profile`).
         let cost = pin.memory.segment(0..pin.memory.layers.len());
         let ceiling = self.device.ceiling(pin.memory.weights());
         let one = cost.run_bytes(1);
         let room = self.device.room_of(tenant).max(one);
-        let batch = (1..=models::PROFILE_BATCH)
-            .rev()
-            .find(|&b| cost.run_bytes(b as u64) <= ceiling.min(room))
-            .ok_or_else(|| {
-                DeviceError::TooLarge(format!(
-                    "profiling model `{model}` needs {} bytes of device memory for one sample, \
+        let largest = |limit: u64| {
+            (1..=models::PROFILE_BATCH)
+                .rev()
+                .find(|&b| cost.run_bytes(b as u64) <= limit)
+        };
+        // Kept for every caller only if measured at the largest batch the budget can ever hold
+        // beside the weights, not at a smaller one because other work held the room.
+        let keep = largest(ceiling);
+        let batch = largest(ceiling.min(room)).ok_or_else(|| {
+            DeviceError::TooLarge(format!(
+                "profiling model `{model}` needs {} bytes of device memory for one sample, \
                      and at most {ceiling} can ever be free beside its weights",
-                    cost.run_bytes(1)
-                ))
-            })?;
+                cost.run_bytes(1)
+            ))
+        })?;
         let what = format!("profiling model `{model}` at batch {batch}");
         let held = self
             .device
@@ -390,7 +395,10 @@ impl Host {
         let id = id.to_string();
         let (layers, pin) = tokio::task::spawn_blocking(move || {
             // On a slot of the tenant's share, or not at all once its time is up.
-            let layers = work.pace().then(|| models.profile(&id, &pin.model, batch));
+            let keep = keep == Some(batch);
+            let layers = work
+                .pace()
+                .then(|| models.profile(&id, &pin.model, batch, keep));
             drop(work);
             drop(held);
             drop(measuring);

@@ -489,18 +489,28 @@ impl Models {
     }
 
     /// Per-layer time per sample and output bytes on this host's device, measured on `pkg` at
-    /// batch `batch` the first time (the caller holds the memory that takes).
+    /// batch `batch` (the caller holds the memory that takes): kept for every later caller if
+    /// `keep` (measured at the largest batch the budget can hold), answered to this one only if
+    /// not. A profile is a shared model's for all tenants: one measured at a smaller batch
+    /// because a neighbour's work held the device's memory was kept, and every tenant planned
+    /// its split from it until the host restarted.
     pub fn profile(
         &self,
         name: &str,
         pkg: &ModelPackage,
         batch: i64,
+        keep: bool,
     ) -> Result<Arc<Vec<LayerProfile>>, String> {
-        Self::slot(&self.profiles, name).get_or_make(|| {
+        let measure = || {
             profile_layers(pkg, batch, PROFILE_REPS)
                 .map(Arc::new)
                 .map_err(|e| e.to_string())
-        })
+        };
+        if !keep {
+            return std::panic::catch_unwind(std::panic::AssertUnwindSafe(measure))
+                .unwrap_or_else(|p| Err(format!("panicked: {}", panic_message(p.as_ref()))));
+        }
+        Self::slot(&self.profiles, name).get_or_make(measure)
     }
 }
 

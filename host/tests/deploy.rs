@@ -703,14 +703,7 @@ async fn replaced_code_that_calls_still_run_on_counts_against_the_quota() {
     // v1's bytes uploaded again (under another name, v2 removed first) share the image the
     // call runs on, as the quota counts them: once. They were compiled into a second image
     // beside it, and a tenant held one more copy per call it kept running.
-    let delete = h
-        .client
-        .delete(format!("{}/v1/functions/mine", h.url))
-        .bearer_auth(&t0)
-        .send()
-        .await
-        .expect("delete");
-    assert_eq!(delete.status(), 204);
+    assert_eq!(delete(&h, &t0, "mine").await.status(), 204);
     assert_eq!(
         h.put_function(&t0, "again", hostile("v1")).await.status(),
         201
@@ -722,14 +715,7 @@ async fn replaced_code_that_calls_still_run_on_counts_against_the_quota() {
         "v1's bytes were loaded again, in an image of their own"
     );
     drop(again);
-    let delete = h
-        .client
-        .delete(format!("{}/v1/functions/again", h.url))
-        .bearer_auth(&t0)
-        .send()
-        .await
-        .expect("delete");
-    assert_eq!(delete.status(), 204);
+    assert_eq!(delete(&h, &t0, "again").await.status(), 204);
     // Once the call on v1 ends, its code is gone, and v3 fits.
     let (code_, message) = error_code(running.await.expect("join"), 422).await;
     assert_eq!(code_, "time_limit_exceeded", "{message}");

@@ -1110,9 +1110,7 @@ async fn several_tenants_pool_into_batches_longer_than_one_tenants_slice() {
 /// never fit stalled the device for everyone and never paid for it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_that_cannot_fit_a_sample_does_not_hold_up_a_neighbour_that_can() {
-    use hapi_host::account::Account;
     use hapi_host::device::executor::Device;
-    use hapi_host::device::job::{Input, Job};
     use hapi_host::device::types::DeviceConfig;
     let _one = serial().lock().await;
     let p = Packages::open();
@@ -1155,27 +1153,7 @@ async fn a_leader_that_cannot_fit_a_sample_does_not_hold_up_a_neighbour_that_can
     );
     let (heavy, light): (Arc<str>, Arc<str>) = (Arc::from("heavy"), Arc::from("light"));
     let limit = Duration::from_secs(10);
-    let job = |tenant: &Arc<str>, pin| {
-        let account = Account::new(1 << 30);
-        let bytes = vec![0u8; 3 * 224 * 224 * 4];
-        Job {
-            tenant: Arc::clone(tenant),
-            weight: 1,
-            pin,
-            range: 0..1,
-            input: Input {
-                charge: account.charge(bytes.len() as u64, "input").expect("charge"),
-                bytes,
-                shape: vec![3, 224, 224],
-                n: 1,
-            },
-            out: hapi_wire::tensor::WireDtype::F32,
-            account,
-            deadline: Arc::new(Deadline::new(limit)),
-            slot: None,
-            usage: Arc::default(),
-        }
-    };
+    let job = |tenant: &Arc<str>, pin| common::device_job(tenant, pin, 1, limit);
     let deadline = Deadline::new(LONG);
     let heavy_pin = d.acquire(big, &heavy, &deadline, None).await.expect(big);
     let light_pin = d
@@ -1243,9 +1221,7 @@ async fn a_profile_measured_at_a_smaller_batch_is_not_kept() {
 /// code after the fix, after it before.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_waiting_for_batch_mates_does_not_hold_up_its_neighbours_due_batches() {
-    use hapi_host::account::Account;
     use hapi_host::device::executor::Device;
-    use hapi_host::device::job::{Input, Job};
     use hapi_host::device::types::DeviceConfig;
     let _one = serial().lock().await;
     let p = Packages::open();
@@ -1267,27 +1243,7 @@ async fn a_leader_waiting_for_batch_mates_does_not_hold_up_its_neighbours_due_ba
         Arc::clone(&p.models),
     )
     .expect("device");
-    let job = |tenant: &Arc<str>, pin, n: i64| {
-        let account = Account::new(1 << 30);
-        let bytes = vec![0u8; usize::try_from(n).expect("samples") * 3 * 224 * 224 * 4];
-        Job {
-            tenant: Arc::clone(tenant),
-            weight: 1,
-            pin,
-            range: 0..1,
-            input: Input {
-                charge: account.charge(bytes.len() as u64, "input").expect("charge"),
-                bytes,
-                shape: vec![3, 224, 224],
-                n,
-            },
-            out: hapi_wire::tensor::WireDtype::F32,
-            account,
-            deadline: Arc::new(Deadline::new(window * 3)),
-            slot: None,
-            usage: Arc::default(),
-        }
-    };
+    let job = |tenant: &Arc<str>, pin, n| common::device_job(tenant, pin, n, window * 3);
     let deadline = Deadline::new(LONG);
     let trickle: Arc<str> = Arc::from("trickle");
     let trickle_pin = d

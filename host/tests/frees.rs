@@ -61,9 +61,8 @@ async fn a_calls_input_is_freed_off_the_dispatcher() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pooled_batch_copies_its_inputs_once() {
     let _one = ONE_AT_A_TIME.lock().await;
-    use hapi_host::account::{Account, Deadline};
+    use hapi_host::account::Deadline;
     use hapi_host::device::executor::Device;
-    use hapi_host::device::job::{Input, Job};
     use hapi_host::device::types::DeviceConfig;
     use std::sync::Arc;
     use std::time::Duration;
@@ -100,26 +99,7 @@ async fn a_pooled_batch_copies_its_inputs_once() {
             .acquire("resnet18", &tenant, &deadline, None)
             .await
             .expect("resnet18");
-        let account = Account::new(1 << 30);
-        let n = 16;
-        let bytes = vec![0u8; n * 3 * 224 * 224 * 4];
-        let job = Job {
-            tenant,
-            weight: 1,
-            pin,
-            range: 0..1,
-            input: Input {
-                charge: account.charge(bytes.len() as u64, "input").expect("charge"),
-                bytes,
-                shape: vec![3, 224, 224],
-                n: n as i64,
-            },
-            out: hapi_wire::tensor::WireDtype::F32,
-            account,
-            deadline: Arc::new(Deadline::new(Duration::from_secs(60))),
-            slot: None,
-            usage: Arc::default(),
-        };
+        let job = common::device_job(&tenant, pin, 16, Duration::from_secs(60));
         forget_large_frees();
         let d2 = Arc::clone(&d);
         calls.push(tokio::spawn(async move { d2.run(job).await }));

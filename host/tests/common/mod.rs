@@ -475,3 +475,33 @@ impl BenchArgs {
             .map_or_else(|| workspace().join("target/bench"), PathBuf::from)
     }
 }
+
+/// A device job for `tenant` on `pin`: `n` zero images of 3x224x224 through layers [0, 1), with
+/// an account of its own (1 GiB) and a time limit of `limit`, its output f32.
+pub fn device_job(
+    tenant: &Arc<str>,
+    pin: hapi_host::device::budget::Pin,
+    n: i64,
+    limit: std::time::Duration,
+) -> hapi_host::device::job::Job {
+    use hapi_host::account::{Account, Deadline};
+    let account = Account::new(1 << 30);
+    let bytes = vec![0u8; usize::try_from(n).expect("samples") * 3 * 224 * 224 * 4];
+    hapi_host::device::job::Job {
+        tenant: Arc::clone(tenant),
+        weight: 1,
+        pin,
+        range: 0..1,
+        input: hapi_host::device::job::Input {
+            charge: account.charge(bytes.len() as u64, "input").expect("charge"),
+            bytes,
+            shape: vec![3, 224, 224],
+            n,
+        },
+        out: hapi_wire::tensor::WireDtype::F32,
+        account,
+        deadline: Arc::new(Deadline::new(limit)),
+        slot: None,
+        usage: Arc::default(),
+    }
+}

@@ -5,8 +5,9 @@
 mod common;
 
 use common::components::{
-    component, defining, defining_many, guest_with, importing, imports_of, instantiating,
-    memories_and_tables, module, named, string_encoding, trapping_named, typing, variant,
+    component, declaring, defining, defining_many, guest_with, importing, imports_of,
+    instantiating, memories_and_tables, module, named, string_encoding, trapping_named, typing,
+    variant,
 };
 use common::{ALICE, BOB, TestHost, error_code, guest, raw, start_tenants, tenant_token};
 use hapi_host::Host;
@@ -855,6 +856,12 @@ fn the_code_bounds_are_checked_before_compiling() {
             "hostile",
             &[typing(compile::MAX_ITEMS as usize)],
         )),
+        "items (types, imports, functions, exports...)",
+    );
+    // Declarations inside a type (here an instance type's), counted with the items.
+    check(&declaring("hostile", 100_000)).expect("within the items");
+    too(
+        check(&declaring("hostile", compile::MAX_ITEMS as usize)),
         "items (types, imports, functions, exports...)",
     );
     // Function names (wasmtime copies them into every trap's backtrace).

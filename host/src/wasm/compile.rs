@@ -32,9 +32,10 @@ pub const MAX_FUNCTION_NAME: usize = 4096;
 /// dozen interfaces and functions; wasmparser allows a million per section.
 pub const MAX_IMPORTS: u32 = 10_000;
 /// Most items all of a component's sections declare together (types, imports, functions,
-/// tables, memories, globals, exports, elements, data, instances, aliases...; a function is
-/// counted in its module's function section and again in its code section), counted before the
-/// validator builds its tables for them. Our largest guest declares a few thousand.
+/// tables, memories, globals, exports, elements, data, instances, aliases..., and the
+/// declarations inside component, instance and module types; a function is counted in its
+/// module's function section and again in its code section), counted before the validator
+/// builds its tables for them. Our largest guest declares a few thousand.
 pub const MAX_ITEMS: u32 = 150_000;
 /// Most denied imports an error names, and how many more there were.
 const DENIED_NAMED: usize = 8;
@@ -101,7 +102,9 @@ pub fn check(bytes: &[u8], tenant: &str, allowed: &[&str]) -> Result<Checked, De
     let mut items = 0u32;
     for payload in Parser::new(0).parse_all(bytes) {
         let payload = payload.map_err(|e| DeployError::Invalid(e.to_string()))?;
-        items = items.saturating_add(section_items(&payload));
+        items = items
+            .saturating_add(section_items(&payload))
+            .saturating_add(declared_items(&payload)?);
         if items > MAX_ITEMS {
             return too(format!(
                 "more than {MAX_ITEMS} items (types, imports, functions, exports...) in its sections"
@@ -251,6 +254,58 @@ fn section_items(payload: &Payload<'_>) -> u32 {
         Payload::ComponentCanonicalSection(r) => r.count(),
         Payload::ComponentImportSection(r) => r.count(),
         Payload::ComponentExportSection(r) => r.count(),
+        _ => 0,
+    }
+}
+
+/// Declarations inside a type section's component, instance and module types (an instance
+/// type's exports, say), nested ones included: one type may hold a million, each a table
+/// entry for the validator. Each type is read (and dropped) on its own, so this pass holds one
+/// at a time.
+fn declared_items(payload: &Payload<'_>) -> Result<u32, DeployError> {
+    let invalid = |e: wasmparser::BinaryReaderError| DeployError::Invalid(e.to_string());
+    let mut n = 0u32;
+    match payload {
+        Payload::ComponentTypeSection(r) => {
+            for ty in r.clone() {
+                n = n.saturating_add(component_type_items(&ty.map_err(invalid)?));
+            }
+        }
+        Payload::CoreTypeSection(r) => {
+            for ty in r.clone() {
+                n = n.saturating_add(core_type_items(&ty.map_err(invalid)?));
+            }
+        }
+        _ => {}
+    }
+    Ok(n)
+}
+
+fn component_type_items(ty: &wasmparser::ComponentType<'_>) -> u32 {
+    use wasmparser::{ComponentType, ComponentTypeDeclaration, InstanceTypeDeclaration};
+    let count = |len: usize| u32::try_from(len).unwrap_or(u32::MAX);
+    match ty {
+        ComponentType::Component(decls) => decls.iter().fold(count(decls.len()), |n, d| {
+            n.saturating_add(match d {
+                ComponentTypeDeclaration::CoreType(c) => core_type_items(c),
+                ComponentTypeDeclaration::Type(t) => component_type_items(t),
+                _ => 0,
+            })
+        }),
+        ComponentType::Instance(decls) => decls.iter().fold(count(decls.len()), |n, d| {
+            n.saturating_add(match d {
+                InstanceTypeDeclaration::CoreType(c) => core_type_items(c),
+                InstanceTypeDeclaration::Type(t) => component_type_items(t),
+                _ => 0,
+            })
+        }),
+        _ => 0,
+    }
+}
+
+fn core_type_items(ty: &wasmparser::CoreType<'_>) -> u32 {
+    match ty {
+        wasmparser::CoreType::Module(decls) => u32::try_from(decls.len()).unwrap_or(u32::MAX),
         _ => 0,
     }
 }

@@ -325,3 +325,16 @@ pub fn typing(n: usize) -> Vec<u8> {
     section(1, &types, &mut module);
     module
 }
+
+/// Guest `name`'s component with a type section added: one instance type of `n` declarations,
+/// each a type `bool`.
+pub fn declaring(name: &str, n: usize) -> Vec<u8> {
+    let mut bytes = std::fs::read(guest(name)).expect("guest");
+    let mut types = vec![1u8, 0x42]; // one type: an instance type
+    leb(n, &mut types);
+    for _ in 0..n {
+        types.extend_from_slice(&[0x01, 0x7f]); // type: bool
+    }
+    section(7, &types, &mut bytes);
+    bytes
+}

@@ -5,7 +5,7 @@
 mod common;
 
 use common::{TestHost, sample_key, start_tenants, tenant_token, tenants_policy};
-use hapi_tests::alloc::{Counting, forget_large_frees, large_frees, thread_named};
+use hapi_tests::alloc::{Counting, forget_large_frees, large_frees, thread_named, threads_named};
 use serde_json::json;
 
 #[global_allocator]
@@ -73,7 +73,7 @@ async fn a_pooled_batch_copies_its_inputs_once() {
     let models = hapi_host::models::Models::open(&policy, tch::Device::Cpu, None).expect("models");
     // This device's worker: the thread of that name that was not there before it started (the
     // other test's host may still be ending).
-    let before = workers();
+    let before = threads_named("device-worker-0");
     // No batch is due before 48 samples are in (a window of 5 s, and batches may run for
     // 100 s).
     let d = Device::start(
@@ -108,7 +108,7 @@ async fn a_pooled_batch_copies_its_inputs_once() {
     for c in calls {
         ran.push(c.await.expect("join").expect("ran"));
     }
-    let worker = workers()
+    let worker = threads_named("device-worker-0")
         .into_iter()
         .find(|t| !before.contains(t))
         .expect("the device worker's thread");
@@ -124,18 +124,4 @@ async fn a_pooled_batch_copies_its_inputs_once() {
         "a large buffer was freed on the device worker: {frees:?}"
     );
     drop(ran);
-}
-
-/// The threads named `device-worker-0` now.
-fn workers() -> Vec<u32> {
-    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
-        return Vec::new();
-    };
-    tasks
-        .flatten()
-        .filter_map(|t| {
-            let comm = std::fs::read_to_string(t.path().join("comm")).ok()?;
-            (comm.trim_end() == "device-worker-0").then(|| t.file_name().to_str()?.parse().ok())?
-        })
-        .collect()
 }

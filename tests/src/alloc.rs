@@ -80,11 +80,19 @@ pub fn forget_large_frees() {
 /// The kernel thread id of this process's thread named `name` (as `/proc` shows it: at most 15
 /// bytes), if there is one.
 pub fn thread_named(name: &str) -> Option<u32> {
-    std::fs::read_dir("/proc/self/task")
-        .ok()?
+    threads_named(name).into_iter().next()
+}
+
+/// The kernel thread ids of all of this process's threads named `name`.
+pub fn threads_named(name: &str) -> Vec<u32> {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return Vec::new();
+    };
+    tasks
         .flatten()
-        .find_map(|t| {
+        .filter_map(|t| {
             let comm = std::fs::read_to_string(t.path().join("comm")).ok()?;
             (comm.trim_end() == name).then(|| t.file_name().to_str()?.parse().ok())?
         })
+        .collect()
 }

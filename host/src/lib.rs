@@ -338,8 +338,9 @@ impl Host {
             .acquire(id, &Arc::from(tenant), &deadline, Some(share()))
             .await?;
         let models = Arc::clone(self.runtime.models());
-        // Measured before (or failed less than `models::FAILURE_KEPT` ago): nothing runs.
-        if let Some(kept) = self.kept_profile(id, model, &pin) {
+        // Measured before (or failed less than `models::FAILURE_KEPT` ago), or measured for
+        // this tenant at a smaller batch less than `models::UNKEPT_FOR` ago: nothing runs.
+        if let Some(kept) = self.kept_profile(id, model, tenant, &pin) {
             return kept;
         }
         let turn = Arc::clone(
@@ -354,8 +355,9 @@ impl Host {
                 "model `{model}` is being profiled by another call; retry shortly"
             ))
         })?;
-        // Measured while this one waited its turn.
-        if let Some(kept) = self.kept_profile(id, model, &pin) {
+        // Measured while this one waited its turn (by this tenant's other calls too: a
+        // tenant's calls queued on the turn measure once between them).
+        if let Some(kept) = self.kept_profile(id, model, tenant, &pin) {
             return kept;
         }
         // Measuring runs every layer on the device outside the dispatcher: the memory it takes
@@ -392,13 +394,17 @@ impl Host {
         // The model stays pinned, and the memory, the turn and the tenant's admission slot
         // held, until the measurement ends, even when the caller goes away: a tenant that
         // hangs up cannot run more measurements at once than its concurrency.
-        let id = id.to_string();
+        let (id, owner) = (id.to_string(), tenant.to_string());
+        let device = Arc::clone(&self.device);
         let (layers, pin) = tokio::task::spawn_blocking(move || {
-            // On a slot of the tenant's share, or not at all once its time is up.
+            // On a slot of the tenant's share, or not at all once its time is up; its time is
+            // the tenant's device time.
             let keep = keep == Some(batch);
+            let started = std::time::Instant::now();
             let layers = work
                 .pace()
-                .then(|| models.profile(&id, &pin.model, batch, keep));
+                .then(|| models.profile(&id, &pin.model, batch, keep, &owner));
+            device.charge(&owner, started.elapsed());
             drop(work);
             drop(held);
             drop(measuring);
@@ -418,9 +424,14 @@ impl Host {
         &self,
         id: &str,
         model: &str,
+        tenant: &str,
         pin: &device::budget::Pin,
     ) -> Option<Result<ModelProfile, DeviceError>> {
-        let done = self.runtime.models().profiled(id)?;
+        let models = self.runtime.models();
+        let Some(done) = models.profiled(id) else {
+            let layers = models.profiled_for(id, tenant)?;
+            return Some(Ok(self.profile_reply(model, &layers, pin)));
+        };
         Some(
             done.map(|layers| self.profile_reply(model, &layers, pin))
                 .map_err(DeviceError::Failed),

@@ -41,6 +41,12 @@ type Slot<T> = Arc<Memo<T>>;
 
 /// How long a failed measurement is answered from memory before a call measures again.
 pub const FAILURE_KEPT: Duration = Duration::from_secs(60);
+/// How long a profile measured at a smaller batch than the budget can hold (not kept for every
+/// tenant) is answered to the tenant that measured it before it measures again.
+pub const UNKEPT_FOR: Duration = Duration::from_secs(60);
+
+/// Profiles answered to one tenant only, by (model id, tenant): when each was measured.
+type Unkept = HashMap<(String, String), (Instant, Arc<Vec<LayerProfile>>)>;
 
 /// A measurement made once and kept. Callers that arrive while it runs wait for it (they run
 /// on blocking threads); [`Memo::done`] and [`Memo::failed`] never wait. A failure is kept only
@@ -156,6 +162,11 @@ pub struct Models {
     device: Device,
     catalog: RwLock<Arc<Catalog>>,
     profiles: Mutex<HashMap<String, Slot<Vec<LayerProfile>>>>,
+    /// Profiles measured at a smaller batch, each answered to its tenant for [`UNKEPT_FOR`]:
+    /// without them a tenant that kept its room small (its own work holding the budget) made
+    /// every profile call measure the whole model again, each one waiting on the model's turn
+    /// before the next tenant's.
+    unkept: Mutex<Unkept>,
     /// Where memory models are kept across restarts.
     kept: Option<PathBuf>,
 }
@@ -186,6 +197,7 @@ impl Models {
             device,
             catalog: RwLock::default(),
             profiles: Mutex::default(),
+            unkept: Mutex::default(),
             kept,
         };
         *models
@@ -488,18 +500,28 @@ impl Models {
         slot.done().map(Ok).or_else(|| slot.failed().map(Err))
     }
 
+    /// A profile of model `name` measured at a smaller batch by `tenant` less than
+    /// [`UNKEPT_FOR`] ago. Never waits.
+    pub fn profiled_for(&self, name: &str, tenant: &str) -> Option<Arc<Vec<LayerProfile>>> {
+        let unkept = self.unkept.lock().unwrap_or_else(PoisonError::into_inner);
+        let (at, layers) = unkept.get(&(name.to_string(), tenant.to_string()))?;
+        (at.elapsed() < UNKEPT_FOR).then(|| Arc::clone(layers))
+    }
+
     /// Per-layer time per sample and output bytes on this host's device, measured on `pkg` at
     /// batch `batch` (the caller holds the memory that takes): kept for every later caller if
-    /// `keep` (measured at the largest batch the budget can hold), answered to this one only if
-    /// not. A profile is a shared model's for all tenants: one measured at a smaller batch
-    /// because a neighbour's work held the device's memory was kept, and every tenant planned
-    /// its split from it until the host restarted.
+    /// `keep` (measured at the largest batch the budget can hold); if not, answered to `tenant`
+    /// only, for [`UNKEPT_FOR`] ([`Models::profiled_for`]). A profile is a shared model's for
+    /// all tenants: one measured at a smaller batch because a neighbour's work held the
+    /// device's memory was kept, and every tenant planned its split from it until the host
+    /// restarted.
     pub fn profile(
         &self,
         name: &str,
         pkg: &ModelPackage,
         batch: i64,
         keep: bool,
+        tenant: &str,
     ) -> Result<Arc<Vec<LayerProfile>>, String> {
         let measure = || {
             profile_layers(pkg, batch, PROFILE_REPS)
@@ -507,8 +529,16 @@ impl Models {
                 .map_err(|e| e.to_string())
         };
         if !keep {
-            return std::panic::catch_unwind(std::panic::AssertUnwindSafe(measure))
-                .unwrap_or_else(|p| Err(format!("panicked: {}", panic_message(p.as_ref()))));
+            let layers = std::panic::catch_unwind(std::panic::AssertUnwindSafe(measure))
+                .unwrap_or_else(|p| Err(format!("panicked: {}", panic_message(p.as_ref()))))?;
+            let mut unkept = self.unkept.lock().unwrap_or_else(PoisonError::into_inner);
+            // At most one per (model, tenant), and none older than they are answered.
+            unkept.retain(|_, (at, _)| at.elapsed() < UNKEPT_FOR);
+            unkept.insert(
+                (name.to_string(), tenant.to_string()),
+                (Instant::now(), Arc::clone(&layers)),
+            );
+            return Ok(layers);
         }
         Self::slot(&self.profiles, name).get_or_make(measure)
     }

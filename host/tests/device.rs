@@ -1181,8 +1181,8 @@ async fn a_leader_that_cannot_fit_a_sample_does_not_hold_up_a_neighbour_that_can
 }
 
 /// A profile measured at a smaller batch than the budget can hold (the device's memory was
-/// short, held by a neighbour's work: `Host::profile` says so) is answered to its caller and not
-/// kept; one at the largest batch is. The first was kept for every tenant until the host
+/// short, held by a neighbour's work: `Host::profile` says so) is answered to its tenant for a
+/// while and not kept for others; one at the largest batch is. The first was kept for every tenant until the host
 /// restarted: a tenant could fix a shared model's profile, from which every tenant's trainer
 /// plans its split, by profiling it first while holding the device's memory.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1195,16 +1195,22 @@ async fn a_profile_measured_at_a_smaller_batch_is_not_kept() {
     let pin = p.pin(&budget, model, "t", LONG).await.expect(model);
     let small = p
         .models
-        .profile(model, &pin.model, 1, false)
+        .profile(model, &pin.model, 1, false, "t")
         .expect("measured");
     assert_eq!(small.first().map(|l| l.batch), Some(1));
     assert!(
         p.models.profiled(model).is_none(),
         "a profile at batch 1 was kept"
     );
+    // It is answered to its tenant for a while (`Host::profile` asks before measuring again),
+    // to no one else: a tenant that kept its room small measured the whole model again on every
+    // call, each after the model's turn, ahead of other tenants' calls.
+    let again = p.models.profiled_for(model, "t").expect("answered to t");
+    assert!(Arc::ptr_eq(&again, &small));
+    assert!(p.models.profiled_for(model, "u").is_none());
     let full = p
         .models
-        .profile(model, &pin.model, PROFILE_BATCH, true)
+        .profile(model, &pin.model, PROFILE_BATCH, true, "t")
         .expect("measured");
     assert_eq!(full.first().map(|l| l.batch), Some(PROFILE_BATCH));
     let kept = p.models.profiled(model).expect("kept").expect("measured");

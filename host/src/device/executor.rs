@@ -81,6 +81,12 @@ impl Device {
         lock(&self.shared.stats).memory(&b)
     }
 
+    /// Device time spent on `tenant`'s behalf outside its batches (a profile's measurement),
+    /// added to its `hapi_device_seconds_total`.
+    pub fn charge(&self, tenant: &str, took: Duration) {
+        lock(&self.shared.stats).tenant(tenant).device_seconds += took.as_secs_f64();
+    }
+
     /// The device's metric families, appended to `out`.
     pub fn render_metrics(&self, out: &mut String) {
         let b = self.shared.budget.snapshot();

@@ -12,8 +12,11 @@
 //!
 //! Images are stored byte for byte as they are (JPEG, PNG and WebP, which both tiers decode);
 //! each is checked first by its magic bytes and header. Anything else (a `README`, a `.DS_Store`,
-//! a truncated JPEG) is left out and reported, with the reason, in the summary and in
-//! `<prefix>/manifest.json`. Objects already in the store with the same size are skipped, so an
+//! a truncated JPEG, a file over [`MAX_IMAGE_FILE`]) is left out and reported, with the reason,
+//! in the summary and in `<prefix>/manifest.json`. Inside a source directory, symbolic links are
+//! not followed and only regular files are read (a link could bring in any file the importing
+//! user may read, into a prefix other tenants are granted; a FIFO would block the import). A
+//! shard's images are read from the shard when they are written, not held in memory. Objects already in the store with the same size are skipped, so an
 //! interrupted import resumes where it stopped; the manifest is written last.
 
 use crate::store::{Item, put_all};
@@ -25,8 +28,16 @@ use object_store::ObjectStore;
 use object_store::path::Path;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::{Read, Seek};
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::PathBuf;
 use std::sync::Arc;
+
+/// The largest file imported as one image: as many bytes as the largest image the pushdown
+/// decodes takes decoded (`hapi_preprocess::MAX_DECODE_BYTES`, 256 MiB). A larger file is left
+/// out before it is read.
+pub const MAX_IMAGE_FILE: u64 = hapi_preprocess::MAX_DECODE_BYTES;
+/// The largest `.cls` member of a WebDataset sample read.
+const MAX_CLASS_BYTES: u64 = 4096;
 
 /// What `import` is asked to do.
 #[derive(Clone, Debug)]
@@ -68,19 +79,63 @@ struct Sample {
 }
 
 enum Bytes {
-    /// Read when written (directory sources).
+    /// A file of this size, read when written (directory sources).
     File(PathBuf, u64),
-    /// Already in memory (tar shards).
-    Memory(Vec<u8>),
+    /// The bytes at (offset, length) of a shard, read when written.
+    Member(Arc<PathBuf>, u64, u64),
 }
 
 impl Bytes {
     fn len(&self) -> u64 {
         match self {
-            Bytes::File(_, n) => *n,
-            Bytes::Memory(v) => v.len() as u64,
+            Bytes::File(_, n) | Bytes::Member(_, _, n) => *n,
         }
     }
+
+    /// Its bytes, from a file that is still the regular file of the size checked.
+    fn read(&self) -> anyhow::Result<Vec<u8>> {
+        let (path, at, len) = match self {
+            Bytes::File(path, len) => (path, 0, *len),
+            Bytes::Member(path, at, len) => (path.as_ref(), *at, *len),
+        };
+        let (file, size) =
+            open_regular(path).map_err(|r| anyhow::anyhow!("{}: {r}", path.display()))?;
+        if matches!(self, Bytes::File(..)) && size != len {
+            bail!(
+                "{}: {size} bytes, {len} when it was checked: it changed during the import",
+                path.display()
+            );
+        }
+        let mut v = vec![0; usize::try_from(len)?];
+        file.read_exact_at(&mut v, at)
+            .with_context(|| format!("reading {} bytes at {at} of {}", len, path.display()))?;
+        Ok(v)
+    }
+}
+
+/// Opens `path` to read if it is a regular file, neither following a symbolic link nor waiting
+/// on a FIFO or a device: the file and its size, or why not.
+fn open_regular(path: &std::path::Path) -> Result<(std::fs::File, u64), String> {
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ELOOP) => "a symbolic link: not followed".to_string(),
+            _ => format!("cannot open: {e}"),
+        })?;
+    let meta = file.metadata().map_err(|e| format!("cannot stat: {e}"))?;
+    if !meta.is_file() {
+        return Err("not a regular file".into());
+    }
+    Ok((file, meta.len()))
+}
+
+/// Why a file of `len` bytes is not imported, if it is too large.
+fn too_large(len: u64) -> Option<String> {
+    (len > MAX_IMAGE_FILE).then(|| {
+        format!("{len} bytes: larger than {MAX_IMAGE_FILE}, the most one image is imported with")
+    })
 }
 
 /// Where an unsplit image goes: the same answer for the same class and name on every run.
@@ -160,9 +215,24 @@ fn class_dir(
             continue;
         }
         let name = name_of(&e)?;
-        let len = e.metadata()?.len();
+        let (mut file, len) = match open_regular(&path) {
+            Ok(opened) => opened,
+            Err(reason) => {
+                skipped.push(Skipped {
+                    path: origin,
+                    reason,
+                });
+                continue;
+            }
+        };
+        if let Some(reason) = too_large(len) {
+            skipped.push(Skipped {
+                path: origin,
+                reason,
+            });
+            continue;
+        }
         let mut head = [0u8; 64];
-        let mut file = std::fs::File::open(&path).with_context(|| format!("opening {origin}"))?;
         let n = file
             .read(&mut head)
             .with_context(|| format!("reading {origin}"))?;
@@ -236,8 +306,12 @@ fn directory(
     Ok(())
 }
 
-/// A WebDataset sample's files so far: the image (bytes, extension) and the class.
-type Parts = (Option<(Vec<u8>, String)>, Option<String>);
+/// A WebDataset sample's files so far: the image (its offset in the shard, length, and
+/// extension; or why it is left out) and the class.
+type Parts = (
+    Option<Result<(u64, u64, &'static str), String>>,
+    Option<String>,
+);
 
 /// One WebDataset shard: samples grouped by base name, an image and a `.cls`.
 fn shard(
@@ -255,7 +329,17 @@ fn shard(
         .into_iter()
         .find(|s| file_name.contains(s))
         .and_then(split_named);
-    let f = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let f = match open_regular(path) {
+        Ok((f, _)) => f,
+        Err(reason) => {
+            skipped.push(Skipped {
+                path: path.display().to_string(),
+                reason,
+            });
+            return Ok(());
+        }
+    };
+    let shard = Arc::new(path.to_path_buf());
     let mut archive = tar::Archive::new(std::io::BufReader::new(f));
     let mut samples: BTreeMap<String, Parts> = BTreeMap::new();
     for entry in archive
@@ -281,18 +365,45 @@ fn shard(
         } else {
             format!("{dir}/{stem}")
         };
-        let mut bytes = Vec::with_capacity(entry.size() as usize);
-        entry.read_to_end(&mut bytes)?;
-        let slot = samples.entry(key).or_default();
+        // The header's size (a PAX record may say any) is not trusted for an allocation: a
+        // member is read only up to its bound, and only if it is the sample's image or class.
+        let (size, at) = (entry.size(), entry.raw_file_position());
         match ext.to_ascii_lowercase().as_str() {
-            "cls" => slot.1 = Some(String::from_utf8_lossy(&bytes).trim().to_string()),
-            "jpg" | "jpeg" | "png" | "webp" => slot.0 = Some((bytes, ext.to_string())),
-            _ => {} // other fields of the sample (json, txt...) are not the trainer's
+            "cls" => {
+                let mut bytes = Vec::new();
+                (&mut entry)
+                    .take(MAX_CLASS_BYTES + 1)
+                    .read_to_end(&mut bytes)?;
+                let class = if bytes.len() as u64 > MAX_CLASS_BYTES {
+                    String::new() // refused below as a bad class
+                } else {
+                    String::from_utf8_lossy(&bytes).trim().to_string()
+                };
+                samples.entry(key).or_default().1 = Some(class);
+            }
+            "jpg" | "jpeg" | "png" | "webp" => {
+                let image = match too_large(size) {
+                    Some(reason) => Err(reason),
+                    None => {
+                        let mut bytes = Vec::with_capacity(size.min(1 << 20) as usize);
+                        (&mut entry).take(size).read_to_end(&mut bytes)?;
+                        check_image(&bytes, std::io::Cursor::new(&bytes))
+                            .and_then(|ext| {
+                                (bytes.len() as u64 == size)
+                                    .then_some(ext)
+                                    .ok_or_else(|| "truncated shard member".to_string())
+                            })
+                            .map(|ext| (at, size, ext))
+                    }
+                };
+                samples.entry(key).or_default().0 = Some(image);
+            }
+            _ => {} // other fields of the sample (json, txt...) are not the trainer's: not read
         }
     }
     for (key, (image, class)) in samples {
         let origin = format!("{}:{key}", path.display());
-        let (Some((bytes, _)), Some(class)) = (image, class) else {
+        let (Some(image), Some(class)) = (image, class) else {
             skipped.push(Skipped {
                 path: origin,
                 reason: "a sample needs an image (.jpg, .png, .webp) and a class (.cls)".into(),
@@ -310,8 +421,8 @@ fn shard(
                 continue;
             }
         };
-        match check_image(&bytes, std::io::Cursor::new(&bytes)) {
-            Ok(ext) => {
+        match image {
+            Ok((at, len, ext)) => {
                 let stem = key.replace('/', "_");
                 let name = format!("{stem}.{ext}");
                 out.push(Sample {
@@ -319,7 +430,7 @@ fn shard(
                     class,
                     name,
                     origin,
-                    bytes: Bytes::Memory(bytes),
+                    bytes: Bytes::Member(Arc::clone(&shard), at, len),
                 });
             }
             Err(reason) => skipped.push(Skipped {
@@ -344,6 +455,8 @@ pub async fn import(store: &Arc<dyn ObjectStore>, opts: &Options) -> anyhow::Res
     let mut samples = Vec::new();
     let mut skipped = Vec::new();
     for src in &opts.sources {
+        // The paths named are followed (the operator's choice), links inside them are not.
+        let src = &std::fs::canonicalize(src).with_context(|| format!("{}", src.display()))?;
         let meta = std::fs::metadata(src).with_context(|| format!("{}", src.display()))?;
         let is_tar = |p: &std::path::Path| p.extension().is_some_and(|e| e == "tar");
         if meta.is_file() && is_tar(src) {
@@ -442,12 +555,9 @@ pub async fn import(store: &Arc<dyn ObjectStore>, opts: &Options) -> anyhow::Res
         .into_iter()
         .zip(samples)
         .map(|(key, s)| {
-            let read: Box<dyn FnOnce() -> anyhow::Result<Vec<u8>> + Send> = match s.bytes {
-                Bytes::File(path, _) => Box::new(move || {
-                    std::fs::read(&path).with_context(|| format!("reading {}", path.display()))
-                }),
-                Bytes::Memory(v) => Box::new(move || Ok(v)),
-            };
+            let bytes = s.bytes;
+            let read: Box<dyn FnOnce() -> anyhow::Result<Vec<u8>> + Send> =
+                Box::new(move || bytes.read());
             (key, read)
         })
         .collect();

@@ -319,6 +319,134 @@ async fn webdataset_shards_import_by_shard_name_and_class() {
             "wds/train/0003/000002.jpg",
         ]
     );
+    // Read from the shard when written, byte for byte the member.
+    for (key, i) in [
+        ("wds/test/0012/000004.jpg", 4),
+        ("wds/train/0003/000001.jpg", 1),
+    ] {
+        let stored = store
+            .get(&ObjectPath::from(key))
+            .await
+            .expect("get")
+            .bytes()
+            .await
+            .expect("bytes");
+        assert_eq!(
+            stored.as_ref(),
+            encode(i, ImageFormat::Jpeg).as_slice(),
+            "{key}"
+        );
+    }
+}
+
+/// A ustar header block for `name` (`kind` its type flag) with `size` bytes of data.
+fn tar_header(name: &str, kind: u8, size: u64) -> [u8; 512] {
+    let mut h = [0u8; 512];
+    h[..name.len()].copy_from_slice(name.as_bytes());
+    h[100..108].copy_from_slice(b"0000644\0");
+    h[108..116].copy_from_slice(b"0000000\0");
+    h[116..124].copy_from_slice(b"0000000\0");
+    h[124..136].copy_from_slice(format!("{size:011o}\0").as_bytes());
+    h[136..148].copy_from_slice(b"00000000000\0");
+    h[156] = kind;
+    h[257..265].copy_from_slice(b"ustar\x0000");
+    h[148..156].copy_from_slice(b"        ");
+    let sum: u32 = h.iter().map(|&b| u32::from(b)).sum();
+    h[148..156].copy_from_slice(format!("{sum:06o}\0 ").as_bytes());
+    h
+}
+
+/// Inside a source folder, a symbolic link (here to an image outside it, which the prefix's
+/// readers must not get) is not followed, a FIFO not waited on, and a file over
+/// `MAX_IMAGE_FILE` not read: each is left out, named, and the rest imported. A shard member
+/// whose PAX record claims 2^62 bytes is an error naming the shard. Before: the linked image
+/// was stored under the prefix, the FIFO blocked the import forever, and the claimed size was
+/// allocated before a byte was read (the process aborted).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn links_fifos_and_oversized_files_are_left_out_unread() {
+    use hapi_data::import::MAX_IMAGE_FILE;
+    let tmp = tempfile::tempdir().expect("tmp");
+    let src = tmp.path().join("pets");
+    for i in 0..2 {
+        write(
+            &src.join(format!("cat/cat-{i}.png")),
+            &encode(i, ImageFormat::Png),
+        );
+    }
+    let secret = tmp.path().join("private/secret.png");
+    write(&secret, &encode(9, ImageFormat::Png));
+    std::os::unix::fs::symlink(&secret, src.join("cat/leak.png")).expect("symlink");
+    let fifo = std::ffi::CString::new(src.join("cat/pipe.jpg").as_os_str().as_encoded_bytes())
+        .expect("path");
+    // SAFETY: a NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o644) }, 0, "mkfifo");
+    // A sparse file: a PNG's first bytes, then a hole past the bound.
+    let big = src.join("cat/big.png");
+    write(&big, &encode(3, ImageFormat::Png));
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&big)
+        .and_then(|f| f.set_len(MAX_IMAGE_FILE + 1))
+        .expect("grow");
+    let store = hapi_data::open_bucket(
+        &tmp.path().join("store").to_string_lossy(),
+        "datasets",
+        true,
+    )
+    .expect("bucket");
+    let r = tokio::time::timeout(
+        std::time::Duration::from_secs(60),
+        import(&store, &opts(vec![src.clone()], "pets")),
+    )
+    .await
+    .expect("the import waited on the FIFO")
+    .expect("import");
+    assert_eq!(r.load.written, 2);
+    let reasons = skipped_reasons(&r);
+    for needle in [
+        "leak.png: a symbolic link: not followed",
+        "pipe.jpg: not a regular file",
+        "big.png: 268435457 bytes: larger than",
+    ] {
+        assert!(
+            reasons.iter().any(|r| r.starts_with(needle)),
+            "{needle}: {reasons:?}"
+        );
+    }
+    let listed: Vec<String> = keys(&store, "pets")
+        .await
+        .into_iter()
+        .map(|(k, _)| k)
+        .collect();
+    assert!(
+        listed
+            .iter()
+            .all(|k| !k.contains("leak") && !k.contains("big")),
+        "{listed:?}"
+    );
+
+    // A shard: a PAX record giving the next member 2^62 bytes, then that member.
+    let mut shard = Vec::new();
+    let record = "28 size=4611686018427387904\n";
+    assert_eq!(record.len(), 28);
+    shard.extend(tar_header(
+        "PaxHeaders/000001.jpg",
+        b'x',
+        record.len() as u64,
+    ));
+    let mut body = [0u8; 512];
+    body[..record.len()].copy_from_slice(record.as_bytes());
+    shard.extend(body);
+    shard.extend(tar_header("000001.jpg", b'0', 0));
+    shard.extend(encode(1, ImageFormat::Jpeg));
+    shard.resize(shard.len().next_multiple_of(512) + 1024, 0);
+    let path = tmp.path().join("claims-train-000.tar");
+    std::fs::write(&path, &shard).expect("write");
+    let err = import(&store, &opts(vec![path], "claims"))
+        .await
+        .expect_err("a member past the end of its shard");
+    let err = format!("{err:#}");
+    assert!(err.contains("claims-train-000.tar"), "{err}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

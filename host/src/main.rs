@@ -169,17 +169,17 @@ async fn main() -> anyhow::Result<()> {
                 ),
                 None => None,
             };
+            let metrics_settings = metrics_listener
+                .is_some()
+                .then(|| http_settings.split_for_metrics());
             let host = tokio::task::spawn_blocking(move || Host::start(policy)).await??;
             #[cfg(all(target_os = "linux", target_env = "gnu"))]
             tokio::spawn(return_freed_memory());
             // Tests and scripts read the bound address from this line.
             println!("listening on http://{}", listener.local_addr()?);
-            if let Some(l) = metrics_listener {
+            if let (Some(l), Some(settings)) = (metrics_listener, metrics_settings) {
                 println!("metrics on http://{}", l.local_addr()?);
-                let (router, settings) = (
-                    http::metrics_router(Arc::clone(&host)),
-                    http_settings.clone(),
-                );
+                let router = http::metrics_router(Arc::clone(&host));
                 tokio::spawn(http::serve(
                     l,
                     router,

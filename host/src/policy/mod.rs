@@ -159,6 +159,27 @@ pub struct HttpSettings {
     pub max_request: usize,
 }
 
+/// Connections the metrics listener (`host.metrics_listen`) takes at most: a scraper or two.
+pub const METRICS_CONNECTIONS: usize = 16;
+
+impl HttpSettings {
+    /// The metrics listener's: at most [`METRICS_CONNECTIONS`] (of the `max_connections` the
+    /// host's descriptors allow, which the main listener then has that many fewer of). With the
+    /// main listener's limits, the two listeners together could hold twice the connections the
+    /// open-file limit left room for, and the host's own files (models, objects, compiled code)
+    /// then failed to open for every tenant.
+    pub fn split_for_metrics(&mut self) -> Self {
+        let metrics = METRICS_CONNECTIONS.min(self.max_connections / 2).max(1);
+        self.max_connections = self.max_connections.saturating_sub(metrics).max(1);
+        self.max_connections_per_client = self.max_connections_per_client.min(self.max_connections);
+        Self {
+            max_connections: metrics,
+            max_connections_per_client: self.max_connections_per_client.min(metrics),
+            ..self.clone()
+        }
+    }
+}
+
 impl Default for HttpSettings {
     fn default() -> Self {
         Self {

@@ -45,12 +45,97 @@ fn config(dir: &Path) -> Config {
     }
 }
 
-/// Fashion-MNIST objects into the cluster's `datasets` bucket, through its filer.
-fn load(c: &Cluster) {
+/// Fashion-MNIST objects into the cluster's `datasets` bucket, through its filer; the keys.
+fn load(c: &Cluster) -> Vec<String> {
     c.create_bucket("datasets").expect("bucket");
-    for (key, png) in fashion_objects(TRAIN, TEST_SAMPLES) {
-        c.put("datasets", &key, &png).expect("put");
+    let objects = fashion_objects(TRAIN, TEST_SAMPLES);
+    for (key, png) in &objects {
+        c.put("datasets", key, png).expect("put");
     }
+    objects.into_iter().map(|(key, _)| key).collect()
+}
+
+/// Whether a TCP connection from the compute node (a tenant's machine) to `addr:port` is
+/// accepted within 5 s.
+fn reaches_from_compute(c: &Cluster, addr: &str, port: u16) -> bool {
+    cluster::in_namespace(&c.network.compute(), "timeout")
+        .args([
+            "5",
+            "bash",
+            "-c",
+            &format!("exec 3<>/dev/tcp/{addr}/{port}"),
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// A client of the S3 gateway with the tenant's credentials (its trainer's), on `bucket`.
+fn as_tenant(c: &Cluster, bucket: &str) -> object_store::aws::AmazonS3 {
+    object_store::aws::AmazonS3Builder::new()
+        .with_endpoint(c.s3_endpoint())
+        .with_bucket_name(bucket)
+        .with_access_key_id(cluster::TENANT_S3_KEY)
+        .with_secret_access_key(cluster::TENANT_S3_SECRET)
+        .with_region("us-east-1")
+        .with_allow_http(true)
+        .build()
+        .expect("an S3 client")
+}
+
+/// What a tenant's machine reaches of the cluster: the hosts and the S3 gateway, with
+/// credentials that read and list its bucket and do nothing else; not the master, the filer or
+/// a volume server, which answer without credentials. Before, the compute node reached all
+/// three, and the trainer had the gateway's admin credentials: any object of any bucket could
+/// be read, overwritten or deleted, past every grant of the hosts' policies.
+fn the_tenants_machine_reaches_the_hosts_and_its_bucket_only(c: &Cluster, keys: &[String]) {
+    let (meta, node) = (c.meta_addr.as_str(), c.nodes[0].addr.as_str());
+    for (addr, port) in [
+        (meta, 9333),
+        (meta, 19333),
+        (meta, 8888),
+        (meta, 18888),
+        (node, 8080),
+        (node, 18080),
+    ] {
+        assert!(
+            !reaches_from_compute(c, addr, port),
+            "{addr}:{port} answers the compute node"
+        );
+    }
+    for (addr, port) in [(meta, 8333), (node, cluster::HOST_PORT)] {
+        assert!(
+            reaches_from_compute(c, addr, port),
+            "{addr}:{port} does not answer the compute node"
+        );
+    }
+    c.create_bucket("private").expect("bucket");
+    c.put("private", "weights.bin", b"another tenant's")
+        .expect("put");
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(async {
+        use object_store::path::Path as Key;
+        use object_store::{ObjectStoreExt, PutPayload};
+        let mine = as_tenant(c, cluster::TENANT_BUCKET);
+        let key = Key::from(keys[0].as_str());
+        mine.get(&key).await.expect("the tenant reads its bucket");
+        let planted = mine
+            .put(
+                &Key::from("fashion-mnist/planted.png"),
+                PutPayload::from_static(b"x"),
+            )
+            .await;
+        assert!(planted.is_err(), "the tenant wrote: {planted:?}");
+        let deleted = mine.delete(&key).await;
+        assert!(deleted.is_err(), "the tenant deleted: {deleted:?}");
+        mine.get(&key).await.expect("still there");
+        let other = as_tenant(c, "private")
+            .get(&Key::from("weights.bin"))
+            .await
+            .map(|_| ());
+        assert!(other.is_err(), "the tenant read another bucket: {other:?}");
+    });
 }
 
 /// The trainer on the compute node, against every host, reading the listing through S3.
@@ -85,7 +170,7 @@ fn trainer(c: &Cluster, out: &Path) -> Child {
         ])
         .args(["--no-test", "--epochs", "1", "--locality", "--out"])
         .arg(out)
-        .envs(c.s3_env())
+        .envs(c.tenant_s3_env())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -142,9 +227,10 @@ fn counter(r: &Value, field: &str) -> u64 {
         .sum()
 }
 
-/// Starts a 3-node cluster in namespaces (skipped, saying why, without root or iproute2), each
-/// host reading replicas from its own volume server and the trainer sending each key to a host
-/// beside a replica (`--locality`); runs a short job across it undisturbed (at least half the
+/// Starts a 3-node cluster in namespaces (skipped, saying why, without root, iproute2 or
+/// iptables), each host reading replicas from its own volume server and the trainer sending
+/// each key to a host beside a replica (`--locality`); checks what the compute node reaches
+/// (`the_tenants_machine_reaches_the_hosts_and_its_bucket_only`); runs a short job across it undisturbed (at least half the
 /// objects read locally), then the same job three times with a failure a few iterations in: node 2's host
 /// `kill -9`ed (the trainer retries its requests elsewhere and ejects it), node 3's volume
 /// server `kill -9`ed (its host reads through the S3 gateway, which reads the replica on
@@ -161,7 +247,8 @@ fn a_job_across_a_three_node_cluster_survives_a_host_a_volume_server_and_a_node_
     let dir = tempfile::tempdir().expect("tempdir");
     let config = config(dir.path());
     let mut c = Cluster::start(&config).expect("the cluster starts");
-    load(&c);
+    let keys = load(&c);
+    the_tenants_machine_reaches_the_hosts_and_its_bucket_only(&c, &keys);
     let run = |c: &Cluster, name: &str| -> (Child, std::path::PathBuf) {
         let out = dir.path().join(format!("{name}.json"));
         (trainer(c, &out), out)

@@ -16,6 +16,17 @@
 //!
 //! Objects are replicated on two storage nodes (SeaweedFS replication `001`) when there are
 //! two or more. The metadata node's link is not shaped: it stands for the store's front end.
+//!
+//! **Fenced as a deployment must be.** The master, the filer and the volume servers answer
+//! anyone who reaches them, without credentials. Their ports (HTTP and gRPC) take connections
+//! from the storage cluster only: the metadata and storage nodes, and the bridge's own address
+//! (the operator's shell); each node's firewall (`iptables`) resets the rest, the compute node's
+//! (a tenant's machine) included. Before, a trainer on the compute node could read, overwrite or
+//! delete any object of any bucket through the filer, past every grant of the hosts' policies.
+//! What reaches the compute node are the hosts (:8180) and the S3 gateway (:8333), whose
+//! credentials are per role: the operator's ([`S3_KEY`], everything), the hosts' ([`HOST_S3_KEY`],
+//! read and list) and the tenant's ([`TENANT_S3_KEY`], read and list of bucket
+//! [`TENANT_BUCKET`] only), which is what [`Cluster::tenant_s3_env`] gives a trainer.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -66,9 +77,21 @@ impl Network {
         format!("h{}-{node}", self.name)
     }
 }
-/// The S3 gateway's credentials.
+/// The S3 gateway's credentials: the operator's (every action).
 pub const S3_KEY: &str = "hapi-cluster";
 pub const S3_SECRET: &str = "hapi-cluster-secret";
+/// The hosts' (read and list, every bucket: a host serves every tenant its policy grants).
+pub const HOST_S3_KEY: &str = "hapi-cluster-host";
+pub const HOST_S3_SECRET: &str = "hapi-cluster-host-secret";
+/// The tenant's, for its trainer (read and list of [`TENANT_BUCKET`] only).
+pub const TENANT_S3_KEY: &str = "hapi-cluster-tenant";
+pub const TENANT_S3_SECRET: &str = "hapi-cluster-tenant-secret";
+pub const TENANT_BUCKET: &str = "datasets";
+/// The metadata node's ports that only the storage cluster may reach: master and filer, HTTP
+/// and gRPC.
+const META_PORTS: &str = "9333,19333,8888,18888";
+/// A storage node's volume server's, likewise.
+const VOLUME_PORTS: &str = "8080,18080";
 pub const HOST_PORT: u16 = 8180;
 /// At most this many storage nodes (addresses .11 to .(10 + MAX_NODES)).
 pub const MAX_NODES: usize = 32;
@@ -167,7 +190,11 @@ pub fn unavailable() -> Option<String> {
     if !root {
         return Some("network namespaces need root".into());
     }
-    for tool in ["ip", "tc"] {
+    for (tool, package) in [
+        ("ip", "iproute2"),
+        ("tc", "iproute2"),
+        ("iptables", "iptables"),
+    ] {
         let ok = Command::new(tool)
             .arg("-V")
             .stdout(Stdio::null())
@@ -175,7 +202,9 @@ pub fn unavailable() -> Option<String> {
             .status()
             .is_ok_and(|s| s.success());
         if !ok {
-            return Some(format!("`{tool}` (iproute2) is not installed"));
+            return Some(format!(
+                "`{tool}` ({package}) is not installed (`cargo xtask setup` installs it)"
+            ));
         }
     }
     // Root without the capability (a container), or a kernel without bridges or veth pairs:
@@ -242,6 +271,20 @@ pub fn down(net: Network) -> usize {
         .args(["link", "del", &net.bridge()])
         .stderr(Stdio::null())
         .status();
+    // The kernel takes a namespace down in the background (longer with firewall rules in it),
+    // and a node's veth end stays until it has: a cluster started at once on the same names
+    // found them taken.
+    let prefix = net.veth("");
+    let _ = wait_until(Duration::from_secs(30), Duration::from_millis(100), || {
+        let links = Command::new("ip").args(["-br", "link"]).output();
+        links
+            .is_ok_and(|o| {
+                String::from_utf8_lossy(&o.stdout)
+                    .lines()
+                    .any(|l| l.starts_with(&prefix))
+            })
+            .then(|| format!("links {prefix}* still there"))
+    });
     spaces.len()
 }
 
@@ -265,6 +308,80 @@ fn attach(net: Network, short: &str, last: usize) -> Result<String, String> {
         run(in_namespace(ns, "ip").args(args))?;
     }
     Ok(ns.to_string())
+}
+
+/// Node `short`'s firewall: TCP to `ports` only from the bridge's address (`.1`), the metadata
+/// node (`.2`), the storage nodes' addresses and the node itself; the rest is reset.
+fn fence(net: Network, short: &str, ports: &str) -> Result<(), String> {
+    let ns = net.namespace(short);
+    let storage = format!("{0}.11-{0}.{1}", net.subnet, 10 + MAX_NODES);
+    let (root, meta) = (format!("{}.1", net.subnet), format!("{}.2", net.subnet));
+    let rules: [Vec<&str>; 5] = [
+        vec!["-i", "lo", "-j", "ACCEPT"],
+        vec![
+            "-s",
+            &root,
+            "-p",
+            "tcp",
+            "-m",
+            "multiport",
+            "--dports",
+            ports,
+            "-j",
+            "ACCEPT",
+        ],
+        vec![
+            "-s",
+            &meta,
+            "-p",
+            "tcp",
+            "-m",
+            "multiport",
+            "--dports",
+            ports,
+            "-j",
+            "ACCEPT",
+        ],
+        vec![
+            "-p",
+            "tcp",
+            "-m",
+            "multiport",
+            "--dports",
+            ports,
+            "-m",
+            "iprange",
+            "--src-range",
+            &storage,
+            "-j",
+            "ACCEPT",
+        ],
+        vec![
+            "-p",
+            "tcp",
+            "-m",
+            "multiport",
+            "--dports",
+            ports,
+            "-j",
+            "REJECT",
+            "--reject-with",
+            "tcp-reset",
+        ],
+    ];
+    // `iptables` is the nf_tables one on Debian; a kernel without nf_tables has x_tables.
+    let mut tool = "iptables";
+    for (i, rule) in rules.iter().enumerate() {
+        let added = run(in_namespace(&ns, tool).args(["-A", "INPUT"]).args(rule));
+        match added {
+            Err(_) if i == 0 && tool == "iptables" => {
+                tool = "iptables-legacy";
+                run(in_namespace(&ns, tool).args(["-A", "INPUT"]).args(rule))?;
+            }
+            other => other?,
+        }
+    }
+    Ok(())
 }
 
 /// Token-bucket shaping at `mbit` on both ends of a node's link; `None` removes it.
@@ -427,10 +544,12 @@ impl Cluster {
         ])?;
         ip(&["link", "set", &bridge, "up"])?;
         attach(net, "meta", 2)?;
+        fence(net, "meta", META_PORTS)?;
         attach(net, "compute", 3)?;
         shape(net, "compute", config.compute_link_mbit)?;
         for i in 1..=config.nodes {
             let ns = attach(net, &format!("n{i}"), 10 + i)?;
+            fence(net, &format!("n{i}"), VOLUME_PORTS)?;
             shape(net, &format!("n{i}"), config.link_mbit)?;
             let addr = format!("{}.{}", net.subnet, 10 + i);
             cluster.nodes.push(Node {
@@ -479,7 +598,9 @@ impl Cluster {
         let config_path = mdir.join("s3.json");
         std::fs::write(
             &config_path,
-            format!(r#"{{"identities":[{{"name":"hapi","credentials":[{{"accessKey":"{S3_KEY}","secretKey":"{S3_SECRET}"}}],"actions":["Admin","Read","List","Write"]}}]}}"#),
+            format!(
+                r#"{{"identities":[{{"name":"hapi","credentials":[{{"accessKey":"{S3_KEY}","secretKey":"{S3_SECRET}"}}],"actions":["Admin","Read","List","Write"]}},{{"name":"hosts","credentials":[{{"accessKey":"{HOST_S3_KEY}","secretKey":"{HOST_S3_SECRET}"}}],"actions":["Read","List"]}},{{"name":"tenant","credentials":[{{"accessKey":"{TENANT_S3_KEY}","secretKey":"{TENANT_S3_SECRET}"}}],"actions":["Read:{TENANT_BUCKET}","List:{TENANT_BUCKET}"]}}]}}"#
+            ),
         )
         .map_err(|e| e.to_string())?;
         let mut filer = in_namespace(&meta_ns, &config.weed);
@@ -550,7 +671,7 @@ impl Cluster {
         let nodedir = self.dir.join(format!("n{}", i + 1));
         std::fs::create_dir_all(&nodedir).map_err(|e| e.to_string())?;
         let policy = format!(
-            "# Generated for storage node {n} of a `cargo xtask cluster`.\n[host]\nlisten = \"{addr}:{HOST_PORT}\"\nstore = \"s3://\"\nstate = \"{state}\"\n{extra}\n[host.s3]\nendpoint = \"http://{meta}:8333\"\naccess_key_id = \"{S3_KEY}\"\nsecret_access_key = \"{S3_SECRET}\"\n{near}\n{tenants}",
+            "# Generated for storage node {n} of a `cargo xtask cluster`.\n[host]\nlisten = \"{addr}:{HOST_PORT}\"\nstore = \"s3://\"\nstate = \"{state}\"\n{extra}\n[host.s3]\nendpoint = \"http://{meta}:8333\"\naccess_key_id = \"{HOST_S3_KEY}\"\nsecret_access_key = \"{HOST_S3_SECRET}\"\n{near}\n{tenants}",
             n = i + 1,
             addr = node.addr,
             state = nodedir.join("state").display(),
@@ -666,12 +787,22 @@ impl Cluster {
         format!("http://{}:8333", self.meta_addr)
     }
 
-    /// The environment a client of the cluster's S3 gateway needs (object_store's AWS_*).
+    /// The environment the operator's clients of the cluster's S3 gateway need (object_store's
+    /// AWS_*): loading data.
     pub fn s3_env(&self) -> Vec<(&'static str, String)> {
+        self.s3_env_as(S3_KEY, S3_SECRET)
+    }
+
+    /// The tenant's: reading and listing bucket [`TENANT_BUCKET`], for its trainer.
+    pub fn tenant_s3_env(&self) -> Vec<(&'static str, String)> {
+        self.s3_env_as(TENANT_S3_KEY, TENANT_S3_SECRET)
+    }
+
+    fn s3_env_as(&self, key: &str, secret: &str) -> Vec<(&'static str, String)> {
         vec![
             ("AWS_ENDPOINT", self.s3_endpoint()),
-            ("AWS_ACCESS_KEY_ID", S3_KEY.into()),
-            ("AWS_SECRET_ACCESS_KEY", S3_SECRET.into()),
+            ("AWS_ACCESS_KEY_ID", key.into()),
+            ("AWS_SECRET_ACCESS_KEY", secret.into()),
             ("AWS_ALLOW_HTTP", "true".into()),
             ("AWS_REGION", "us-east-1".into()),
         ]

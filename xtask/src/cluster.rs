@@ -103,9 +103,17 @@ fn up(args: &[String]) -> Result<(), String> {
     std::fs::write(&hosts_file, hosts.join("\n") + "\n").map_err(|e| e.to_string())?;
     // What hapi-data and hapi-train need: the S3 gateway and the models (the trainer reads
     // their manifests).
-    let mut vars = c.s3_env();
-    vars.push(("HAPI_MODELS", env.models.display().to_string()));
-    let s3_env: String = vars.iter().map(|(k, v)| format!("{k}={v} ")).collect();
+    // The operator's credentials load data; the tenant's (read and list of `datasets`) train.
+    let line = |vars: Vec<(&str, String)>| -> String {
+        vars.iter()
+            .map(|(k, v)| format!("{k}={v} "))
+            .chain(std::iter::once(format!(
+                "HAPI_MODELS={} ",
+                env.models.display()
+            )))
+            .collect()
+    };
+    let (s3_env, tenant_env) = (line(c.s3_env()), line(c.tenant_s3_env()));
     if fashion {
         sh::step("Fashion-MNIST into s3://datasets/fashion-mnist");
         sh::run(
@@ -130,7 +138,7 @@ fn up(args: &[String]) -> Result<(), String> {
         );
     }
     println!(
-        "  train on the compute node: ip netns exec {} env {s3_env}{} --hosts-file {} --token {TOKEN} --store s3:// --bucket datasets --prefix fashion-mnist --split auto --locality",
+        "  train on the compute node: ip netns exec {} env {tenant_env}{} --hosts-file {} --token {TOKEN} --store s3:// --bucket datasets --prefix fashion-mnist --split auto --locality",
         XTASK.compute(),
         train.display(),
         hosts_file.display()

@@ -205,7 +205,7 @@ fn measure(
     .args(["--quiet", "--device", "cpu", "--out"])
     .arg(&file)
     .envs(env.vars())
-    .envs(c.s3_env());
+    .envs(c.tenant_s3_env());
     if locality {
         cmd.arg("--locality");
     }

@@ -170,6 +170,7 @@ pub fn run() -> Result<Env, String> {
     let torch = torch_dir(&python)?;
     let libtorch = libtorch(&cache, &torch, device)?;
     fashion_mnist()?;
+    iptables()?;
     let photos = photos(&cache, &python)?;
     let models = models(&workspace, &cache, &python)?;
     let weed = python.with_file_name("weed");
@@ -397,12 +398,9 @@ fn libtorch(cache: &Path, torch: &Path, device: Device) -> Result<PathBuf, Strin
     Ok(active)
 }
 
-fn fashion_mnist() -> Result<(), String> {
-    let probe = Path::new(FASHION_MNIST_DIR).join("train-images-idx3-ubyte.gz");
-    if probe.exists() {
-        return Ok(());
-    }
-    sh::step("apt-get install dataset-fashion-mnist");
+/// `apt-get update` and `apt-get install` of `package` (through sudo when not root).
+fn apt_install(package: &str) -> Result<(), String> {
+    sh::step(&format!("apt-get install {package}"));
     let sudo: &[&str] = if sh::output(Command::new("id").arg("-u")).is_ok_and(|u| u.trim() == "0") {
         &[]
     } else {
@@ -422,7 +420,30 @@ fn fashion_mnist() -> Result<(), String> {
         )
     };
     apt(&["update", "-qq"])?;
-    apt(&["install", "-y", "-qq", "dataset-fashion-mnist"])?;
+    apt(&["install", "-y", "-qq", package])
+}
+
+/// The cluster's nodes fence the store's internal ports with `iptables` (the cluster test and
+/// `cargo xtask cluster`); installed where it is missing.
+fn iptables() -> Result<(), String> {
+    let present = Command::new("iptables")
+        .arg("-V")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if present {
+        return Ok(());
+    }
+    apt_install("iptables")
+}
+
+fn fashion_mnist() -> Result<(), String> {
+    let probe = Path::new(FASHION_MNIST_DIR).join("train-images-idx3-ubyte.gz");
+    if probe.exists() {
+        return Ok(());
+    }
+    apt_install("dataset-fashion-mnist")?;
     if probe.exists() {
         Ok(())
     } else {

@@ -389,6 +389,17 @@ async fn s3_store_conforms_and_serves_the_whole_pushdown_path() {
         let v = v[0].as_u64().expect("a volume per key");
         assert!(held.contains(&v), "volume {v} of {held:?}");
     }
+    // Each filer lookup is counted for the tenant that asked: the filer serves every host and
+    // the gateway, and who loads it is the operator's to see (it was counted nowhere).
+    let unique: std::collections::HashSet<&String> = keys.iter().collect();
+    let metrics = near_host.metrics().await;
+    assert!(
+        metrics.contains(&format!(
+            "hapi_placement_lookups_total{{tenant=\"alice\"}} {}\n",
+            unique.len()
+        )),
+        "{metrics}"
+    );
     let outside = ask(vec!["../secret/bob/x".into()]).await.expect("request");
     assert_eq!(error_code(outside, 400).await.0, "bad_request");
     let ungranted = ask(vec!["other/x.png".into()]).await.expect("request");

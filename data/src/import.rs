@@ -38,6 +38,9 @@ use std::sync::Arc;
 pub const MAX_IMAGE_FILE: u64 = hapi_preprocess::MAX_DECODE_BYTES;
 /// The largest `.cls` member of a WebDataset sample read.
 const MAX_CLASS_BYTES: u64 = 4096;
+/// Files left out that are listed with their reasons (in the summary and the manifest); the
+/// rest are counted.
+pub const MAX_LISTED: usize = 10_000;
 
 /// What `import` is asked to do.
 #[derive(Clone, Debug)]
@@ -57,6 +60,43 @@ pub struct Options {
 pub struct Skipped {
     pub path: String,
     pub reason: String,
+}
+
+/// The files left out: the first [`MAX_LISTED`] with their reasons, and how many more (a shard
+/// of a million junk members made a list, and a manifest, as long).
+#[derive(Debug, Default)]
+struct Skips {
+    listed: Vec<Skipped>,
+    more: usize,
+}
+
+impl Skips {
+    fn push(&mut self, s: Skipped) {
+        if self.listed.len() < MAX_LISTED {
+            self.listed.push(s);
+        } else {
+            self.more += 1;
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.listed.len() + self.more
+    }
+
+    fn first(&self) -> Option<&Skipped> {
+        self.listed.first()
+    }
+
+    /// The listed ones, and an entry counting the others if there are any.
+    fn into_list(mut self) -> Vec<Skipped> {
+        if self.more > 0 {
+            self.listed.push(Skipped {
+                path: format!("({} more)", self.more),
+                reason: format!("left out, not listed (only the first {MAX_LISTED} are)"),
+            });
+        }
+        self.listed
+    }
 }
 
 /// What an import did.
@@ -202,7 +242,7 @@ fn class_dir(
     split: Option<&'static str>,
     test_fraction: f64,
     out: &mut Vec<Sample>,
-    skipped: &mut Vec<Skipped>,
+    skipped: &mut Skips,
 ) -> anyhow::Result<()> {
     for e in sorted_entries(dir)? {
         let path = e.path();
@@ -259,7 +299,7 @@ fn directory(
     root: &std::path::Path,
     test_fraction: f64,
     out: &mut Vec<Sample>,
-    skipped: &mut Vec<Skipped>,
+    skipped: &mut Skips,
 ) -> anyhow::Result<()> {
     let entries = sorted_entries(root)?;
     let dirs: Vec<&std::fs::DirEntry> = entries
@@ -318,7 +358,7 @@ fn shard(
     path: &std::path::Path,
     test_fraction: f64,
     out: &mut Vec<Sample>,
-    skipped: &mut Vec<Skipped>,
+    skipped: &mut Skips,
 ) -> anyhow::Result<()> {
     let file_name = path
         .file_name()
@@ -453,7 +493,7 @@ pub async fn import(store: &Arc<dyn ObjectStore>, opts: &Options) -> anyhow::Res
         bail!("an empty prefix: name the data set's prefix with --prefix");
     }
     let mut samples = Vec::new();
-    let mut skipped = Vec::new();
+    let mut skipped = Skips::default();
     for src in &opts.sources {
         // The paths named are followed (the operator's choice), links inside them are not.
         let src = &std::fs::canonicalize(src).with_context(|| format!("{}", src.display()))?;
@@ -522,6 +562,7 @@ pub async fn import(store: &Arc<dyn ObjectStore>, opts: &Options) -> anyhow::Res
         keys.push(key);
     }
     let samples = kept;
+    let skipped = skipped.into_list();
     // Resume: an object already there with the same size is the same image.
     let sizes: HashMap<Path, u64> = store
         .list(Some(&prefix))
@@ -588,6 +629,23 @@ pub async fn import(store: &Arc<dyn ObjectStore>, opts: &Options) -> anyhow::Res
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn files_left_out_are_listed_up_to_a_bound_and_counted_past_it() {
+        let mut s = Skips::default();
+        for i in 0..MAX_LISTED + 5 {
+            s.push(Skipped {
+                path: format!("{i}"),
+                reason: "junk".into(),
+            });
+        }
+        assert_eq!(s.len(), MAX_LISTED + 5);
+        let list = s.into_list();
+        assert_eq!(list.len(), MAX_LISTED + 1);
+        assert_eq!(list[MAX_LISTED - 1].path, format!("{}", MAX_LISTED - 1));
+        assert_eq!(list[MAX_LISTED].path, "(5 more)");
+        assert!(Skips::default().into_list().is_empty());
+    }
 
     #[test]
     fn the_split_of_an_image_depends_on_its_class_and_name_only() {

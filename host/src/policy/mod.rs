@@ -54,6 +54,10 @@
 //! [tenants.alice.functions]
 //! feature-extract = "/opt/hapi/feature_extract.wasm"   # deployed at start
 //! ```
+//!
+//! With a local store, `state`, `models` and every `private_models` directory must lie outside
+//! it (a grant on the bucket of that name would read them), and no tenant's `private_models`
+//! inside another's: a policy that breaks this is refused with the key and line.
 
 pub mod packages;
 mod parse;

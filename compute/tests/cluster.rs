@@ -91,11 +91,14 @@ fn as_tenant(c: &Cluster, bucket: &str) -> object_store::aws::AmazonS3 {
 /// be read, overwritten or deleted, past every grant of the hosts' policies.
 fn the_tenants_machine_reaches_the_hosts_and_its_bucket_only(c: &Cluster, keys: &[String]) {
     let (meta, node) = (c.meta_addr.as_str(), c.nodes[0].addr.as_str());
+    // Master, filer (HTTP, gRPC), the gateway's gRPC (which reloads its identities without
+    // credentials), a volume server (HTTP, gRPC).
     for (addr, port) in [
         (meta, 9333),
         (meta, 19333),
         (meta, 8888),
         (meta, 18888),
+        (meta, 18333),
         (node, 8080),
         (node, 18080),
     ] {

@@ -118,32 +118,44 @@ struct Sample {
     bytes: Bytes,
 }
 
+/// A file read when its bytes are written: its path, whether a link there is followed (a
+/// source named on the command line) or not (a file inside a source directory), and its size
+/// when it was checked.
+struct Source {
+    path: PathBuf,
+    follow: bool,
+    size: u64,
+}
+
 enum Bytes {
-    /// A file of this size, read when written (directory sources).
-    File(PathBuf, u64),
-    /// The bytes at (offset, length) of a shard, read when written.
-    Member(Arc<PathBuf>, u64, u64),
+    /// A whole file (directory sources).
+    File(Source),
+    /// The bytes at (offset, length) of a shard.
+    Member(Arc<Source>, u64, u64),
 }
 
 impl Bytes {
     fn len(&self) -> u64 {
         match self {
-            Bytes::File(_, n) | Bytes::Member(_, _, n) => *n,
+            Bytes::File(f) => f.size,
+            Bytes::Member(_, _, n) => *n,
         }
     }
 
-    /// Its bytes, from a file that is still the regular file of the size checked.
+    /// Its bytes, from a file that is still a regular file of the size checked.
     fn read(&self) -> anyhow::Result<Vec<u8>> {
-        let (path, at, len) = match self {
-            Bytes::File(path, len) => (path, 0, *len),
-            Bytes::Member(path, at, len) => (path.as_ref(), *at, *len),
+        let (src, at, len) = match self {
+            Bytes::File(f) => (f, 0, f.size),
+            Bytes::Member(f, at, len) => (f.as_ref(), *at, *len),
         };
-        let (file, size) =
-            open_regular(path).map_err(|r| anyhow::anyhow!("{}: {r}", path.display()))?;
-        if matches!(self, Bytes::File(..)) && size != len {
+        let path = &src.path;
+        let (file, size) = open_regular(path, src.follow)
+            .map_err(|r| anyhow::anyhow!("{}: {r}", path.display()))?;
+        if size != src.size {
             bail!(
-                "{}: {size} bytes, {len} when it was checked: it changed during the import",
-                path.display()
+                "{}: {size} bytes, {} when it was checked: it changed during the import",
+                path.display(),
+                src.size
             );
         }
         let mut v = vec![0; usize::try_from(len)?];
@@ -153,12 +165,13 @@ impl Bytes {
     }
 }
 
-/// Opens `path` to read if it is a regular file, neither following a symbolic link nor waiting
-/// on a FIFO or a device: the file and its size, or why not.
-fn open_regular(path: &std::path::Path) -> Result<(std::fs::File, u64), String> {
+/// Opens `path` to read if it is a regular file, without waiting on a FIFO or a device, and
+/// without following a symbolic link unless `follow`: the file and its size, or why not.
+fn open_regular(path: &std::path::Path, follow: bool) -> Result<(std::fs::File, u64), String> {
+    let nofollow = if follow { 0 } else { libc::O_NOFOLLOW };
     let file = std::fs::OpenOptions::new()
         .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .custom_flags(nofollow | libc::O_NONBLOCK)
         .open(path)
         .map_err(|e| match e.raw_os_error() {
             Some(libc::ELOOP) => "a symbolic link: not followed".to_string(),
@@ -255,7 +268,7 @@ fn class_dir(
             continue;
         }
         let name = name_of(&e)?;
-        let (mut file, len) = match open_regular(&path) {
+        let (mut file, len) = match open_regular(&path, false) {
             Ok(opened) => opened,
             Err(reason) => {
                 skipped.push(Skipped {
@@ -283,7 +296,11 @@ fn class_dir(
                 class: class.to_string(),
                 name,
                 origin,
-                bytes: Bytes::File(path, len),
+                bytes: Bytes::File(Source {
+                    path,
+                    follow: false,
+                    size: len,
+                }),
             }),
             Err(reason) => skipped.push(Skipped {
                 path: origin,
@@ -353,9 +370,11 @@ type Parts = (
     Option<String>,
 );
 
-/// One WebDataset shard: samples grouped by base name, an image and a `.cls`.
+/// One WebDataset shard: samples grouped by base name, an image and a `.cls`. `follow`: a link
+/// at `path` is followed (a shard named on the command line).
 fn shard(
     path: &std::path::Path,
+    follow: bool,
     test_fraction: f64,
     out: &mut Vec<Sample>,
     skipped: &mut Skips,
@@ -369,8 +388,8 @@ fn shard(
         .into_iter()
         .find(|s| file_name.contains(s))
         .and_then(split_named);
-    let f = match open_regular(path) {
-        Ok((f, _)) => f,
+    let (f, size) = match open_regular(path, follow) {
+        Ok(opened) => opened,
         Err(reason) => {
             skipped.push(Skipped {
                 path: path.display().to_string(),
@@ -379,7 +398,11 @@ fn shard(
             return Ok(());
         }
     };
-    let shard = Arc::new(path.to_path_buf());
+    let shard = Arc::new(Source {
+        path: path.to_path_buf(),
+        follow,
+        size,
+    });
     let mut archive = tar::Archive::new(std::io::BufReader::new(f));
     let mut samples: BTreeMap<String, Parts> = BTreeMap::new();
     for entry in archive
@@ -496,11 +519,10 @@ pub async fn import(store: &Arc<dyn ObjectStore>, opts: &Options) -> anyhow::Res
     let mut skipped = Skips::default();
     for src in &opts.sources {
         // The paths named are followed (the operator's choice), links inside them are not.
-        let src = &std::fs::canonicalize(src).with_context(|| format!("{}", src.display()))?;
         let meta = std::fs::metadata(src).with_context(|| format!("{}", src.display()))?;
         let is_tar = |p: &std::path::Path| p.extension().is_some_and(|e| e == "tar");
         if meta.is_file() && is_tar(src) {
-            shard(src, opts.test_fraction, &mut samples, &mut skipped)?;
+            shard(src, true, opts.test_fraction, &mut samples, &mut skipped)?;
         } else if meta.is_dir() {
             let entries = sorted_entries(src)?;
             let tars: Vec<PathBuf> = entries
@@ -510,7 +532,7 @@ pub async fn import(store: &Arc<dyn ObjectStore>, opts: &Options) -> anyhow::Res
                 .collect();
             if !tars.is_empty() && tars.len() == entries.len() {
                 for t in tars {
-                    shard(&t, opts.test_fraction, &mut samples, &mut skipped)?;
+                    shard(&t, false, opts.test_fraction, &mut samples, &mut skipped)?;
                 }
             } else {
                 directory(src, opts.test_fraction, &mut samples, &mut skipped)?;

@@ -400,11 +400,12 @@ impl Host {
             // On a slot of the tenant's share, or not at all once its time is up; its time is
             // the tenant's device time.
             let keep = keep == Some(batch);
-            let started = std::time::Instant::now();
-            let layers = work
-                .pace()
-                .then(|| models.profile(&id, &pin.model, batch, keep, &owner));
-            device.charge(&owner, started.elapsed());
+            let layers = work.pace().then(|| {
+                let started = std::time::Instant::now();
+                let layers = models.profile(&id, &pin.model, batch, keep, &owner);
+                device.charge(&owner, started.elapsed());
+                layers
+            });
             drop(work);
             drop(held);
             drop(measuring);

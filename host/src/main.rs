@@ -169,9 +169,12 @@ async fn main() -> anyhow::Result<()> {
                 ),
                 None => None,
             };
+            // The open-file limit's room for connections, both listeners together (unknown:
+            // no bound).
+            let room = if files > 0 { usable } else { usize::MAX };
             let metrics_settings = metrics_listener
                 .is_some()
-                .then(|| http_settings.split_for_metrics());
+                .then(|| http_settings.split_for_metrics(room));
             let host = tokio::task::spawn_blocking(move || Host::start(policy)).await??;
             #[cfg(all(target_os = "linux", target_env = "gnu"))]
             tokio::spawn(return_freed_memory());

@@ -394,13 +394,21 @@ async fn links_fifos_and_oversized_files_are_left_out_unread() {
         true,
     )
     .expect("bucket");
-    let r = tokio::time::timeout(
-        std::time::Duration::from_secs(60),
-        import(&store, &opts(vec![src.clone()], "pets")),
-    )
-    .await
-    .expect("the import waited on the FIFO")
-    .expect("import");
+    // On a thread of its own: an import blocked on the FIFO (it opened files synchronously)
+    // fails the test instead of hanging it.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (store2, options) = (Arc::clone(&store), opts(vec![src.clone()], "pets"));
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let _ = tx.send(rt.block_on(import(&store2, &options)));
+    });
+    let r = rx
+        .recv_timeout(std::time::Duration::from_secs(60))
+        .expect("the import waited on the FIFO")
+        .expect("import");
     assert_eq!(r.load.written, 2);
     let reasons = skipped_reasons(&r);
     for needle in [
@@ -447,6 +455,29 @@ async fn links_fifos_and_oversized_files_are_left_out_unread() {
         .expect_err("a member past the end of its shard");
     let err = format!("{err:#}");
     assert!(err.contains("claims-train-000.tar"), "{err}");
+
+    // A shard named on the command line is followed, and split by the name given (a download
+    // cache's `*-train-000.tar -> blobs/<digest>`).
+    let one = tmp.path().join("one");
+    write(&one.join("000001.jpg"), &encode(1, ImageFormat::Jpeg));
+    write(&one.join("000001.cls"), b"7");
+    std::fs::create_dir_all(tmp.path().join("blobs")).expect("mkdir");
+    let blob = tmp.path().join("blobs/5e1f");
+    let status = std::process::Command::new("tar")
+        .arg("-cf")
+        .arg(&blob)
+        .arg("-C")
+        .arg(&one)
+        .args(["000001.jpg", "000001.cls"])
+        .status()
+        .expect("tar");
+    assert!(status.success());
+    let named = tmp.path().join("cache-train-000.tar");
+    std::os::unix::fs::symlink(&blob, &named).expect("link");
+    let r = import(&store, &opts(vec![named], "cached"))
+        .await
+        .expect("a shard named through a link");
+    assert_eq!(r.splits.get("train"), Some(&1), "{:?}", r.splits);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -17,11 +17,12 @@
 //! Objects are replicated on two storage nodes (SeaweedFS replication `001`) when there are
 //! two or more. The metadata node's link is not shaped: it stands for the store's front end.
 //!
-//! **Fenced as a deployment must be.** The master, the filer and the volume servers answer
-//! anyone who reaches them, without credentials. Their ports (HTTP and gRPC) take connections
-//! from the storage cluster only: the metadata and storage nodes, and the bridge's own address
-//! (the operator's shell); each node's firewall (`iptables`) resets the rest, the compute node's
-//! (a tenant's machine) included. Before, a trainer on the compute node could read, overwrite or
+//! **Fenced as a deployment must be.** The master, the filer, the volume servers and the S3
+//! gateway's gRPC port answer anyone who reaches them, without credentials (the last reloads
+//! the gateway's identities). The metadata node takes connections from the storage cluster only
+//! (the metadata and storage nodes, and the bridge's own address: the operator's shell) except
+//! on the gateway's S3 port, and a storage node except on its host's port; each node's firewall
+//! (`iptables`) resets the rest, the compute node's (a tenant's machine) included. Before, a trainer on the compute node could read, overwrite or
 //! delete any object of any bucket through the filer, past every grant of the hosts' policies.
 //! What reaches the compute node are the hosts (:8180) and the S3 gateway (:8333), whose
 //! credentials are per role: the operator's ([`S3_KEY`], everything), the hosts' ([`HOST_S3_KEY`],
@@ -87,11 +88,10 @@ pub const HOST_S3_SECRET: &str = "hapi-cluster-host-secret";
 pub const TENANT_S3_KEY: &str = "hapi-cluster-tenant";
 pub const TENANT_S3_SECRET: &str = "hapi-cluster-tenant-secret";
 pub const TENANT_BUCKET: &str = "datasets";
-/// The metadata node's ports that only the storage cluster may reach: master and filer, HTTP
-/// and gRPC.
-const META_PORTS: &str = "9333,19333,8888,18888";
-/// A storage node's volume server's, likewise.
-const VOLUME_PORTS: &str = "8080,18080";
+/// The one port of the metadata node anyone may reach: the S3 gateway's. Its gRPC port (18333)
+/// reloads the gateway's identities without credentials; the master, the filer, and the
+/// gateway's Iceberg and Lance catalogs (8181, 9101, on by default) answer anyone too.
+const META_OPEN: u16 = 8333;
 pub const HOST_PORT: u16 = 8180;
 /// At most this many storage nodes (addresses .11 to .(10 + MAX_NODES)).
 pub const MAX_NODES: usize = 32;
@@ -221,6 +221,12 @@ pub fn unavailable() -> Option<String> {
             ip(&[
                 "link", "add", &veth, "type", "veth", "peer", "name", "eth0", "netns", &ns,
             ])
+        })
+        .and_then(|()| {
+            // A firewall rule in it, as `fence` adds.
+            let rule = ["-A", "INPUT", "-p", "tcp", "--dport", "1", "-j", "REJECT"];
+            run(in_namespace(&ns, "iptables").args(rule))
+                .or_else(|_| run(in_namespace(&ns, "iptables-legacy").args(rule)))
         });
     for args in [
         ["link", "del", &veth],
@@ -229,8 +235,11 @@ pub fn unavailable() -> Option<String> {
     ] {
         let _ = Command::new("ip").args(args).stderr(Stdio::null()).status();
     }
-    made.err()
-        .map(|e| format!("network namespaces, bridges and veth pairs cannot be made here: {e}"))
+    made.err().map(|e| {
+        format!(
+            "network namespaces, bridges, veth pairs and firewall rules cannot be made here: {e}"
+        )
+    })
 }
 
 /// The namespaces of network `net`, left by an earlier run or not.
@@ -310,64 +319,21 @@ fn attach(net: Network, short: &str, last: usize) -> Result<String, String> {
     Ok(ns.to_string())
 }
 
-/// Node `short`'s firewall: TCP to `ports` only from the bridge's address (`.1`), the metadata
-/// node (`.2`), the storage nodes' addresses and the node itself; the rest is reset.
-fn fence(net: Network, short: &str, ports: &str) -> Result<(), String> {
+/// Node `short`'s firewall: TCP to any port but `open` only from the bridge's address (`.1`),
+/// the metadata node (`.2`), the storage nodes' addresses and the node itself; the rest is
+/// reset. (The fenced nodes open no connection to anyone else, so no reply needs letting in.)
+fn fence(net: Network, short: &str, open: u16) -> Result<(), String> {
     let ns = net.namespace(short);
     let storage = format!("{0}.11-{0}.{1}", net.subnet, 10 + MAX_NODES);
     let (root, meta) = (format!("{}.1", net.subnet), format!("{}.2", net.subnet));
-    let rules: [Vec<&str>; 5] = [
+    let open = open.to_string();
+    let rules: [Vec<&str>; 6] = [
         vec!["-i", "lo", "-j", "ACCEPT"],
-        vec![
-            "-s",
-            &root,
-            "-p",
-            "tcp",
-            "-m",
-            "multiport",
-            "--dports",
-            ports,
-            "-j",
-            "ACCEPT",
-        ],
-        vec![
-            "-s",
-            &meta,
-            "-p",
-            "tcp",
-            "-m",
-            "multiport",
-            "--dports",
-            ports,
-            "-j",
-            "ACCEPT",
-        ],
-        vec![
-            "-p",
-            "tcp",
-            "-m",
-            "multiport",
-            "--dports",
-            ports,
-            "-m",
-            "iprange",
-            "--src-range",
-            &storage,
-            "-j",
-            "ACCEPT",
-        ],
-        vec![
-            "-p",
-            "tcp",
-            "-m",
-            "multiport",
-            "--dports",
-            ports,
-            "-j",
-            "REJECT",
-            "--reject-with",
-            "tcp-reset",
-        ],
+        vec!["-p", "tcp", "--dport", &open, "-j", "ACCEPT"],
+        vec!["-s", &root, "-j", "ACCEPT"],
+        vec!["-s", &meta, "-j", "ACCEPT"],
+        vec!["-m", "iprange", "--src-range", &storage, "-j", "ACCEPT"],
+        vec!["-p", "tcp", "-j", "REJECT", "--reject-with", "tcp-reset"],
     ];
     // `iptables` is the nf_tables one on Debian; a kernel without nf_tables has x_tables.
     let mut tool = "iptables";
@@ -544,12 +510,12 @@ impl Cluster {
         ])?;
         ip(&["link", "set", &bridge, "up"])?;
         attach(net, "meta", 2)?;
-        fence(net, "meta", META_PORTS)?;
+        fence(net, "meta", META_OPEN)?;
         attach(net, "compute", 3)?;
         shape(net, "compute", config.compute_link_mbit)?;
         for i in 1..=config.nodes {
             let ns = attach(net, &format!("n{i}"), 10 + i)?;
-            fence(net, &format!("n{i}"), VOLUME_PORTS)?;
+            fence(net, &format!("n{i}"), HOST_PORT)?;
             shape(net, &format!("n{i}"), config.link_mbit)?;
             let addr = format!("{}.{}", net.subnet, 10 + i);
             cluster.nodes.push(Node {

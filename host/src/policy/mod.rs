@@ -167,14 +167,18 @@ pub struct HttpSettings {
 pub const METRICS_CONNECTIONS: usize = 16;
 
 impl HttpSettings {
-    /// The metrics listener's: at most [`METRICS_CONNECTIONS`] (of the `max_connections` the
-    /// host's descriptors allow, which the main listener then has that many fewer of). With the
-    /// main listener's limits, the two listeners together could hold twice the connections the
-    /// open-file limit left room for, and the host's own files (models, objects, compiled code)
-    /// then failed to open for every tenant.
-    pub fn split_for_metrics(&mut self) -> Self {
-        let metrics = METRICS_CONNECTIONS.min(self.max_connections / 2).max(1);
-        self.max_connections = self.max_connections.saturating_sub(metrics).max(1);
+    /// The metrics listener's settings, at most [`METRICS_CONNECTIONS`], where `usable`
+    /// connections are what the open-file limit leaves for both listeners: the API listener
+    /// keeps its own `max_connections` where both fit, and has as many fewer as it takes where
+    /// they do not. Each listener had been allowed all of `usable`, so together they could hold
+    /// twice what the host's own files (models, objects, compiled code) left room for, and
+    /// those then failed to open for every tenant.
+    pub fn split_for_metrics(&mut self, usable: usize) -> Self {
+        let metrics = METRICS_CONNECTIONS.min(usable / 2).max(1);
+        self.max_connections = self
+            .max_connections
+            .min(usable.saturating_sub(metrics))
+            .max(1);
         self.max_connections_per_client = self.max_connections_per_client.min(self.max_connections);
         Self {
             max_connections: metrics,

@@ -364,16 +364,20 @@ impl Policy {
     }
 }
 
-/// The host's own directories (state, shared and private model packages) are neither inside a
+/// The host's own directories (state, shared and private model packages) are not inside a
 /// local store, where a grant on the bucket of that name would read them (every tenant's
-/// uploaded code, another tenant's private weights), nor one tenant's private packages inside
-/// another's.
+/// uploaded code, a tenant's private weights). (Tenants may share a `private_models`
+/// directory: the operator's choice; packages are found one level down, so one directory
+/// inside another exposes nothing.)
 fn separate_directories(
     ctx: &Ctx<'_>,
     raw: &RawPolicy,
     host: &HostSettings,
     tenants: &BTreeMap<String, Arc<Tenant>>,
 ) -> Result<(), PolicyError> {
+    let StoreLocation::Local(store) = &host.store else {
+        return Ok(());
+    };
     let mut own: Vec<(String, &Path, std::ops::Range<usize>)> =
         vec![("host.state".into(), &host.state, raw.host.state.span())];
     own.extend(
@@ -381,7 +385,6 @@ fn separate_directories(
             .iter()
             .map(|m| ("host.models".into(), m.as_path(), raw.host.models.span())),
     );
-    let mut private = Vec::new();
     for (name, t) in tenants {
         let span = raw.tenants[name]
             .get_ref()
@@ -389,74 +392,50 @@ fn separate_directories(
             .as_ref()
             .map_or_else(|| raw.tenants[name].span(), Spanned::span);
         for dir in &t.private_models {
-            let key = format!("tenants.{name}.private_models");
-            own.push((key.clone(), dir.as_path(), span.clone()));
-            private.push((name, key, resolved(dir), span.clone()));
+            own.push((format!("tenants.{name}.private_models"), dir, span.clone()));
         }
     }
-    if let StoreLocation::Local(store) = &host.store {
-        let at = resolved(store);
-        for (key, dir, span) in &own {
-            if resolved(dir).starts_with(&at) {
-                return ctx.err(
-                    span.clone(),
-                    format!(
-                        "{key} = {:?} is inside host.store ({:?}): a grant on that bucket would \
-                         read it; keep the host's directories outside the store",
-                        dir.display().to_string(),
-                        store.display().to_string()
-                    ),
-                );
-            }
-        }
-    }
-    for (i, (a, key_a, dir_a, _)) in private.iter().enumerate() {
-        for (b, key_b, dir_b, span) in &private[i + 1..] {
-            if a != b && (dir_a.starts_with(dir_b) || dir_b.starts_with(dir_a)) {
-                return ctx.err(
-                    span.clone(),
-                    format!(
-                        "{key_b} ({:?}) and {key_a} ({:?}) overlap: one tenant's private \
-                         packages would be the other's",
-                        dir_b.display().to_string(),
-                        dir_a.display().to_string()
-                    ),
-                );
-            }
+    let at = resolved(store);
+    for (key, dir, span) in own {
+        if resolved(dir).starts_with(&at) {
+            return ctx.err(
+                span,
+                format!(
+                    "{key} = {:?} is inside host.store ({:?}): a grant on that bucket would \
+                     read it; keep the host's directories outside the store",
+                    dir.display().to_string(),
+                    store.display().to_string()
+                ),
+            );
         }
     }
     Ok(())
 }
 
-/// `p` as the file system resolves it: `.` and `..` taken out, and its longest existing part
-/// with links followed, so that neither hides one directory inside another.
+/// `p` as the file system resolves it: made absolute, its longest existing part with links
+/// followed (a link's `..` goes up from where the link leads), and only the rest, which does
+/// not exist yet, taken lexically; so that neither a link nor `..` hides one directory inside
+/// another.
 fn resolved(p: &Path) -> PathBuf {
     use std::path::Component;
-    let mut lexical = PathBuf::new();
-    for c in p.components() {
-        match c {
-            Component::CurDir => {}
-            Component::ParentDir => {
-                lexical.pop();
+    let p = std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
+    let parts: Vec<Component<'_>> = p.components().collect();
+    for k in (1..=parts.len()).rev() {
+        let head: PathBuf = parts[..k].iter().collect();
+        if let Ok(mut out) = std::fs::canonicalize(&head) {
+            for c in &parts[k..] {
+                match c {
+                    Component::ParentDir => {
+                        out.pop();
+                    }
+                    Component::Normal(name) => out.push(name),
+                    _ => {}
+                }
             }
-            other => lexical.push(other),
+            return out;
         }
     }
-    let mut head = lexical.as_path();
-    let mut rest = Vec::new();
-    loop {
-        if let Ok(mut real) = std::fs::canonicalize(head) {
-            real.extend(rest.iter().rev());
-            return real;
-        }
-        match (head.file_name(), head.parent()) {
-            (Some(name), Some(parent)) => {
-                rest.push(name.to_os_string());
-                head = parent;
-            }
-            _ => return lexical,
-        }
-    }
+    p
 }
 
 fn host_settings(ctx: &Ctx<'_>, h: &RawHost) -> Result<HostSettings, PolicyError> {

@@ -14,8 +14,11 @@
 //! **Measured before serving.** The memory model of every package some tenant may use is made
 //! when the host starts (or when a reload adds it), with progress in the log, so that no
 //! tenant's first call waits for it. It is kept on disk (`<state>/memory/`), keyed by the
-//! package's manifest and the device, and shared within the process: a restarted host, or a
-//! second host in the same process, plans with the same model instead of measuring again.
+//! package's manifest, its layer files' sizes and modification times, and the device (a
+//! package whose layers changed under the same manifest is measured again: its memory model,
+//! which every tenant of the model is charged by, was kept from the old files), and shared
+//! within the process: a restarted host, or a second host in the same process, plans with the
+//! same model instead of measuring again.
 //! A failed measurement (memory model or profile) is not kept: calls in the next
 //! [`FAILURE_KEPT`] get its error, the first call after it measures again.
 
@@ -228,7 +231,7 @@ impl Models {
                 memory_key: format!(
                     "{}-{}-{owner}{device:?}-v{MEMORY_MODEL_VERSION}",
                     f.manifest.name,
-                    &f.manifest_digest[..16]
+                    &f.fingerprint[..16]
                 ),
                 found: f.clone(),
             };

@@ -474,3 +474,64 @@ async fn a_private_package_with_a_shared_manifest_has_a_memory_model_of_its_own(
     assert_eq!(kept.len(), 2, "{kept:?}");
     assert!(kept.iter().any(|f| f.contains("-bob-")), "{kept:?}");
 }
+
+/// A package whose layer files change under the same manifest has its memory model measured
+/// again: keyed by the manifest alone, the model measured on the old files was kept and used
+/// after a restart, and every tenant of the model was charged by it (a package re-exported
+/// without touching its manifest, or a tenant's private package with heavier layers).
+#[test]
+fn a_package_whose_layers_change_is_measured_again() {
+    use hapi_host::models::Models;
+    use hapi_host::policy::Policy;
+    let tmp = tempfile::tempdir().expect("tmp");
+    let d = tmp.path();
+    // A copy of efficientnet_lite0's files, not links: its layers' times are its own.
+    let mine = d.join("private/lite");
+    std::fs::create_dir_all(&mine).expect("mkdir");
+    for entry in std::fs::read_dir(models_dir().join("efficientnet_lite0")).expect("package") {
+        let path = entry.expect("entry").path();
+        std::fs::copy(&path, mine.join(path.file_name().expect("name"))).expect("copy");
+    }
+    let store = d.join("store");
+    std::fs::create_dir_all(&store).expect("mkdir");
+    let text = common::policy_text(&store, &d.join("state")).replace(
+        "\n[tenants.bob.functions]",
+        &format!(
+            "\nprivate_models = \"{}\"\n[tenants.bob.functions]",
+            d.join("private").display()
+        ),
+    );
+    let path = d.join("policy.toml");
+    std::fs::write(&path, text).expect("policy");
+    let kept = d.join("memory");
+    let measure = || {
+        let policy = Policy::load(&path).expect("policy");
+        let models = Models::open(&policy, tch::Device::Cpu, Some(kept.clone())).expect("models");
+        let ids: Vec<String> = models
+            .usable(&policy)
+            .into_iter()
+            .filter(|id| id.starts_with("bob/"))
+            .collect();
+        assert_eq!(ids, ["bob/efficientnet_lite0"]);
+        models.measure_ahead(&ids);
+        let mut files: Vec<String> = std::fs::read_dir(&kept)
+            .expect("kept")
+            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+            .collect();
+        files.sort();
+        files
+    };
+    let first = measure();
+    assert_eq!(first.len(), 1, "{first:?}");
+    assert_eq!(measure(), first, "unchanged files: the kept model");
+    // The same bytes with another modification time: as a re-export that kept the manifest.
+    let layer = mine.join("00_conv_stem.pt");
+    let later = std::time::SystemTime::now() + std::time::Duration::from_secs(3600);
+    std::fs::File::options()
+        .write(true)
+        .open(&layer)
+        .and_then(|f| f.set_modified(later))
+        .expect("touch");
+    let after = measure();
+    assert_eq!(after.len(), 2, "measured again: {after:?}");
+}

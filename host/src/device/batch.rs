@@ -24,6 +24,30 @@ pub struct Dest<'a> {
     pub take: i64,
     /// The element type this slice's output is written in.
     pub kind: WireDtype,
+    /// Set by [`run`]: the time its own part took once the batch had run (its slice narrowed
+    /// to `kind`, copied to the host and into `out`), which its call alone is charged.
+    pub took: std::time::Duration,
+}
+
+/// Each of a batch's calls' device time, of a batch that took `took` in all: the time its own
+/// part took (`own`, [`Dest::took`]) and a share of the rest by its samples (`takes`). Split
+/// by samples alone, an f32 call pooled with one narrowed to bf16 (dear on a CPU without bf16
+/// instructions) paid part of the narrowing.
+pub fn shares(
+    took: std::time::Duration,
+    own: &[std::time::Duration],
+    takes: &[i64],
+) -> Vec<std::time::Duration> {
+    let common = took.saturating_sub(own.iter().sum());
+    let size: i64 = takes.iter().sum();
+    takes
+        .iter()
+        .zip(
+            own.iter()
+                .chain(std::iter::repeat(&std::time::Duration::ZERO)),
+        )
+        .map(|(&take, &own)| common.mul_f64(take as f64 / size.max(1) as f64) + own)
+        .collect()
 }
 
 /// Runs layers `range` of `model` on the concatenation of `inputs` (each a whole number of
@@ -118,8 +142,12 @@ fn run_inner(
         .iter()
         .try_fold(1usize, |acc, &d| acc.checked_mul(usize::try_from(d).ok()?))
         .ok_or("output dimensions overflow")?;
+    // The batch's own work ends here (on a GPU, its kernels were only queued): what follows
+    // is each call's.
+    hapi_model::device::synchronize(model.device());
     let mut offset = 0i64;
     for d in dests.iter_mut() {
+        let started = std::time::Instant::now();
         let part = y.f_narrow(0, offset, d.take).map_err(|e| e.to_string())?;
         // Narrowed where the batch ran (on a GPU, before the copy to the host), then copied.
         let part = if d.kind == WireDtype::F32 {
@@ -138,7 +166,29 @@ fn run_inner(
         part.f_copy_data_u8(&mut d.out[start..], numel)
             .map_err(|e| e.to_string())?;
         offset += d.take;
+        d.took = started.elapsed();
     }
     hapi_model::device::synchronize(model.device());
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::shares;
+    use std::time::Duration;
+
+    #[test]
+    fn each_call_pays_its_own_part_and_a_share_of_the_rest_by_samples() {
+        let ms = Duration::from_millis;
+        // 100 ms in all: 20 ms narrowing the second call's slice to bf16, 4 ms copying the
+        // first's; the 76 ms of the batch itself by samples, 3 to 1.
+        let s = shares(ms(100), &[ms(4), ms(20)], &[12, 4]);
+        assert_eq!(s, [ms(57) + ms(4), ms(19) + ms(20)]);
+        assert_eq!(s.iter().sum::<Duration>(), ms(100));
+        // By samples alone, the f32 call had paid 75 ms.
+        // Own parts longer than the whole (clock steps): the rest is none, never negative.
+        assert_eq!(shares(ms(10), &[ms(8), ms(8)], &[1, 1]), [ms(8), ms(8)]);
+        // No own parts measured (a failed batch): by samples.
+        assert_eq!(shares(ms(10), &[], &[1, 4]), [ms(2), ms(8)]);
+    }
 }

@@ -96,6 +96,8 @@ struct Done {
     model: Arc<ModelPackage>,
     result: Result<(), String>,
     took: Duration,
+    /// Each call's own part of `took` ([`Dest::took`]).
+    own: Vec<Duration>,
     estimate: Vec<f64>,
     long: bool,
 }
@@ -116,19 +118,22 @@ impl Job {
                         out: &mut c.output,
                         take: *take,
                         kind: c.out_kind,
+                        took: Duration::ZERO,
                     };
                     (input, dest)
                 })
                 .unzip();
-            batch::run(
+            let result = batch::run(
                 &self.model,
                 self.range.clone(),
                 &self.shape,
                 &self.out_shape,
                 &inputs,
                 &mut dests,
-            )
+            );
+            (result, dests.iter().map(|d| d.took).collect())
         };
+        let (result, own) = result;
         let took = started.elapsed();
         drop(self.held);
         Done {
@@ -136,6 +141,7 @@ impl Job {
             model: self.model,
             result,
             took,
+            own,
             estimate: self.estimate,
             long: self.long,
         }
@@ -806,9 +812,12 @@ impl Dispatcher {
             stats.faults += 1;
         }
         let mut ids = Vec::with_capacity(done.calls.len());
-        for ((id, mut c, take), est) in done.calls.into_iter().zip(done.estimate) {
+        let takes: Vec<i64> = done.calls.iter().map(|(_, _, take)| *take).collect();
+        let shares = batch::shares(done.took, &done.own, &takes);
+        for (((id, mut c, take), est), share) in
+            done.calls.into_iter().zip(done.estimate).zip(shares)
+        {
             c.progress.taken += take;
-            let share = done.took.mul_f64(take as f64 / size.max(1) as f64);
             c.progress.device += share;
             c.progress.batches += 1;
             // Counted as it ran, whether or not the call gets to its end.

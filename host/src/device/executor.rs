@@ -345,6 +345,7 @@ fn run_here(
                 out: output,
                 take: b,
                 kind: out,
+                took: Duration::ZERO,
             }],
         );
         let took = started.elapsed();

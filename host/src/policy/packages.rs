@@ -13,10 +13,10 @@ use std::sync::Arc;
 pub struct Found {
     pub dir: PathBuf,
     pub manifest: Arc<Manifest>,
-    /// sha256 of `manifest.json` (what the memory model is keyed by).
+    /// sha256 of `manifest.json`.
     pub manifest_digest: String,
     /// The manifest's digest with every layer file's size and modification time: tells a
-    /// package changed on disk.
+    /// package changed on disk (what the memory model is keyed by).
     pub fingerprint: String,
 }
 

@@ -981,6 +981,29 @@ async fn a_failing_batch_is_a_host_fault_with_a_request_id_and_the_device_serves
     }
     // Layer 1 (a BatchNorm over 64 channels) becomes layer 8 (a block over 128 channels).
     std::fs::copy(broken.join("08_layer3_0.pt"), broken.join("01_bn1.pt")).expect("swap");
+    // Memory models are kept by the package's files, which the swap changed (measured again,
+    // the package would fail there, not in a batch): the healthy one is kept again under the
+    // new files' key, so that the host loads the package without measuring it.
+    let memory = state.join("memory");
+    let kept: Vec<std::path::PathBuf> = std::fs::read_dir(&memory)
+        .expect("memory models")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("resnet18-"))
+        })
+        .collect();
+    assert_eq!(kept.len(), 1, "{kept:?}");
+    let name = kept[0]
+        .file_name()
+        .expect("name")
+        .to_string_lossy()
+        .into_owned();
+    let before = name.split('-').nth(1).expect("the files' key");
+    let found = hapi_host::policy::packages::scan(std::slice::from_ref(&models)).expect("scan");
+    let now = &found["resnet18"].fingerprint[..16];
+    assert_ne!(before, now);
+    std::fs::copy(&kept[0], memory.join(name.replacen(before, now, 1))).expect("keep");
     let h = start_tenants(|store, _| policy(store)).await;
     let resp = h
         .invoke(

@@ -5,6 +5,7 @@
 
 use hapi_model::ModelPackage;
 use std::ops::Range;
+use std::time::{Duration, Instant};
 use tch::{Device, Kind, Tensor};
 
 use crate::device::job::{WireDtype, torch_kind};
@@ -26,26 +27,19 @@ pub struct Dest<'a> {
     pub kind: WireDtype,
     /// Set by [`run`]: the time its own part took once the batch had run (its slice narrowed
     /// to `kind`, copied to the host and into `out`), which its call alone is charged.
-    pub took: std::time::Duration,
+    pub took: Duration,
 }
 
 /// Each of a batch's calls' device time, of a batch that took `took` in all: the time its own
 /// part took (`own`, [`Dest::took`]) and a share of the rest by its samples (`takes`). Split
 /// by samples alone, an f32 call pooled with one narrowed to bf16 (dear on a CPU without bf16
 /// instructions) paid part of the narrowing.
-pub fn shares(
-    took: std::time::Duration,
-    own: &[std::time::Duration],
-    takes: &[i64],
-) -> Vec<std::time::Duration> {
+pub fn shares(took: Duration, own: &[Duration], takes: &[i64]) -> Vec<Duration> {
     let common = took.saturating_sub(own.iter().sum());
     let size: i64 = takes.iter().sum();
     takes
         .iter()
-        .zip(
-            own.iter()
-                .chain(std::iter::repeat(&std::time::Duration::ZERO)),
-        )
+        .zip(own.iter().chain(std::iter::repeat(&Duration::ZERO)))
         .map(|(&take, &own)| common.mul_f64(take as f64 / size.max(1) as f64) + own)
         .collect()
 }
@@ -147,7 +141,7 @@ fn run_inner(
     hapi_model::device::synchronize(model.device());
     let mut offset = 0i64;
     for d in dests.iter_mut() {
-        let started = std::time::Instant::now();
+        let started = Instant::now();
         let part = y.f_narrow(0, offset, d.take).map_err(|e| e.to_string())?;
         // Narrowed where the batch ran (on a GPU, before the copy to the host), then copied.
         let part = if d.kind == WireDtype::F32 {
@@ -174,8 +168,7 @@ fn run_inner(
 
 #[cfg(test)]
 mod tests {
-    use super::shares;
-    use std::time::Duration;
+    use super::{Duration, shares};
 
     #[test]
     fn each_call_pays_its_own_part_and_a_share_of_the_rest_by_samples() {

@@ -105,7 +105,7 @@ struct Done {
 impl Job {
     fn run(mut self) -> Done {
         let started = Instant::now();
-        let result = {
+        let (result, own): (_, Vec<Duration>) = {
             // Each call's next `take` samples in, its output buffer to append to.
             let (inputs, mut dests): (Vec<&[u8]>, Vec<Dest<'_>>) = self
                 .calls
@@ -133,7 +133,6 @@ impl Job {
             );
             (result, dests.iter().map(|d| d.took).collect())
         };
-        let (result, own) = result;
         let took = started.elapsed();
         drop(self.held);
         Done {

@@ -261,17 +261,7 @@ async fn webdataset_shards_import_by_shard_name_and_class() {
     write(&samples.join("000005.cls"), b"3"); // a class without an image
     let shards = tmp.path().join("shards");
     std::fs::create_dir_all(&shards).expect("mkdir");
-    let tar = |name: &str, members: &[&str]| {
-        let status = std::process::Command::new("tar")
-            .arg("-cf")
-            .arg(shards.join(name))
-            .arg("-C")
-            .arg(&samples)
-            .args(members)
-            .status()
-            .expect("tar");
-        assert!(status.success());
-    };
+    let tar = |name: &str, members: &[&str]| make_tar(&shards.join(name), &samples, members);
     tar(
         "data-train-000.tar",
         &[
@@ -337,6 +327,19 @@ async fn webdataset_shards_import_by_shard_name_and_class() {
             "{key}"
         );
     }
+}
+
+/// `archive`: a tar of `members` of directory `from`, by the system's `tar`.
+fn make_tar(archive: &Path, from: &Path, members: &[&str]) {
+    let status = std::process::Command::new("tar")
+        .arg("-cf")
+        .arg(archive)
+        .arg("-C")
+        .arg(from)
+        .args(members)
+        .status()
+        .expect("tar");
+    assert!(status.success(), "tar -cf {}", archive.display());
 }
 
 /// A ustar header block for `name` (`kind` its type flag) with `size` bytes of data.
@@ -463,15 +466,7 @@ async fn links_fifos_and_oversized_files_are_left_out_unread() {
     write(&one.join("000001.cls"), b"7");
     std::fs::create_dir_all(tmp.path().join("blobs")).expect("mkdir");
     let blob = tmp.path().join("blobs/5e1f");
-    let status = std::process::Command::new("tar")
-        .arg("-cf")
-        .arg(&blob)
-        .arg("-C")
-        .arg(&one)
-        .args(["000001.jpg", "000001.cls"])
-        .status()
-        .expect("tar");
-    assert!(status.success());
+    make_tar(&blob, &one, &["000001.jpg", "000001.cls"]);
     let named = tmp.path().join("cache-train-000.tar");
     std::os::unix::fs::symlink(&blob, &named).expect("link");
     let r = import(&store, &opts(vec![named], "cached"))

@@ -88,6 +88,16 @@ fn skipped_reasons(r: &ImportReport) -> Vec<String> {
         .collect()
 }
 
+/// Each of `needles` begins one of the `reasons` ([`skipped_reasons`]).
+fn assert_left_out(reasons: &[String], needles: &[&str]) {
+    for needle in needles {
+        assert!(
+            reasons.iter().any(|r| r.starts_with(needle)),
+            "{needle}: {reasons:?}"
+        );
+    }
+}
+
 /// Checks a first import of [`image_folder`] and that a second one writes nothing.
 async fn import_twice(store: &Arc<dyn ObjectStore>, src: &Path, images: usize) {
     let first = import(store, &opts(vec![src.to_path_buf()], "mine"))
@@ -107,16 +117,14 @@ async fn import_twice(store: &Arc<dyn ObjectStore>, src: &Path, images: usize) {
     );
     let reasons = skipped_reasons(&first);
     assert_eq!(reasons.len(), 3, "{reasons:?}");
-    for needle in [
-        "notes.txt: not an image",
-        "broken.jpg: bad jpg header",
-        "README.md: a file outside the class directories",
-    ] {
-        assert!(
-            reasons.iter().any(|r| r.starts_with(needle)),
-            "{needle}: {reasons:?}"
-        );
-    }
+    assert_left_out(
+        &reasons,
+        &[
+            "notes.txt: not an image",
+            "broken.jpg: bad jpg header",
+            "README.md: a file outside the class directories",
+        ],
+    );
     let listed = keys(store, "mine").await;
     assert_eq!(listed.len(), images + 1, "images and the manifest");
     for (key, size) in &listed {
@@ -413,17 +421,14 @@ async fn links_fifos_and_oversized_files_are_left_out_unread() {
         .expect("the import waited on the FIFO")
         .expect("import");
     assert_eq!(r.load.written, 2);
-    let reasons = skipped_reasons(&r);
-    for needle in [
-        "leak.png: a symbolic link: not followed",
-        "pipe.jpg: not a regular file",
-        "big.png: 268435457 bytes: larger than",
-    ] {
-        assert!(
-            reasons.iter().any(|r| r.starts_with(needle)),
-            "{needle}: {reasons:?}"
-        );
-    }
+    assert_left_out(
+        &skipped_reasons(&r),
+        &[
+            "leak.png: a symbolic link: not followed",
+            "pipe.jpg: not a regular file",
+            "big.png: 268435457 bytes: larger than",
+        ],
+    );
     let listed: Vec<String> = keys(&store, "pets")
         .await
         .into_iter()

@@ -43,6 +43,11 @@ pub struct Locality {
     settings: Settings,
     http: reqwest::Client,
     volumes: Mutex<Option<(Instant, Arc<HashSet<u32>>)>>,
+    /// Held by the one read that fetches `/status` again: the others use the list they have,
+    /// or wait for that fetch when there is none yet, so the volume server gets one request per
+    /// [`VOLUMES_FOR`] however many reads find the list expired (each was up to its 10 s and a
+    /// 1 MiB body, on no tenant's account).
+    refreshing: tokio::sync::Mutex<()>,
     lookups: tokio::sync::Semaphore,
     /// Each tenant's share of the lookups ([`TENANT_LOOKUPS`]), by tenant name.
     tenant_lookups: Mutex<std::collections::HashMap<String, Arc<tokio::sync::Semaphore>>>,
@@ -118,6 +123,7 @@ impl Locality {
             settings,
             http,
             volumes: Mutex::default(),
+            refreshing: tokio::sync::Mutex::default(),
             lookups: tokio::sync::Semaphore::new(LOOKUPS),
             tenant_lookups: Mutex::default(),
             local_reads: AtomicU64::new(0),
@@ -126,15 +132,30 @@ impl Locality {
         }
     }
 
+    /// The cached list of volumes, and whether it is still to be trusted.
+    fn cached_volumes(&self) -> Option<(bool, Arc<HashSet<u32>>)> {
+        let cached = self.volumes.lock().unwrap_or_else(PoisonError::into_inner);
+        cached
+            .as_ref()
+            .map(|(at, set)| (at.elapsed() < VOLUMES_FOR, Arc::clone(set)))
+    }
+
     /// The volumes the local volume server holds (cached; empty when it does not answer).
+    /// One read at a time fetches them again (see `refreshing`).
     async fn volumes(&self) -> Arc<HashSet<u32>> {
-        {
-            let cached = self.volumes.lock().unwrap_or_else(PoisonError::into_inner);
-            if let Some((at, set)) = cached.as_ref()
-                && at.elapsed() < VOLUMES_FOR
-            {
-                return Arc::clone(set);
-            }
+        let stale = match self.cached_volumes() {
+            Some((true, set)) => return set,
+            Some((false, set)) => Some(set),
+            None => None,
+        };
+        let _refreshing = match (self.refreshing.try_lock(), stale) {
+            (Ok(guard), _) => guard,
+            (Err(_), Some(stale)) => return stale,
+            (Err(_), None) => self.refreshing.lock().await,
+        };
+        // Fetched by the read that held the lock before this one.
+        if let Some((true, set)) = self.cached_volumes() {
+            return set;
         }
         let url = format!("{}/status", self.settings.volume_server);
         let set: HashSet<u32> = match self.get_json(&url, 1 << 20).await {
@@ -597,5 +618,87 @@ mod tests {
         for t in flood {
             t.abort();
         }
+    }
+
+    /// A volume server on a socket that answers `/status` (volume 3) after 300 ms; the count
+    /// of `/status` requests it received.
+    fn slow_volume_server() -> (String, Arc<std::sync::atomic::AtomicUsize>) {
+        use std::io::{Read, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let asked = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = Arc::clone(&asked);
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(mut conn) = conn else { return };
+                let counted = Arc::clone(&counted);
+                std::thread::spawn(move || {
+                    let mut got = Vec::new();
+                    let mut buf = [0u8; 4096];
+                    while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match conn.read(&mut buf) {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => got.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    if got.starts_with(b"GET /status ") {
+                        counted.fetch_add(1, Ordering::Relaxed);
+                    }
+                    std::thread::sleep(Duration::from_millis(300));
+                    let body = r#"{"Volumes":[{"Id":3}]}"#;
+                    let _ = write!(
+                        conn,
+                        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                        body.len()
+                    );
+                });
+            }
+        });
+        (format!("http://{addr}"), asked)
+    }
+
+    /// Reads that find the list of volumes missing or expired ask the volume server once
+    /// between them: the first waits for it, later ones use the expired list meanwhile.
+    #[tokio::test]
+    async fn the_volume_list_is_fetched_once_however_many_reads_need_it() {
+        let (volume_server, asked) = slow_volume_server();
+        let near = Arc::new(Locality::new(Settings {
+            filer: "http://127.0.0.1:9".into(),
+            volume_server,
+        }));
+        let all_read = |near: &Arc<Locality>| {
+            let reads: Vec<_> = (0..32)
+                .map(|_| {
+                    let near = Arc::clone(near);
+                    tokio::spawn(async move { near.volumes().await })
+                })
+                .collect();
+            async move {
+                for r in reads {
+                    assert_eq!(*r.await.expect("join"), HashSet::from([3]));
+                }
+            }
+        };
+        all_read(&near).await;
+        assert_eq!(
+            asked.load(Ordering::Relaxed),
+            1,
+            "32 reads with no list yet"
+        );
+        // Expired: one read fetches it again.
+        {
+            let mut cached = near.volumes.lock().expect("lock");
+            let (at, _) = cached.as_mut().expect("cached");
+            *at = Instant::now()
+                .checked_sub(VOLUMES_FOR + Duration::from_secs(1))
+                .expect("an instant in the past");
+        }
+        all_read(&near).await;
+        assert!(near.cached_volumes().is_some_and(|(fresh, _)| fresh));
+        assert_eq!(
+            asked.load(Ordering::Relaxed),
+            2,
+            "32 reads of an expired list"
+        );
     }
 }

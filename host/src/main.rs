@@ -226,7 +226,11 @@ async fn main() -> anyhow::Result<()> {
                 http::router(Arc::clone(&host), Arc::clone(&conns)),
                 http_settings,
                 conns,
-                shutdown_signal(),
+                async {
+                    shutdown_signal().await;
+                    // The policy in force at the stop (a reload changes it).
+                    host.policy().host.http.shutdown_timeout
+                },
             )
             .await;
             host.device().shutdown();

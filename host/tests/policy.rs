@@ -432,3 +432,31 @@ fn the_metrics_listeners_connections_are_taken_from_the_hosts() {
         (100, METRICS_CONNECTIONS)
     );
 }
+
+#[test]
+fn the_shutdown_timeout_covers_the_longest_tenant_timeout_unless_set() {
+    let two = |host_extra: &str| {
+        format!(
+            "[host]\nstore = \"store\"\nmodels = \"models\"\nstate = \"state\"\n{host_extra}\n\n\
+             [tenants.a]\ntoken_sha256 = \"{}\"\ntimeout = \"2m\"\n\n\
+             [tenants.b]\ntoken_sha256 = \"{}\"\ntimeout = \"5s\"\n",
+            hash_token("a"),
+            hash_token("b")
+        )
+    };
+    let derived = parse(&two("")).expect("valid");
+    assert_eq!(
+        derived.host.http.shutdown_timeout,
+        std::time::Duration::from_secs(150)
+    );
+    let set = parse(&two("shutdown_timeout = \"10s\"")).expect("valid");
+    assert_eq!(
+        set.host.http.shutdown_timeout,
+        std::time::Duration::from_secs(10)
+    );
+    let err = parse(&two("shutdown_timeout = \"0s\"")).expect_err("out of range");
+    assert!(
+        err.contains("host.shutdown_timeout") && err.contains("line 5"),
+        "{err}"
+    );
+}

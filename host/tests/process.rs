@@ -89,18 +89,83 @@ async fn sighup_reloads_the_policy_and_sigterm_finishes_in_flight_work() {
     signal(&server.child, libc::SIGTERM);
     let done = in_flight.await.expect("join");
     assert_eq!(raw(done).await, 1_500_000_000u64.to_le_bytes());
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let status = loop {
-        if let Some(status) = server.child.try_wait().expect("wait") {
-            break status;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "hapi-host did not exit after SIGTERM"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let status = exited(&mut server, "after SIGTERM, its invocation done");
     assert!(status.success(), "{status}");
+}
+
+/// Waits (30 s at most) for the host to exit after a signal; its exit status.
+fn exited(server: &mut HostProcess, what: &str) -> std::process::ExitStatus {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(status) = server.child.try_wait().expect("wait") {
+            return status;
+        }
+        assert!(Instant::now() < deadline, "hapi-host did not exit: {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A client that takes a response and reads none of it (or a byte now and then, within
+/// `idle_timeout`) holds its connection open; on SIGTERM the host waits for it no longer than
+/// `shutdown_timeout`, then closes it and exits (it had waited for the connection to end, until
+/// the service manager's kill).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_stops_the_host_within_its_shutdown_timeout_whatever_a_client_reads() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let tmp = tempfile::tempdir().expect("tmp");
+    let store = tmp.path().join("store");
+    std::fs::create_dir_all(&store).expect("mkdir");
+    let text = common::policy_text_for(
+        &format!("store = \"{}\"", store.display()),
+        "idle_timeout = \"600s\"\nshutdown_timeout = \"1s\"",
+        &tmp.path().join("state"),
+    );
+    let policy = tmp.path().join("policy.toml");
+    std::fs::write(&policy, text).expect("policy");
+    let _ = guest("hostile");
+    let mut server = start(&policy);
+    let addr = server.url.trim_start_matches("http://").to_string();
+
+    // 48 MiB of output, far more than the sockets buffer; the client reads its head only.
+    let body = json!({"bucket": "datasets", "keys": [], "model": "resnet18", "split": 0,
+        "options": {"mode": "output", "bytes": "50331648"}})
+    .to_string();
+    let mut conn = tokio::net::TcpStream::connect(&addr)
+        .await
+        .expect("connect");
+    conn.write_all(
+        format!(
+            "POST /v1/invoke/hostile HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {}\r\n\
+             content-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+            ALICE,
+            body.len()
+        )
+        .as_bytes(),
+    )
+    .await
+    .expect("request");
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        let n = tokio::time::timeout(Duration::from_secs(60), conn.read(&mut byte))
+            .await
+            .expect("the response's head")
+            .expect("read");
+        assert_eq!(n, 1, "closed before the response's head: {head:?}");
+        head.push(byte[0]);
+    }
+    assert!(
+        head.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&head)
+    );
+
+    let stopping = Instant::now();
+    signal(&server.child, libc::SIGTERM);
+    let status = exited(&mut server, "a client holds a response unread");
+    println!("exited {:?} after SIGTERM", stopping.elapsed());
+    assert!(status.success(), "{status}");
+    drop(conn);
 }
 
 /// The open-file limit an operator's service manager might set; the host keeps 128

@@ -8,7 +8,8 @@
 //!   to 400 KiB per connection unless told; handlers read bodies within `body_timeout`;
 //! - a response that the client does not read for `idle_timeout` ends the connection;
 //! - on shutdown, no new connection is accepted, idle ones are closed, and requests in flight
-//!   finish (each within its deadline).
+//!   finish (each within its deadline) within `shutdown_timeout`, when the connections still
+//!   open are closed.
 
 use crate::policy::HttpSettings;
 use axum::Router;
@@ -182,20 +183,21 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for WriteTimeout<S> {
 }
 
 /// Serves `router` on `listener` until `shutdown` completes, then lets requests in flight
-/// finish. `conns` counts open connections (for metrics and tests).
+/// finish for as long as it answers (the policy's `shutdown_timeout` in force at the stop) and
+/// closes the connections still open. `conns` counts open connections (for metrics and tests).
 pub async fn serve(
     listener: TcpListener,
     router: Router,
     settings: HttpSettings,
     conns: Arc<Connections>,
-    shutdown: impl Future<Output = ()>,
+    shutdown: impl Future<Output = Duration>,
 ) {
     let graceful = GracefulShutdown::new();
     let mut shutdown = std::pin::pin!(shutdown);
-    loop {
+    let drain = loop {
         let accepted = tokio::select! {
             a = listener.accept() => a,
-            () = &mut shutdown => break,
+            drain = &mut shutdown => break drain,
         };
         let (stream, addr) = match accepted {
             Ok(a) => a,
@@ -219,9 +221,17 @@ pub async fn serve(
             let _counted = counted;
             let _ = conn.await;
         });
-    }
+    };
     drop(listener);
-    graceful.shutdown().await;
+    if tokio::time::timeout(drain, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            "{} connection(s) still open {drain:?} after the stop began (host.shutdown_timeout): closing them",
+            conns.open(),
+        );
+    }
 }
 
 fn connection(

@@ -29,6 +29,8 @@
 //! header_timeout = "10s"               # a request's headers must arrive within this
 //! body_timeout = "60s"                 # and its body within this
 //! idle_timeout = "60s"                 # a connection that moves no byte for this long is closed
+//! shutdown_timeout = "60s"             # on SIGTERM, how long work in flight may take to finish
+//!                                      # (default: the longest tenant `timeout` + 30s)
 //! workers = 2                          # threads that run invocations (default: the cores)
 //! device_workers = 2                   # device batches run at once (default: CPU the cores, GPU 1)
 //!
@@ -110,6 +112,9 @@ pub const MAX_CONNECTIONS: u64 = 65_536;
 /// Range of the header, body and idle timeouts.
 pub const HTTP_TIMEOUT_RANGE: (Duration, Duration) =
     (Duration::from_millis(100), Duration::from_secs(3600));
+/// What a stop grants connections beyond the longest tenant `timeout` by default (the
+/// responses of invocations that end at their deadline are sent within it).
+pub const SHUTDOWN_SLACK: Duration = Duration::from_secs(30);
 /// Most invocation worker threads.
 pub const MAX_WORKERS: u64 = 256;
 
@@ -159,6 +164,12 @@ pub struct HttpSettings {
     pub header_timeout: Duration,
     pub body_timeout: Duration,
     pub idle_timeout: Duration,
+    /// On shutdown, how long connections may take to finish their requests (an invocation in
+    /// flight, a response being read) before they are closed: a client reading a response a
+    /// byte at a time within `idle_timeout` would otherwise hold the host until its service
+    /// manager kills it. Default: the longest tenant `timeout` + [`SHUTDOWN_SLACK`]. Read from
+    /// the policy in force when the stop begins (a reload changes it).
+    pub shutdown_timeout: Duration,
     /// Largest request body (component uploads; invocations have their own, smaller bound).
     pub max_request: usize,
 }
@@ -196,6 +207,7 @@ impl Default for HttpSettings {
             header_timeout: Duration::from_secs(10),
             body_timeout: Duration::from_secs(60),
             idle_timeout: Duration::from_secs(60),
+            shutdown_timeout: Duration::from_secs(60),
             max_request: 64 << 20,
         }
     }
@@ -264,7 +276,15 @@ impl HostSettings {
         check("batch_time", self.batch_time != other.batch_time);
         check("resident_for", self.resident_for != other.resident_for);
         check("keep_resident", self.keep_resident != other.keep_resident);
-        check("http", self.http != other.http);
+        // `shutdown_timeout` is read from the policy in force at the stop.
+        let restart_only = |h: &HttpSettings| HttpSettings {
+            shutdown_timeout: Duration::ZERO,
+            ..h.clone()
+        };
+        check(
+            "http",
+            restart_only(&self.http) != restart_only(&other.http),
+        );
         check(
             "metrics_listen",
             self.metrics_listen != other.metrics_listen,

@@ -42,6 +42,7 @@ struct RawHost {
     header_timeout: Option<Spanned<String>>,
     body_timeout: Option<Spanned<String>>,
     idle_timeout: Option<Spanned<String>>,
+    shutdown_timeout: Option<Spanned<String>>,
     workers: Option<Spanned<i64>>,
     device_workers: Option<Spanned<i64>>,
     s3: Option<RawS3>,
@@ -360,6 +361,11 @@ impl Policy {
             tenants.insert(name.clone(), Arc::new(tenant));
         }
         separate_directories(&ctx, &raw, &host, &tenants)?;
+        let mut host = host;
+        if raw.host.shutdown_timeout.is_none() {
+            let longest = tenants.values().map(|t| t.limits.timeout).max();
+            host.http.shutdown_timeout = longest.unwrap_or_default() + SHUTDOWN_SLACK;
+        }
         Ok(Policy { host, tenants })
     }
 }
@@ -546,6 +552,13 @@ fn host_settings(ctx: &Ctx<'_>, h: &RawHost) -> Result<HostSettings, PolicyError
             "host.idle_timeout",
             &h.idle_timeout,
             d.idle_timeout,
+            HTTP_TIMEOUT_RANGE,
+        )?,
+        // Set from the tenants' timeouts when not given (`Policy::parse_with`).
+        shutdown_timeout: ctx.duration(
+            "host.shutdown_timeout",
+            &h.shutdown_timeout,
+            d.shutdown_timeout,
             HTTP_TIMEOUT_RANGE,
         )?,
         max_request: ctx.size(

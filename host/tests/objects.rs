@@ -295,6 +295,27 @@ async fn s3_store_conforms_and_serves_the_whole_pushdown_path() {
         !told.contains("127.0.0.1") && !told.contains("http"),
         "{told}"
     );
+    // A guest that returns the failure: the client gets 503 `store_unavailable` (not
+    // `host_fault`) with a request id and `Retry-After`, and still not the endpoint.
+    let failed = wrong_host
+        .invoke(
+            ALICE,
+            "hostile",
+            json!({"bucket": "datasets", "keys": [&key], "options": {"mode": "read"}}),
+        )
+        .await;
+    assert_eq!(failed.status(), 503);
+    assert!(failed.headers().contains_key("retry-after"));
+    let said: serde_json::Value = failed.json().await.expect("a JSON error");
+    assert_eq!(said["code"], "store_unavailable", "{said}");
+    assert!(said["request_id"].is_string(), "{said}");
+    let said = said.to_string();
+    assert!(
+        said.contains("the object store failed; retry later")
+            && !said.contains("127.0.0.1")
+            && !said.contains("http"),
+        "{said}"
+    );
     drop(wrong_host);
 
     // The host over S3: features equal those over the local store.

@@ -20,14 +20,19 @@ pub struct ApiError {
     pub code: ErrorCode,
     pub message: String,
     pub key: Option<String>,
-    /// For host faults: what happened, for the log only.
+    /// For host faults and store failures: what happened, for the log only.
     pub internal: Option<String>,
 }
 
-/// A host fault's details, carried from the handler to the request-id layer, which logs them
-/// with the request's id.
+/// What the log gets of a host fault or a store failure (`detail`), carried with what the
+/// client gets (`code`, `message`) from the handler to the request-id layer, which logs the
+/// detail under the request's id and answers the code and the message with that id.
 #[derive(Debug, Clone)]
-pub struct Fault(pub String);
+pub struct Fault {
+    pub code: ErrorCode,
+    pub message: String,
+    pub detail: String,
+}
 
 impl ApiError {
     pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
@@ -81,6 +86,11 @@ impl ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = self.status();
+        let fault = self.internal.map(|detail| Fault {
+            code: self.code,
+            message: self.message.clone(),
+            detail,
+        });
         let body = serde_json::to_vec(&ErrorBody {
             code: self.code,
             message: self.message,
@@ -97,8 +107,8 @@ impl IntoResponse for ApiError {
             resp.headers_mut()
                 .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         }
-        if let Some(internal) = self.internal {
-            resp.extensions_mut().insert(Fault(internal));
+        if let Some(fault) = fault {
+            resp.extensions_mut().insert(fault);
         }
         resp
     }

@@ -70,13 +70,22 @@ async fn request_id(mut req: Request, next: Next) -> Response {
         .headers()
         .get(header::CONTENT_TYPE)
         .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
-    let mut resp = if let Some(Fault(detail)) = fault {
-        tracing::error!(request_id = %id, %method, path = %bounded(path), "host fault: {}", bounded(detail));
+    let mut resp = if let Some(Fault {
+        code,
+        message,
+        detail,
+    }) = fault
+    {
+        let what = match code {
+            ErrorCode::HostFault => "host fault",
+            _ => "store failure",
+        };
+        tracing::error!(request_id = %id, %method, path = %bounded(path), "{what}: {}", bounded(detail));
+        // The client's code and message (a store failure stays `store_unavailable`, which
+        // clients and `hapi_invocations_total` name it), never the detail.
         let body = ErrorBody {
-            code: ErrorCode::HostFault,
-            message: format!(
-                "the host failed while serving this request; the operator's log has the details under request id {id}"
-            ),
+            code,
+            message: format!("{message}; the operator's log has the details under request id {id}"),
             key: None,
             request_id: Some(id.to_string()),
         };

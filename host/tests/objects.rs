@@ -620,3 +620,43 @@ async fn a_placement_request_ends_at_its_tenants_time_limit() {
     assert!(volumes.iter().all(|v| v == &json!([])), "{answer}");
     eprintln!("answered in {:?}", started.elapsed());
 }
+
+/// Placement requests refused before any lookup (a body that is not JSON, too many keys, a
+/// key outside the grants) are counted per tenant, as every other endpoint's refusals are.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_placement_requests_are_counted_for_their_tenant() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let section = "[host.s3]\nendpoint = \"http://127.0.0.1:9\"\nseaweedfs_filer = \"http://127.0.0.1:9\"\nlocal_volume_server = \"http://127.0.0.1:9\"\n";
+    let text = common::policy_text_for("store = \"s3://\"", section, &tmp.path().join("state"));
+    let h = TestHost::start_with(tmp, std::path::PathBuf::new(), text).await;
+    let ask = |body: String| {
+        h.client
+            .post(format!("{}/v1/placement", h.url))
+            .bearer_auth(ALICE)
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+    };
+    let too_many: Vec<String> = (0..1025).map(sample_key).collect();
+    for (body, status) in [
+        ("{".to_string(), 400),
+        (
+            json!({"bucket": "datasets", "keys": too_many}).to_string(),
+            400,
+        ),
+        (
+            json!({"bucket": "secret", "keys": ["bob/data.bin"]}).to_string(),
+            403,
+        ),
+    ] {
+        assert_eq!(ask(body).await.expect("placement").status(), status);
+    }
+    let metrics = h.metrics().await;
+    for line in [
+        "hapi_refused_total{tenant=\"alice\",endpoint=\"placement\",code=\"bad_json\"} 1",
+        "hapi_refused_total{tenant=\"alice\",endpoint=\"placement\",code=\"bad_request\"} 1",
+        "hapi_refused_total{tenant=\"alice\",endpoint=\"placement\",code=\"object_denied\"} 1",
+    ] {
+        assert!(metrics.contains(line), "no `{line}` in:\n{metrics}");
+    }
+}

@@ -100,24 +100,37 @@ pub struct Answer {
     volumes: Vec<Vec<u32>>,
 }
 
-/// Each key's volumes, as the filer tells them.
+/// Each key's volumes, as the filer tells them. A request refused (busy, a bad body, keys
+/// outside the grants) is counted in `hapi_refused_total` under endpoint `placement`.
 pub async fn lookup(
     State(host): State<Arc<Host>>,
     Authed(tenant): Authed,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Json<Answer>, ApiError> {
+    let refused = ApiError::counted(&host.metrics, &tenant.name, "placement");
+    look_up(&host, &tenant, &headers, body)
+        .await
+        .map_err(refused)
+}
+
+async fn look_up(
+    host: &Arc<Host>,
+    tenant: &Arc<crate::policy::Tenant>,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Json<Answer>, ApiError> {
     let near = host.runtime().objects().locality().ok_or_else(not_set_up)?;
-    let declared = extract::declared_within(&headers, MAX_BODY)?;
+    let declared = extract::declared_within(headers, MAX_BODY)?;
     let timeout = host.policy().host.http.body_timeout;
     // A body is read under one of the tenant's slots, as an invocation's is: a tenant holds
     // at most `concurrency` request bodies of any kind, however many connections it opens.
-    let Some(_slot) = host.admission(&tenant).admit().await else {
-        return extract::refuse(body, MAX_BODY, timeout, ApiError::busy(&tenant)).await;
+    let Some(_slot) = host.admission(tenant).admit().await else {
+        return extract::refuse(body, MAX_BODY, timeout, ApiError::busy(tenant)).await;
     };
     let bytes = extract::body(body, declared, MAX_BODY, timeout).await?;
     // Its grants as they are now: a reload may have come while it waited.
-    let tenant = extract::still(&host, &tenant)?;
+    let tenant = extract::still(host, tenant)?;
     // No string past a key's longest, escaped, before serde (whose errors quote them whole).
     hapi_wire::invoke::check_strings(&bytes, 6 * hapi_wire::invoke::MAX_KEY_BYTES)
         .map_err(|e| ApiError::new(ErrorCode::BadJson, format!("placement request: {e}")))?;

@@ -49,7 +49,7 @@ use hapi_wire::InvokeRequest;
 use hapi_wire::profile::ModelProfile;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Longest a profile request waits for its model to be loaded and for room to measure it
 /// (and no longer than its tenant's time limit).
@@ -332,6 +332,7 @@ impl Host {
         let deadline = Deadline::new(PROFILE_TIMEOUT.min(tenant.limits.timeout));
         let share = || -> Arc<dyn Pace> { self.runtime.share_for(tenant, deadline.at()) };
         let work = share();
+        let weight = tenant.limits.weight;
         let tenant = tenant.name.as_str();
         let pin = self
             .device
@@ -397,15 +398,24 @@ impl Host {
         let (id, owner) = (id.to_string(), tenant.to_string());
         let device = Arc::clone(&self.device);
         let (layers, pin) = tokio::task::spawn_blocking(move || {
-            // On a slot of the tenant's share, or not at all once its time is up; its time is
-            // the tenant's device time.
+            // Each run of a layer on a slot of the tenant's share, and none once its time is up
+            // (the measurement stops there, kept for no one); the time it runs is the tenant's
+            // device time, its waits for its share are not.
             let keep = keep == Some(batch);
-            let layers = work.pace().then(|| {
-                let started = std::time::Instant::now();
-                let layers = models.profile(&id, &pin.model, batch, keep, &owner);
-                device.charge(&owner, started.elapsed());
-                layers
-            });
+            let waited = std::cell::Cell::new(Duration::ZERO);
+            let go_on = || {
+                let asked = Instant::now();
+                let go = work.pace();
+                waited.set(waited.get() + asked.elapsed());
+                go
+            };
+            let started = Instant::now();
+            let layers = models.profile(&id, &pin.model, batch, keep, &owner, &go_on);
+            device.charge(
+                &owner,
+                weight,
+                started.elapsed().saturating_sub(waited.get()),
+            );
             drop(work);
             drop(held);
             drop(measuring);
@@ -415,8 +425,8 @@ impl Host {
         .await
         .map_err(|e| DeviceError::Failed(format!("profile worker: {e}")))?;
         let layers = layers
-            .ok_or(DeviceError::Expired(deadline.limit()))?
-            .map_err(DeviceError::Failed)?;
+            .map_err(DeviceError::Failed)?
+            .ok_or(DeviceError::Expired(deadline.limit()))?;
         Ok(self.profile_reply(model, &layers, &pin))
     }
 

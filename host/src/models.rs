@@ -26,7 +26,7 @@ use crate::account::text::panic_message;
 use crate::memory;
 use crate::policy::packages::{Found, PolicyModels};
 use crate::policy::{Policy, Tenant};
-use hapi_model::profile::profile_layers;
+use hapi_model::profile::profile_layers_while;
 use hapi_model::{Manifest, ModelPackage};
 use hapi_wire::profile::{LayerProfile, ModelMemory};
 use std::collections::{BTreeMap, HashMap};
@@ -113,13 +113,23 @@ impl<T> Memo<T> {
         &self,
         make: impl FnOnce() -> Result<Arc<T>, String>,
     ) -> Result<Arc<T>, String> {
+        self.get_or_try(|| make().map(Some))
+            .and_then(|made| made.ok_or_else(|| "not made".to_string()))
+    }
+
+    /// [`Self::get_or_make`] where `make` may stop short (`Ok(None)`, its caller's time is up):
+    /// nothing is kept then, neither value nor failure, and the next caller makes it.
+    pub(crate) fn get_or_try(
+        &self,
+        make: impl FnOnce() -> Result<Option<Arc<T>>, String>,
+    ) -> Result<Option<Arc<T>>, String> {
         if let Some(v) = self.done() {
-            return Ok(v);
+            return Ok(Some(v));
         }
         let mut failure = self.failure.lock().unwrap_or_else(PoisonError::into_inner);
         // Made while this caller waited.
         if let Some(v) = self.done() {
-            return Ok(v);
+            return Ok(Some(v));
         }
         if let Some(e) = self.kept(failure.as_ref()) {
             return Err(e);
@@ -129,10 +139,11 @@ impl<T> Memo<T> {
         let made = std::panic::catch_unwind(std::panic::AssertUnwindSafe(make))
             .unwrap_or_else(|p| Err(format!("panicked: {}", panic_message(p.as_ref()))));
         match &made {
-            Ok(v) => {
+            Ok(Some(v)) => {
                 let _ = self.value.set(Arc::clone(v));
                 *failure = None;
             }
+            Ok(None) => {}
             Err(e) => *failure = Some((e.clone(), Instant::now())),
         }
         made
@@ -517,7 +528,8 @@ impl Models {
     /// only, for [`UNKEPT_FOR`] ([`Models::profiled_for`]). A profile is a shared model's for
     /// all tenants: one measured at a smaller batch because a neighbour's work held the
     /// device's memory was kept, and every tenant planned its split from it until the host
-    /// restarted.
+    /// restarted. Measures while `go_on` answers true (it is asked before each run of a
+    /// layer); `Ok(None)` when it stopped, and nothing is kept for anyone then.
     pub fn profile(
         &self,
         name: &str,
@@ -525,15 +537,19 @@ impl Models {
         batch: i64,
         keep: bool,
         tenant: &str,
-    ) -> Result<Arc<Vec<LayerProfile>>, String> {
+        go_on: &dyn Fn() -> bool,
+    ) -> Result<Option<Arc<Vec<LayerProfile>>>, String> {
         let measure = || {
-            profile_layers(pkg, batch, PROFILE_REPS)
-                .map(Arc::new)
+            profile_layers_while(pkg, batch, PROFILE_REPS, go_on)
+                .map(|m| m.map(Arc::new))
                 .map_err(|e| e.to_string())
         };
         if !keep {
             let layers = std::panic::catch_unwind(std::panic::AssertUnwindSafe(measure))
                 .unwrap_or_else(|p| Err(format!("panicked: {}", panic_message(p.as_ref()))))?;
+            let Some(layers) = layers else {
+                return Ok(None);
+            };
             let mut unkept = self.unkept.lock().unwrap_or_else(PoisonError::into_inner);
             // At most one per (model, tenant), and none older than they are answered.
             unkept.retain(|_, (at, _)| at.elapsed() < UNKEPT_FOR);
@@ -541,9 +557,9 @@ impl Models {
                 (name.to_string(), tenant.to_string()),
                 (Instant::now(), Arc::clone(&layers)),
             );
-            return Ok(layers);
+            return Ok(Some(layers));
         }
-        Self::slot(&self.profiles, name).get_or_make(measure)
+        Self::slot(&self.profiles, name).get_or_try(measure)
     }
 }
 

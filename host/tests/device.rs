@@ -1218,8 +1218,9 @@ async fn a_profile_measured_at_a_smaller_batch_is_not_kept() {
     let pin = p.pin(&budget, model, "t", LONG).await.expect(model);
     let small = p
         .models
-        .profile(model, &pin.model, 1, false, "t")
-        .expect("measured");
+        .profile(model, &pin.model, 1, false, "t", &|| true)
+        .expect("measured")
+        .expect("not stopped");
     assert_eq!(small.first().map(|l| l.batch), Some(1));
     assert!(
         p.models.profiled(model).is_none(),
@@ -1233,11 +1234,65 @@ async fn a_profile_measured_at_a_smaller_batch_is_not_kept() {
     assert!(p.models.profiled_for(model, "u").is_none());
     let full = p
         .models
-        .profile(model, &pin.model, PROFILE_BATCH, true, "t")
-        .expect("measured");
+        .profile(model, &pin.model, PROFILE_BATCH, true, "t", &|| true)
+        .expect("measured")
+        .expect("not stopped");
     assert_eq!(full.first().map(|l| l.batch), Some(PROFILE_BATCH));
     let kept = p.models.profiled(model).expect("kept").expect("measured");
     assert!(Arc::ptr_eq(&kept, &full));
+}
+
+/// A measurement stops when its tenant's time is up (`go_on`, which the host makes its
+/// tenant's pace and deadline, answers false), and what it measured is kept for no one, as
+/// neither a profile nor a failure: the next caller measures. It ran to its end whatever the
+/// limit: a tenant with a 1 s limit held the model's turn, device memory and a core for a
+/// whole model's runs, every minute per model.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_profile_stops_when_its_tenants_time_is_up_and_keeps_nothing() {
+    use hapi_host::models::PROFILE_BATCH;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let _one = serial().lock().await;
+    let p = Packages::open();
+    let budget = Budget::new(4 << 30, RESIDENT_FOR);
+    let model = "resnet18";
+    let pin = p.pin(&budget, model, "t", LONG).await.expect(model);
+    let layers = pin.model.num_layers();
+    for keep in [false, true] {
+        let asked = AtomicUsize::new(0);
+        let three_runs = || asked.fetch_add(1, Ordering::SeqCst) < 3;
+        let stopped = p
+            .models
+            .profile(model, &pin.model, PROFILE_BATCH, keep, "t", &three_runs)
+            .expect("no failure");
+        assert!(stopped.is_none(), "keep {keep}: measured to its end");
+        assert_eq!(
+            asked.load(Ordering::SeqCst),
+            4,
+            "keep {keep}: ran past its stop"
+        );
+        assert!(p.models.profiled(model).is_none(), "keep {keep}: kept");
+        assert!(
+            p.models.profiled_for(model, "t").is_none(),
+            "keep {keep}: kept for t"
+        );
+    }
+    let asked = AtomicUsize::new(0);
+    let counted = || {
+        asked.fetch_add(1, Ordering::SeqCst);
+        true
+    };
+    let full = p
+        .models
+        .profile(model, &pin.model, PROFILE_BATCH, true, "t", &counted)
+        .expect("measured")
+        .expect("not stopped");
+    assert_eq!(full.len(), layers);
+    // Asked before each layer's warm-up and each of its timed runs.
+    assert_eq!(
+        asked.load(Ordering::SeqCst),
+        layers * (1 + hapi_host::models::PROFILE_REPS)
+    );
+    assert!(p.models.profiled(model).is_some());
 }
 
 /// A leader whose batch waits for batch mates (one sample, below its target, its window not

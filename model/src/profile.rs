@@ -10,6 +10,19 @@ pub use hapi_wire::profile::LayerProfile;
 /// Times every layer of `pkg` on a random batch of `batch` samples: one warm-up run, then the
 /// median of `reps` runs. Each layer gets the previous layer's real output as input.
 pub fn profile_layers(pkg: &ModelPackage, batch: i64, reps: usize) -> Result<Vec<LayerProfile>> {
+    let measured = profile_layers_while(pkg, batch, reps, &|| true)?;
+    Ok(measured.unwrap_or_default())
+}
+
+/// [`profile_layers`], asking `go_on` before each run of a layer (its warm-up included) and
+/// stopping with `None` the first time it answers false: a host measures on a tenant's behalf
+/// only within that tenant's time limit and share of the cores.
+pub fn profile_layers_while(
+    pkg: &ModelPackage,
+    batch: i64,
+    reps: usize,
+    go_on: &dyn Fn() -> bool,
+) -> Result<Option<Vec<LayerProfile>>> {
     let reps = reps.max(1);
     let shape: Vec<i64> = std::iter::once(batch)
         .chain(pkg.manifest().input.shape.iter().copied())
@@ -18,9 +31,15 @@ pub fn profile_layers(pkg: &ModelPackage, batch: i64, reps: usize) -> Result<Vec
     let mut x = Tensor::randn(shape.as_slice(), (tch::Kind::Float, pkg.device()));
     let mut out = Vec::with_capacity(pkg.num_layers());
     for (i, layer) in pkg.manifest().layers.iter().enumerate() {
+        if !go_on() {
+            return Ok(None);
+        }
         let mut y = pkg.run(i..i + 1, &x)?; // warm-up
         let mut times = Vec::with_capacity(reps);
         for _ in 0..reps {
+            if !go_on() {
+                return Ok(None);
+            }
             device::synchronize(pkg.device());
             let started = Instant::now();
             y = pkg.run(i..i + 1, &x)?;
@@ -37,5 +56,5 @@ pub fn profile_layers(pkg: &ModelPackage, batch: i64, reps: usize) -> Result<Vec
         });
         x = y;
     }
-    Ok(out)
+    Ok(Some(out))
 }

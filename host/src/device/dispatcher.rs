@@ -71,6 +71,9 @@ struct Incoming {
     calls: Vec<Call>,
     /// Batches the workers finished.
     done: Vec<Done>,
+    /// Device time used outside batches (a profile's measurement), by tenant: added to the
+    /// fair schedule's virtual times at the next round (bounded by the tenants: one entry each).
+    charges: HashMap<Arc<str>, (f64, u32)>,
     shutdown: bool,
 }
 
@@ -290,6 +293,15 @@ impl Shared {
         Ok(())
     }
 
+    /// Adds `took` of device time used outside batches to `tenant`'s virtual time, at the
+    /// dispatcher's next round.
+    pub fn charge(&self, tenant: &str, weight: u32, took: Duration) {
+        let mut incoming = lock(&self.incoming);
+        let owed = incoming.charges.entry(Arc::from(tenant)).or_default();
+        owed.0 += took.as_secs_f64();
+        owed.1 = weight;
+    }
+
     /// Stops the dispatcher; calls still queued are refused.
     pub fn shutdown(&self) {
         lock(&self.incoming).shutdown = true;
@@ -442,9 +454,25 @@ impl Dispatcher {
         }
         let arrived: Vec<Call> = incoming.calls.drain(..).collect();
         let done: Vec<Done> = incoming.done.drain(..).collect();
+        let charges = std::mem::take(&mut incoming.charges);
         drop(incoming);
         for d in done {
             self.complete(d);
+        }
+        for (tenant, (seconds, weight)) in charges {
+            // From where it would start if it had work now, so that the time is not lost in
+            // the floor an idle tenant comes back at.
+            if self.queues.get(&tenant).is_none_or(VecDeque::is_empty) {
+                let backlogged: Vec<Arc<str>> = self
+                    .queues
+                    .iter()
+                    .filter(|(_, q)| !q.is_empty())
+                    .map(|(t, _)| Arc::clone(t))
+                    .collect();
+                self.fair.arrive(&tenant, backlogged.iter());
+            }
+            // Above the floor, so `forget` keeps it while the tenant is away.
+            self.fair.charge(&tenant, seconds, weight);
         }
         let now = Instant::now();
         for call in arrived {

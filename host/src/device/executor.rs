@@ -82,9 +82,13 @@ impl Device {
     }
 
     /// Device time spent on `tenant`'s behalf outside its batches (a profile's measurement),
-    /// added to its `hapi_device_seconds_total`.
-    pub fn charge(&self, tenant: &str, took: Duration) {
+    /// added to its `hapi_device_seconds_total` and, with pooling, to its virtual time in the
+    /// fair schedule (at its `weight`): its batches then wait as if it had run a batch that long.
+    pub fn charge(&self, tenant: &str, weight: u32, took: Duration) {
         lock(&self.shared.stats).tenant(tenant).device_seconds += took.as_secs_f64();
+        if self.shared.config.pool {
+            self.shared.charge(tenant, weight, took);
+        }
     }
 
     /// The device's metric families, appended to `out`.

@@ -249,3 +249,76 @@ async fn a_request_refused_by_its_token_or_name_is_answered_while_its_body_is_se
         );
     }
 }
+
+/// A connection from `ip` that sends half a request's head and waits.
+async fn half_sent(ip: [u8; 4], url: &str) -> tokio::net::TcpStream {
+    use tokio::io::AsyncWriteExt;
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket
+        .bind(std::net::SocketAddr::from((ip, 0)))
+        .expect("bind a loopback address");
+    let addr: std::net::SocketAddr = url.trim_start_matches("http://").parse().expect("address");
+    let mut conn = socket.connect(addr).await.expect("connect");
+    conn.write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\n")
+        .await
+        .expect("half a head");
+    conn
+}
+
+/// Whether the host closed `conn` (it reads end of stream within 5 s).
+async fn closed(conn: &mut tokio::net::TcpStream) -> bool {
+    use tokio::io::AsyncReadExt;
+    let mut byte = [0u8; 1];
+    matches!(
+        tokio::time::timeout(std::time::Duration::from_secs(5), conn.read(&mut byte)).await,
+        Ok(Ok(0) | Err(_))
+    )
+}
+
+/// Clients from other addresses, each within its cap, hold every connection with half-sent
+/// heads: a tenant's request still gets in, closing the oldest connection that waits for a
+/// head, and never one with a request in flight (here an invocation older than all of them).
+/// The tenant's connection had been closed at once, however long the others held theirs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_waiting_for_a_head_make_room_for_a_request() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let store = tmp.path().join("store");
+    common::write_store(&store);
+    let text = common::policy_text_for(
+        &format!("store = \"{}\"", store.display()),
+        "max_connections = 8\nmax_connections_per_client = 4\nheader_timeout = \"60s\"",
+        &tmp.path().join("state"),
+    );
+    let h = TestHost::start_with(tmp, store, text).await;
+    let _ = common::guest("hostile");
+    let spin = h.client.post(format!("{}/v1/invoke/hostile", h.url))
+        .bearer_auth(ALICE)
+        .json(&json!({"bucket": "datasets", "keys": [], "options": {"mode": "spin", "iterations": "1500000000"}}))
+        .send();
+    let in_flight = tokio::spawn(spin);
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    // With the invocation's, every connection is taken.
+    let mut held = Vec::new();
+    for (ip, n) in [([127, 0, 0, 2], 4), ([127, 0, 0, 3], 3)] {
+        for _ in 0..n {
+            held.push(half_sent(ip, &h.url).await);
+        }
+    }
+    let fresh = common::http_client();
+    let healthy = fresh
+        .get(format!("{}/healthz", h.url))
+        .send()
+        .await
+        .expect("a tenant's request gets a connection");
+    assert_eq!(healthy.status(), 200);
+    assert!(
+        closed(&mut held[0]).await,
+        "the oldest waiting connection stays"
+    );
+    assert!(!closed(&mut held[1]).await, "more than one was closed");
+    let done = in_flight
+        .await
+        .expect("join")
+        .expect("the invocation ran to its end");
+    assert_eq!(common::raw(done).await, 1_500_000_000u64.to_le_bytes());
+}

@@ -94,8 +94,24 @@ async fn shutdown_signal() {
     tracing::info!("shutting down: finishing in-flight invocations");
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+/// When a stop began plus the `shutdown_timeout` in force then: the host's own work still in
+/// progress at that instant (a compile, a reload, a measurement on the blocking pool) is not
+/// waited for past it.
+static STOP_BY: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+
+fn main() -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let result = rt.block_on(run());
+    match STOP_BY.get() {
+        Some(by) => rt.shutdown_timeout(by.saturating_duration_since(std::time::Instant::now())),
+        None => drop(rt),
+    }
+    result
+}
+
+async fn run() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("HAPI_LOG")
@@ -229,7 +245,9 @@ async fn main() -> anyhow::Result<()> {
                 async {
                     shutdown_signal().await;
                     // The policy in force at the stop (a reload changes it).
-                    host.policy().host.http.shutdown_timeout
+                    let drain = host.policy().host.http.shutdown_timeout;
+                    let _ = STOP_BY.set(std::time::Instant::now() + drain);
+                    drain
                 },
             )
             .await;

@@ -434,7 +434,7 @@ fn the_metrics_listeners_connections_are_taken_from_the_hosts() {
 }
 
 #[test]
-fn the_shutdown_timeout_covers_the_longest_tenant_timeout_unless_set() {
+fn the_shutdown_timeout_covers_the_longest_tenant_timeout_and_body_unless_set() {
     let two = |host_extra: &str| {
         format!(
             "[host]\nstore = \"store\"\nmodels = \"models\"\nstate = \"state\"\n{host_extra}\n\n\
@@ -448,6 +448,12 @@ fn the_shutdown_timeout_covers_the_longest_tenant_timeout_unless_set() {
     assert_eq!(
         derived.host.http.shutdown_timeout,
         std::time::Duration::from_secs(150)
+    );
+    // An upload's body may take longer than any invocation.
+    let bodies = parse(&two("body_timeout = \"5m\"")).expect("valid");
+    assert_eq!(
+        bodies.host.http.shutdown_timeout,
+        std::time::Duration::from_secs(330)
     );
     let set = parse(&two("shutdown_timeout = \"10s\"")).expect("valid");
     assert_eq!(

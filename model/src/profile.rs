@@ -35,6 +35,8 @@ pub fn profile_layers_while(
             return Ok(None);
         }
         let mut y = pkg.run(i..i + 1, &x)?; // warm-up
+        // Done before `go_on` is asked (and the time it waits is left out of the measurement's).
+        device::synchronize(pkg.device());
         let mut times = Vec::with_capacity(reps);
         for _ in 0..reps {
             if !go_on() {

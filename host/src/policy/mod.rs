@@ -29,8 +29,8 @@
 //! header_timeout = "10s"               # a request's headers must arrive within this
 //! body_timeout = "60s"                 # and its body within this
 //! idle_timeout = "60s"                 # a connection that moves no byte for this long is closed
-//! shutdown_timeout = "60s"             # on SIGTERM, how long work in flight may take to finish
-//!                                      # (default: the longest tenant `timeout` + 30s)
+//! shutdown_timeout = "90s"             # on SIGTERM, how long work in flight may take to finish
+//!                                      # (default: the longest tenant `timeout` or body_timeout, + 30s)
 //! workers = 2                          # threads that run invocations (default: the cores)
 //! device_workers = 2                   # device batches run at once (default: CPU the cores, GPU 1)
 //!
@@ -112,8 +112,8 @@ pub const MAX_CONNECTIONS: u64 = 65_536;
 /// Range of the header, body and idle timeouts.
 pub const HTTP_TIMEOUT_RANGE: (Duration, Duration) =
     (Duration::from_millis(100), Duration::from_secs(3600));
-/// What a stop grants connections beyond the longest tenant `timeout` by default (the
-/// responses of invocations that end at their deadline are sent within it).
+/// What a stop grants connections beyond the longest tenant `timeout` (or `body_timeout`) by
+/// default: the responses of invocations that end at their deadline are sent within it.
 pub const SHUTDOWN_SLACK: Duration = Duration::from_secs(30);
 /// Most invocation worker threads.
 pub const MAX_WORKERS: u64 = 256;
@@ -167,8 +167,10 @@ pub struct HttpSettings {
     /// On shutdown, how long connections may take to finish their requests (an invocation in
     /// flight, a response being read) before they are closed: a client reading a response a
     /// byte at a time within `idle_timeout` would otherwise hold the host until its service
-    /// manager kills it. Default: the longest tenant `timeout` + [`SHUTDOWN_SLACK`]. Read from
-    /// the policy in force when the stop begins (a reload changes it).
+    /// manager kills it. Default: the longest tenant `timeout`, or `body_timeout` if longer (an
+    /// upload's body), + [`SHUTDOWN_SLACK`]. Read from the policy in force when the stop begins
+    /// (a reload changes it). The host's own work in progress then (a compile, a reload) is
+    /// given what is left of it, and stopped with the process after.
     pub shutdown_timeout: Duration,
     /// Largest request body (component uploads; invocations have their own, smaller bound).
     pub max_request: usize,

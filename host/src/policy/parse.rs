@@ -363,8 +363,10 @@ impl Policy {
         separate_directories(&ctx, &raw, &host, &tenants)?;
         let mut host = host;
         if raw.host.shutdown_timeout.is_none() {
+            // An invocation to its deadline, or an upload's body to the body timeout.
             let longest = tenants.values().map(|t| t.limits.timeout).max();
-            host.http.shutdown_timeout = longest.unwrap_or_default() + SHUTDOWN_SLACK;
+            host.http.shutdown_timeout =
+                longest.unwrap_or_default().max(host.http.body_timeout) + SHUTDOWN_SLACK;
         }
         Ok(Policy { host, tenants })
     }

@@ -275,12 +275,16 @@ async fn closed(conn: &mut tokio::net::TcpStream) -> bool {
     )
 }
 
-/// Clients from other addresses, each within its cap, hold every connection with half-sent
-/// heads: a tenant's request still gets in, closing the oldest connection that waits for a
-/// head, and never one with a request in flight (here an invocation older than all of them).
-/// The tenant's connection had been closed at once, however long the others held theirs.
+/// Clients from other addresses, each within its cap and without a token, hold every
+/// connection: four with requests whose bodies they withhold (the host waits for an unread body
+/// before it answers), three with half-sent heads. A tenant's request still gets in, closing
+/// the oldest connection that carries no tenant's request, never one that does (here an
+/// invocation older than all of them). The tenant's connection had been closed at once; a first
+/// version of the fix counted a connection as busy from any request's head, so withheld bodies
+/// held connections it never closed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn connections_waiting_for_a_head_make_room_for_a_request() {
+async fn connections_without_a_tenants_request_make_room_for_one() {
+    use tokio::io::AsyncWriteExt;
     let tmp = tempfile::tempdir().expect("tmp");
     let store = tmp.path().join("store");
     common::write_store(&store);
@@ -296,13 +300,27 @@ async fn connections_waiting_for_a_head_make_room_for_a_request() {
         .json(&json!({"bucket": "datasets", "keys": [], "options": {"mode": "spin", "iterations": "1500000000"}}))
         .send();
     let in_flight = tokio::spawn(spin);
-    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    // Admitted, so authenticated: its connection is busy.
+    let alice = std::sync::Arc::clone(&h.host.policy().tenants["alice"]);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while h.host.admission(&alice).load().0 == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the invocation never ran"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
     // With the invocation's, every connection is taken.
     let mut held = Vec::new();
-    for (ip, n) in [([127, 0, 0, 2], 4), ([127, 0, 0, 3], 3)] {
-        for _ in 0..n {
-            held.push(half_sent(ip, &h.url).await);
-        }
+    for _ in 0..4 {
+        let mut conn = half_sent([127, 0, 0, 2], &h.url).await;
+        conn.write_all(b"content-type: application/json\r\ncontent-length: 10\r\n\r\n")
+            .await
+            .expect("a head, and no body");
+        held.push(conn);
+    }
+    for _ in 0..3 {
+        held.push(half_sent([127, 0, 0, 3], &h.url).await);
     }
     let fresh = common::http_client();
     let healthy = fresh
@@ -311,10 +329,7 @@ async fn connections_waiting_for_a_head_make_room_for_a_request() {
         .await
         .expect("a tenant's request gets a connection");
     assert_eq!(healthy.status(), 200);
-    assert!(
-        closed(&mut held[0]).await,
-        "the oldest waiting connection stays"
-    );
+    assert!(closed(&mut held[0]).await, "the oldest connection stays");
     assert!(!closed(&mut held[1]).await, "more than one was closed");
     let done = in_flight
         .await

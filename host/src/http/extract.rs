@@ -51,7 +51,17 @@ impl FromRequestParts<Arc<Host>> for Authed {
                 })
         });
         // No tenant to charge: counted apart, so that guessing and missing tokens show.
-        found.inspect_err(|e| host.metrics.unauthenticated(e.code.as_str()))
+        let found = found.inspect_err(|e| host.metrics.unauthenticated(e.code.as_str()))?;
+        busy(parts);
+        Ok(found)
+    }
+}
+
+/// An authenticated request: its connection is not closed for a newcomer until its response
+/// is sent (`http/conns.rs`).
+fn busy(parts: &Parts) {
+    if let Some(c) = parts.extensions.get::<crate::http::conns::Carried>() {
+        c.authenticated();
     }
 }
 
@@ -75,7 +85,10 @@ impl FromRequestParts<Arc<Host>> for Operator {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, host: &Arc<Host>) -> Result<Self, ApiError> {
-        Self::check(parts, host).inspect_err(|e| host.metrics.unauthenticated(e.code.as_str()))
+        let operator = Self::check(parts, host)
+            .inspect_err(|e| host.metrics.unauthenticated(e.code.as_str()))?;
+        busy(parts);
+        Ok(operator)
     }
 }
 

@@ -11,6 +11,7 @@
 //!
 //! The HTTP layer knows the wire contract (`hapi-wire`), not the guest ABI.
 
+pub mod conns;
 pub mod errors;
 pub mod extract;
 pub mod functions;

@@ -1,7 +1,9 @@
 //! The accept loop: what a connection may cost the host.
 //!
 //! - at most `max_connections` open, and `max_connections_per_client` from one address; a
-//!   connection past either is closed at once (the descriptors stay for everyone else);
+//!   connection past its client's cap is closed at once (the descriptors stay for everyone
+//!   else), and one past `max_connections` closes one that carries no tenant's request
+//!   (`conns.rs`), or is closed at once when every one does;
 //! - a request's headers must arrive within `header_timeout` (also the wait for the next request
 //!   on a kept-alive connection), and its head (request line and headers) is at most
 //!   [`MAX_HEAD`] (431 past it): hyper buffers a head as it arrives, before anyone is known, up
@@ -11,15 +13,15 @@
 //!   finish (each within its deadline) within `shutdown_timeout`, when the connections still
 //!   open are closed.
 
+pub use crate::http::conns::Connections;
+use crate::http::conns::{Carried, Counted, Track};
 use crate::policy::HttpSettings;
 use axum::Router;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
-use std::collections::{BTreeMap, HashMap};
-use std::net::IpAddr;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -34,140 +36,12 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(20);
 /// threshold): every request of the API has a head of well under 1 KiB and a token.
 pub const MAX_HEAD: usize = 64 << 10;
 
-/// Open connections, in all and per client address, and those with no request in flight
-/// (waiting for a request's head: the first, or the next on a kept-alive connection).
-///
-/// When every connection is taken, a new one closes the oldest of those waiting: without a
-/// request in flight it holds nothing but its socket, and clients from many addresses (an
-/// IPv6 prefix has billions), each within `max_connections_per_client`, could otherwise hold
-/// every connection with half-sent heads, renewed every `header_timeout`, and keep every
-/// tenant out. A request's connection is never closed for another.
-#[derive(Debug, Default)]
-pub struct Connections {
-    state: Mutex<State>,
-}
-
-#[derive(Debug, Default)]
-struct State {
-    open: usize,
-    per_client: HashMap<IpAddr, usize>,
-    /// Connections with no request in flight, oldest first, and how to close each.
-    waiting: BTreeMap<u64, Arc<tokio::sync::Notify>>,
-    next: u64,
-}
-
-/// One connection's place: whether a request of it is in flight, and its close signal.
-#[derive(Debug)]
-struct Place {
-    conns: Arc<Connections>,
-    id: u64,
-    close: Arc<tokio::sync::Notify>,
-}
-
-impl Place {
-    fn state(&self) -> std::sync::MutexGuard<'_, State> {
-        self.conns
-            .state
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// A request's head arrived: the connection is not closed for another until its response
-    /// is sent.
-    fn busy(&self) {
-        self.state().waiting.remove(&self.id);
-    }
-
-    /// Its response was sent (or dropped): it waits for the next head, and may be closed for
-    /// a new connection. Not if it is gone.
-    fn waiting(&self, open: &std::sync::atomic::AtomicBool) {
-        let mut s = self.state();
-        if open.load(std::sync::atomic::Ordering::Relaxed) {
-            s.waiting.insert(self.id, Arc::clone(&self.close));
-        }
-    }
-}
-
-/// A connection counted while it is open.
-#[derive(Debug)]
-pub struct Counted {
-    place: Arc<Place>,
-    ip: IpAddr,
-    /// False once the connection is gone (a response body dropped after it must not make it
-    /// waiting again).
-    open: Arc<std::sync::atomic::AtomicBool>,
-}
-
-impl Drop for Counted {
-    fn drop(&mut self) {
-        let mut s = self.place.state();
-        self.open.store(false, std::sync::atomic::Ordering::Relaxed);
-        s.open -= 1;
-        s.waiting.remove(&self.place.id);
-        if let Some(n) = s.per_client.get_mut(&self.ip) {
-            *n -= 1;
-            if *n == 0 {
-                s.per_client.remove(&self.ip);
-            }
-        }
-    }
-}
-
-impl Counted {
-    /// Resolves when the connection is closed to make room for a new one.
-    pub async fn closed(&self) {
-        self.place.close.notified().await;
-    }
-}
-
-impl Connections {
-    /// Counts a new connection from `ip`, unless it would go over its client's cap; when all
-    /// `max` are open, it closes the oldest one with no request in flight to make room, and is
-    /// refused if every one has a request in flight. (Until that one's task ends, a moment
-    /// later, one more than `max` is counted.)
-    pub fn enter(self: &Arc<Self>, ip: IpAddr, max: usize, per_client: usize) -> Option<Counted> {
-        let mut s = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        let mine = s.per_client.get(&ip).copied().unwrap_or(0);
-        if mine >= per_client {
-            return None;
-        }
-        if s.open >= max {
-            let (_, close) = s.waiting.pop_first()?;
-            close.notify_one();
-        }
-        s.open += 1;
-        *s.per_client.entry(ip).or_default() += 1;
-        let id = s.next;
-        s.next += 1;
-        let close = Arc::new(tokio::sync::Notify::new());
-        s.waiting.insert(id, Arc::clone(&close));
-        Some(Counted {
-            place: Arc::new(Place {
-                conns: Arc::clone(self),
-                id,
-                close,
-            }),
-            ip,
-            open: Arc::new(std::sync::atomic::AtomicBool::new(true)),
-        })
-    }
-
-    /// Connections open now.
-    pub fn open(&self) -> usize {
-        self.state
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .open
-    }
-}
-
-/// The router for one connection: marks it busy from a request's head to the end of its
-/// response's body (when hyper drops it), so that it is never closed for another meanwhile.
+/// The router for one connection: each request carries the connection ([`Carried`]), which
+/// its authentication makes busy until its response is sent (`http/conns.rs`).
 #[derive(Clone)]
 struct Tracked {
     inner: TowerToHyperService<Router>,
-    place: Arc<Place>,
-    open: Arc<std::sync::atomic::AtomicBool>,
+    track: Track,
 }
 
 impl hyper::service::Service<hyper::Request<hyper::body::Incoming>> for Tracked {
@@ -175,35 +49,11 @@ impl hyper::service::Service<hyper::Request<hyper::body::Incoming>> for Tracked 
     type Error = std::convert::Infallible;
     type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
 
-    fn call(&self, req: hyper::Request<hyper::body::Incoming>) -> Self::Future {
-        use http_body_util::BodyExt;
-        self.place.busy();
+    fn call(&self, mut req: hyper::Request<hyper::body::Incoming>) -> Self::Future {
+        let carried = Carried::new(self.track.clone());
+        req.extensions_mut().insert(carried.clone());
         let answered = self.inner.call(req);
-        let done = Sent {
-            place: Arc::clone(&self.place),
-            open: Arc::clone(&self.open),
-        };
-        Box::pin(async move {
-            let resp = answered.await?;
-            Ok(resp.map(|body| {
-                axum::body::Body::new(body.map_frame(move |frame| {
-                    let _held = &done;
-                    frame
-                }))
-            }))
-        })
-    }
-}
-
-/// Dropped with a response's body: its connection waits for the next request.
-struct Sent {
-    place: Arc<Place>,
-    open: Arc<std::sync::atomic::AtomicBool>,
-}
-
-impl Drop for Sent {
-    fn drop(&mut self) {
-        self.place.waiting(&self.open);
+        Box::pin(async move { Ok(carried.respond(answered.await?)) })
     }
 }
 
@@ -376,8 +226,7 @@ fn connection(
             io,
             Tracked {
                 inner: TowerToHyperService::new(router),
-                place: Arc::clone(&counted.place),
-                open: Arc::clone(&counted.open),
+                track: counted.track(),
             },
         )
 }
@@ -385,42 +234,6 @@ fn connection(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn connections_are_capped_per_client_and_the_oldest_waiting_makes_room() {
-        let c = Arc::new(Connections::default());
-        let a: IpAddr = [127, 0, 0, 1].into();
-        let b: IpAddr = [127, 0, 0, 2].into();
-        let a1 = c.enter(a, 3, 2).expect("first");
-        let a2 = c.enter(a, 3, 2).expect("second");
-        assert!(c.enter(a, 3, 2).is_none(), "per client");
-        let b1 = c.enter(b, 3, 2).expect("another client");
-        // All three taken; a1 and b1 have requests in flight, a2 waits for its head: it is
-        // closed for the newcomer.
-        a1.place.busy();
-        b1.place.busy();
-        let b2 = c.enter(b, 3, 2).expect("room made");
-        let closed = a2.closed();
-        futures_now(closed);
-        drop(a2);
-        assert_eq!(c.open(), 3);
-        // Every one in flight: refused.
-        b2.place.busy();
-        assert!(c.enter(b, 3, 3).is_none(), "all in flight");
-        // A response sent: that connection waits again, and is the one closed.
-        b1.place.waiting(&b1.open);
-        let _b3 = c.enter(b, 3, 3).expect("room made again");
-        futures_now(b1.closed());
-        drop(a1);
-    }
-
-    /// Polls `f` once: it must be ready.
-    fn futures_now(f: impl Future<Output = ()>) {
-        let mut f = std::pin::pin!(f);
-        let waker = std::task::Waker::noop();
-        let mut cx = Context::from_waker(waker);
-        assert!(f.as_mut().poll(&mut cx).is_ready(), "not closed");
-    }
 
     #[tokio::test]
     async fn vectored_writes_pass_through_and_stall_out() {

@@ -1,0 +1,331 @@
+//! Open connections, in all and per client address, and which of them may be closed to make
+//! room for a new one.
+//!
+//! When every connection is taken, a new one closes one that carries no request of a tenant (or
+//! of the operator): one whose client has sent no token yet (a half-sent head, a request still
+//! being read or refused), or that waits for its next request. Clients from many addresses (an
+//! IPv6 prefix holds billions), each within `max_connections_per_client`, could otherwise hold
+//! every connection with half-sent heads renewed every `header_timeout`, and keep every tenant
+//! out. Those that never carried an authenticated request go first, oldest first; then those
+//! that did, the longest idle first. A connection is busy from its request's authentication to
+//! the last byte of its response leaving hyper (its chunks are dropped once written), and is
+//! never closed for another meanwhile. A newcomer is refused when every connection is busy.
+
+use axum::body::{Body, Bytes};
+use std::collections::{BTreeMap, HashMap};
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+/// Open connections and their states.
+#[derive(Debug, Default)]
+pub struct Connections {
+    state: Mutex<State>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    open: usize,
+    per_client: HashMap<IpAddr, usize>,
+    /// Connections that may be closed for a newcomer, in the order they are: by (whether it
+    /// carried an authenticated request, when it became idle).
+    idle: BTreeMap<(bool, u64), u64>,
+    conns: HashMap<u64, Conn>,
+    next: u64,
+}
+
+#[derive(Debug)]
+struct Conn {
+    /// Its key in `idle`, while it is there.
+    idle: Option<(bool, u64)>,
+    /// Authenticated requests in flight (each until its response's last chunk is dropped).
+    busy: usize,
+    served: bool,
+    /// Chosen to be closed for a newcomer; a request authenticated before the connection's task
+    /// saw it takes that back.
+    closing: bool,
+    close: Arc<tokio::sync::Notify>,
+}
+
+impl State {
+    fn make_idle(&mut self, id: u64) {
+        let seq = self.next;
+        let Some(c) = self.conns.get_mut(&id) else {
+            return;
+        };
+        if c.busy > 0 || c.closing || c.idle.is_some() {
+            return;
+        }
+        let key = (c.served, seq);
+        c.idle = Some(key);
+        self.idle.insert(key, id);
+        self.next += 1;
+    }
+}
+
+fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// A connection counted while it is open.
+#[derive(Debug)]
+pub struct Counted {
+    track: Track,
+    ip: IpAddr,
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        let mut s = lock(&self.track.conns.state);
+        s.open -= 1;
+        if let Some(c) = s.conns.remove(&self.track.id)
+            && let Some(key) = c.idle
+        {
+            s.idle.remove(&key);
+        }
+        if let Some(n) = s.per_client.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                s.per_client.remove(&self.ip);
+            }
+        }
+    }
+}
+
+impl Counted {
+    /// Resolves when the connection is to be closed for a newcomer.
+    pub async fn closed(&self) {
+        let close = {
+            let s = lock(&self.track.conns.state);
+            match s.conns.get(&self.track.id) {
+                Some(c) => Arc::clone(&c.close),
+                None => return,
+            }
+        };
+        loop {
+            close.notified().await;
+            let s = lock(&self.track.conns.state);
+            if s.conns.get(&self.track.id).is_none_or(|c| c.closing) {
+                return;
+            }
+        }
+    }
+
+    /// What the connection's requests carry (see [`Track`]).
+    pub fn track(&self) -> Track {
+        self.track.clone()
+    }
+}
+
+impl Connections {
+    /// Counts a new connection from `ip`, unless it would go over its client's cap; when all
+    /// `max` are open, it closes one that carries no authenticated request (see the module's
+    /// doc), and is refused if every one does. (Until that one's task ends, a moment later, one
+    /// more than `max` is counted.)
+    pub fn enter(self: &Arc<Self>, ip: IpAddr, max: usize, per_client: usize) -> Option<Counted> {
+        let mut s = lock(&self.state);
+        let mine = s.per_client.get(&ip).copied().unwrap_or(0);
+        if mine >= per_client {
+            return None;
+        }
+        if s.open >= max {
+            let (_, victim) = s.idle.pop_first()?;
+            if let Some(c) = s.conns.get_mut(&victim) {
+                c.idle = None;
+                c.closing = true;
+                c.close.notify_one();
+            }
+        }
+        s.open += 1;
+        *s.per_client.entry(ip).or_default() += 1;
+        let id = s.next;
+        s.next += 1;
+        s.conns.insert(
+            id,
+            Conn {
+                idle: None,
+                busy: 0,
+                served: false,
+                closing: false,
+                close: Arc::new(tokio::sync::Notify::new()),
+            },
+        );
+        s.make_idle(id);
+        Some(Counted {
+            track: Track {
+                conns: Arc::clone(self),
+                id,
+            },
+            ip,
+        })
+    }
+
+    /// Connections open now.
+    pub fn open(&self) -> usize {
+        lock(&self.state).open
+    }
+}
+
+/// A connection, as its requests carry it (a request extension): authenticating a request
+/// makes the connection busy until its response is sent ([`Track::busy`]).
+#[derive(Debug, Clone)]
+pub struct Track {
+    conns: Arc<Connections>,
+    id: u64,
+}
+
+impl Track {
+    /// A request of this connection was authenticated: it is not closed for a newcomer until
+    /// the returned guard, and every chunk of the response it is put into, are dropped.
+    pub fn busy(&self) -> Arc<Busy> {
+        let mut s = lock(&self.conns.state);
+        if let Some(c) = s.conns.get_mut(&self.id) {
+            c.busy += 1;
+            c.served = true;
+            // Authenticated before its task saw the close: the request goes on.
+            c.closing = false;
+            if let Some(key) = c.idle.take() {
+                s.idle.remove(&key);
+            }
+        }
+        Arc::new(Busy(self.clone()))
+    }
+}
+
+/// A connection's authenticated request in flight; dropped with its response's last chunk.
+#[derive(Debug)]
+pub struct Busy(Track);
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        let mut s = lock(&self.0.conns.state);
+        if let Some(c) = s.conns.get_mut(&self.0.id) {
+            c.busy = c.busy.saturating_sub(1);
+        }
+        s.make_idle(self.0.id);
+    }
+}
+
+/// What a request carries of its connection (an extension the server adds to each request):
+/// [`Carried::authenticated`] makes the connection busy until the response
+/// ([`Carried::respond`]) is sent.
+#[derive(Debug, Clone)]
+pub struct Carried {
+    track: Track,
+    busy: Arc<Mutex<Option<Arc<Busy>>>>,
+}
+
+impl Carried {
+    pub fn new(track: Track) -> Self {
+        Self {
+            track,
+            busy: Arc::default(),
+        }
+    }
+
+    /// The request's token is a tenant's or the operator's.
+    pub fn authenticated(&self) {
+        let mut busy = self.busy.lock().unwrap_or_else(PoisonError::into_inner);
+        if busy.is_none() {
+            *busy = Some(self.track.busy());
+        }
+    }
+
+    /// The response, holding the connection busy until its last chunk is written, if the
+    /// request was authenticated.
+    pub fn respond(&self, resp: axum::response::Response) -> axum::response::Response {
+        let busy = self
+            .busy
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        match busy {
+            Some(busy) => resp.map(|body| holding(body, busy)),
+            None => resp,
+        }
+    }
+}
+
+/// `body` with `busy` held by the body and by each of its chunks, so that it is dropped when
+/// the response's last byte has been written to the socket (hyper drops each chunk once
+/// written, and ends the body earlier, with up to its write buffer still to write).
+pub fn holding(body: Body, busy: Arc<Busy>) -> Body {
+    use http_body_util::BodyExt;
+    Body::new(body.map_frame(move |frame| {
+        frame.map_data(|bytes| {
+            Bytes::from_owner(Holding {
+                bytes,
+                _busy: Arc::clone(&busy),
+            })
+        })
+    }))
+}
+
+struct Holding {
+    bytes: Bytes,
+    _busy: Arc<Busy>,
+}
+
+impl AsRef<[u8]> for Holding {
+    fn as_ref(&self) -> &[u8] {
+        &self.bytes
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::future::Future;
+    use std::task::Context;
+
+    /// Polls `f` once: whether it is ready.
+    fn ready(f: impl Future<Output = ()>) -> bool {
+        let mut f = std::pin::pin!(f);
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        f.as_mut().poll(&mut cx).is_ready()
+    }
+
+    #[test]
+    fn a_newcomer_closes_one_that_carries_no_authenticated_request() {
+        let c = Arc::new(Connections::default());
+        let a: IpAddr = [127, 0, 0, 1].into();
+        let b: IpAddr = [127, 0, 0, 2].into();
+        let a1 = c.enter(a, 3, 2).expect("first");
+        let a2 = c.enter(a, 3, 2).expect("second");
+        assert!(c.enter(a, 3, 2).is_none(), "per client");
+        let b1 = c.enter(b, 3, 2).expect("another client");
+        // a1 served a tenant and waits for its next request; a2 and b1 never carried one:
+        // a2, the older of those, is closed first, then b1, then a1.
+        drop(a1.track().busy());
+        let b2 = c.enter(b, 3, 2).expect("room made");
+        assert!(ready(a2.closed()), "a2 not closed");
+        assert!(!ready(b1.closed()) && !ready(a1.closed()));
+        drop(a2);
+        let busy_b2 = b2.track().busy();
+        let a3 = c.enter(a, 3, 2).expect("room made");
+        assert!(ready(b1.closed()), "b1 not closed");
+        drop(b1);
+        let _busy_a3 = a3.track().busy();
+        let b3 = c.enter(b, 3, 3).expect("room made");
+        assert!(ready(a1.closed()), "a1 not closed");
+        drop(a1);
+        // Every one busy but b3, which is closed for the next; then all busy: refused.
+        let _busy_b3 = b3.track().busy();
+        assert!(c.enter(b, 3, 3).is_none(), "all busy");
+        // A response sent: its connection may be closed again.
+        drop(busy_b2);
+        let _b4 = c.enter(b, 3, 3).expect("room made again");
+        assert!(ready(b2.closed()));
+        // A request authenticated before its connection's task saw the close goes on.
+        assert_eq!(c.open(), 4, "one over until b2's task ends");
+    }
+
+    #[test]
+    fn a_request_authenticated_before_its_close_is_seen_goes_on() {
+        let c = Arc::new(Connections::default());
+        let a: IpAddr = [127, 0, 0, 1].into();
+        let a1 = c.enter(a, 1, 2).expect("first");
+        let _a2 = c.enter(a, 1, 2).expect("room made");
+        let _busy = a1.track().busy();
+        assert!(!ready(a1.closed()), "closed with a request in flight");
+    }
+}

@@ -925,6 +925,41 @@ async fn a_first_load_that_outlasts_the_limit_is_answered_429_and_goes_on() {
     );
 }
 
+/// A package whose files change on disk while the host runs is not loaded again until a
+/// restart: its memory model, and what a reload keeps serving, are of the files the host read.
+/// A layer file changed under an unchanged manifest had been loaded as it was now, beside the
+/// memory model of the old one.
+#[test]
+fn a_package_changed_on_disk_is_not_loaded_again_until_a_restart() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let models = tmp.path().join("models");
+    let source = hapi_model::models_dir().join("resnet18");
+    let pkg = models.join("resnet18");
+    std::fs::create_dir_all(&pkg).expect("mkdir");
+    for entry in std::fs::read_dir(&source).expect("package") {
+        let path = entry.expect("entry").path();
+        std::fs::copy(&path, pkg.join(path.file_name().expect("name"))).expect("copy");
+    }
+    let text = common::policy_text(&tmp.path().join("store"), &tmp.path().join("state")).replace(
+        &hapi_model::models_dir().display().to_string(),
+        &models.display().to_string(),
+    );
+    let policy =
+        hapi_host::policy::Policy::parse("policy.toml", &text, tmp.path()).expect("policy");
+    let m = hapi_host::models::Models::open(&policy, tch::Device::Cpu, None).expect("models");
+    assert!(m.load("resnet18").is_ok(), "the package as read");
+    // Other weights in a layer's file, of the same shape (the next block's, as retrained
+    // weights would be); the manifest unchanged.
+    std::fs::copy(pkg.join("05_layer1_1.pt"), pkg.join("04_layer1_0.pt")).expect("swap");
+    match m.load("resnet18") {
+        Ok(_) => panic!("the changed files were loaded"),
+        Err(e) => assert!(
+            e.contains("changed on disk") && e.contains("after a restart"),
+            "{e}"
+        ),
+    }
+}
+
 /// A libtorch error inside a device batch (here: a package whose layer 1 is another layer's
 /// TorchScript, so running it fails) fails that batch's call with 500 `host_fault` and a request
 /// id, with no internals in the body; the dispatcher serves the next call.

@@ -41,7 +41,8 @@ pub fn scan(dirs: &[PathBuf]) -> Result<BTreeMap<String, Found>, String> {
     Ok(found)
 }
 
-fn read_package(pkg: &Path) -> Result<Found, String> {
+/// The package in `pkg` as it is on disk now.
+pub fn read_package(pkg: &Path) -> Result<Found, String> {
     let (m, bytes) = Manifest::load_with_bytes(pkg).map_err(|e| e.to_string())?;
     let manifest_digest = super::hash_bytes(&bytes);
     let mut stamp = manifest_digest.clone();

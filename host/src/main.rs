@@ -80,6 +80,13 @@ async fn return_freed_memory() {
     }
 }
 
+/// A line on stdout, if anyone reads it.
+fn said(line: &str) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}").and_then(|()| out.flush());
+}
+
 async fn shutdown_signal() {
     let term = async {
         if let Ok(mut s) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
@@ -195,10 +202,14 @@ async fn run() -> anyhow::Result<()> {
             #[cfg(all(target_os = "linux", target_env = "gnu"))]
             tokio::spawn(return_freed_memory());
             // Tests and scripts read the bound address from this line.
-            println!("listening on http://{}", listener.local_addr()?);
+            // Written, not printed: `println!` panics when stdout is gone (a reader that took
+            // the first line and closed its pipe), which stopped the host.
+            said(&format!("listening on http://{}", listener.local_addr()?));
+            // The API's connections, which both listeners' `/metrics` report.
+            let conns = Arc::new(Connections::default());
             if let (Some(l), Some(settings)) = (metrics_listener, metrics_settings) {
-                println!("metrics on http://{}", l.local_addr()?);
-                let router = http::metrics_router(Arc::clone(&host));
+                said(&format!("metrics on http://{}", l.local_addr()?));
+                let router = http::metrics_router(Arc::clone(&host), Arc::clone(&conns));
                 tokio::spawn(http::serve(
                     l,
                     router,
@@ -236,7 +247,6 @@ async fn run() -> anyhow::Result<()> {
                     }
                 }
             });
-            let conns = Arc::new(Connections::default());
             http::serve(
                 listener,
                 http::router(Arc::clone(&host), Arc::clone(&conns)),

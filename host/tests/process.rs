@@ -115,9 +115,15 @@ async fn sigterm_stops_the_host_within_its_shutdown_timeout_whatever_a_client_re
     let tmp = tempfile::tempdir().expect("tmp");
     let store = tmp.path().join("store");
     std::fs::create_dir_all(&store).expect("mkdir");
+    // A free port for the metrics listener.
+    let metrics = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port");
     let text = common::policy_text_for(
         &format!("store = \"{}\"", store.display()),
-        "idle_timeout = \"600s\"\nshutdown_timeout = \"1s\"",
+        &format!(
+            "idle_timeout = \"600s\"\nshutdown_timeout = \"1s\"\nmetrics_listen = \"{metrics}\""
+        ),
         &tmp.path().join("state"),
     );
     let policy = tmp.path().join("policy.toml");
@@ -159,6 +165,16 @@ async fn sigterm_stops_the_host_within_its_shutdown_timeout_whatever_a_client_re
         "{}",
         String::from_utf8_lossy(&head)
     );
+    // The metrics listener reports the API's connections (it had none of its own to report).
+    let text = common::http_client()
+        .get(format!("http://{metrics}/metrics"))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    assert!(text.contains("\nhapi_http_connections 1\n"), "{text}");
 
     let stopping = Instant::now();
     signal(&server.child, libc::SIGTERM);

@@ -172,11 +172,12 @@ pub fn router(host: Arc<Host>, conns: Arc<Connections>) -> Router {
 
 /// `/metrics` without a token and `/healthz`, for `host.metrics_listen` (an address only the
 /// operator's monitoring reaches).
-pub fn metrics_router(host: Arc<Host>) -> Router {
+pub fn metrics_router(host: Arc<Host>, conns: Arc<Connections>) -> Router {
     Router::new()
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok\n" }))
         .fallback(|| async { ApiError::new(ErrorCode::NoRoute, "no such endpoint") })
+        .layer(Extension(conns))
         .layer(middleware::from_fn(request_id))
         .with_state(host)
 }

@@ -34,6 +34,14 @@
 //! workers = 2                          # threads that run invocations (default: the cores)
 //! device_workers = 2                   # device batches run at once (default: CPU the cores, GPU 1)
 //!
+//! [host.s3]                            # with store = "s3://"
+//! endpoint = "http://127.0.0.1:8333"   # the S3 service (empty: AWS); plain http allowed
+//! region = "us-east-1"
+//! access_key_id = "..."                # both or neither (else AWS_ACCESS_KEY_ID / ..._SECRET_...)
+//! secret_access_key = "..."
+//! seaweedfs_filer = "http://10.0.0.2:8888"       # beside a SeaweedFS volume server, both or
+//! local_volume_server = "http://10.0.0.11:8080"  # neither: read the replicas it holds from it
+//!
 //! [tenants.alice]
 //! token_sha256 = "<hex of sha256(token)>"   # `hapi-host hash-token` prints it
 //! grants = [{ bucket = "datasets", prefix = "fashion-mnist/" }]

@@ -430,6 +430,20 @@ impl Dispatcher {
         true
     }
 
+    /// `tenant` has work (or owes device time) again: if it had none queued, it starts at the
+    /// fair schedule's floor among the tenants that have ([`Fair::arrive`]).
+    fn arrive_if_idle(&mut self, tenant: &Arc<str>) {
+        if self.queues.get(tenant).is_none_or(VecDeque::is_empty) {
+            let backlogged: Vec<Arc<str>> = self
+                .queues
+                .iter()
+                .filter(|(_, q)| !q.is_empty())
+                .map(|(t, _)| Arc::clone(t))
+                .collect();
+            self.fair.arrive(tenant, backlogged.iter());
+        }
+    }
+
     /// Takes newly arrived calls and finished batches, waiting when there is nothing to do.
     /// False on shutdown.
     fn admit(&mut self) -> bool {
@@ -461,17 +475,9 @@ impl Dispatcher {
         }
         for (tenant, (seconds, weight)) in charges {
             // From where it would start if it had work now, so that the time is not lost in
-            // the floor an idle tenant comes back at.
-            if self.queues.get(&tenant).is_none_or(VecDeque::is_empty) {
-                let backlogged: Vec<Arc<str>> = self
-                    .queues
-                    .iter()
-                    .filter(|(_, q)| !q.is_empty())
-                    .map(|(t, _)| Arc::clone(t))
-                    .collect();
-                self.fair.arrive(&tenant, backlogged.iter());
-            }
-            // Above the floor, so `forget` keeps it while the tenant is away.
+            // the floor an idle tenant comes back at; above that floor, `forget` keeps it
+            // while the tenant is away.
+            self.arrive_if_idle(&tenant);
             self.fair.charge(&tenant, seconds, weight);
         }
         let now = Instant::now();
@@ -479,16 +485,7 @@ impl Dispatcher {
             let id = self.next_id;
             self.next_id += 1;
             let tenant = Arc::clone(&call.tenant);
-            let idle = self.queues.get(&tenant).is_none_or(VecDeque::is_empty);
-            if idle {
-                let backlogged: Vec<Arc<str>> = self
-                    .queues
-                    .iter()
-                    .filter(|(_, q)| !q.is_empty())
-                    .map(|(t, _)| Arc::clone(t))
-                    .collect();
-                self.fair.arrive(&tenant, backlogged.iter());
-            }
+            self.arrive_if_idle(&tenant);
             self.recent
                 .insert(Arc::clone(&tenant), (now, call.cost.seconds(call.input.n)));
             self.queues.entry(tenant).or_default().push_back(id);

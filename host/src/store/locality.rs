@@ -454,18 +454,20 @@ mod tests {
         );
     }
 
-    /// A filer on a socket that answers `GET /buckets/b/fast` with one chunk on volume 3 and
-    /// holds every other request unanswered (for 30 s); the count of `fast`'s lookups.
-    fn stalling_filer() -> (String, Arc<std::sync::atomic::AtomicUsize>) {
+    /// An HTTP server on a socket, one thread per connection: `answer` gets each request's
+    /// head and gives the JSON body to answer with (`None`: hold the request unanswered for
+    /// 30 s).
+    fn test_server(
+        answer: impl Fn(&[u8]) -> Option<&'static str> + Send + Sync + 'static,
+    ) -> String {
         use std::io::{Read, Write};
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         let addr = listener.local_addr().expect("addr");
-        let fast = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let counted = Arc::clone(&fast);
+        let answer = Arc::new(answer);
         std::thread::spawn(move || {
             for conn in listener.incoming() {
                 let Ok(mut conn) = conn else { return };
-                let counted = Arc::clone(&counted);
+                let answer = Arc::clone(&answer);
                 std::thread::spawn(move || {
                     let mut got = Vec::new();
                     let mut buf = [0u8; 4096];
@@ -475,21 +477,33 @@ mod tests {
                             Ok(n) => got.extend_from_slice(&buf[..n]),
                         }
                     }
-                    if got.starts_with(b"GET /buckets/b/fast?") {
-                        counted.fetch_add(1, Ordering::Relaxed);
-                        let body = r#"{"chunks":[{"file_id":"3,01aa","size":5}]}"#;
-                        let _ = write!(
-                            conn,
-                            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-                            body.len()
-                        );
-                    } else {
+                    let Some(body) = answer(&got) else {
                         std::thread::sleep(Duration::from_secs(30));
-                    }
+                        return;
+                    };
+                    let _ = write!(
+                        conn,
+                        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                        body.len()
+                    );
                 });
             }
         });
-        (format!("http://{addr}"), fast)
+        format!("http://{addr}")
+    }
+
+    /// A filer that answers `GET /buckets/b/fast` with one chunk on volume 3 and holds every
+    /// other request unanswered (for 30 s); the count of `fast`'s lookups.
+    fn stalling_filer() -> (String, Arc<std::sync::atomic::AtomicUsize>) {
+        let fast = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = Arc::clone(&fast);
+        let url = test_server(move |head| {
+            head.starts_with(b"GET /buckets/b/fast?").then(|| {
+                counted.fetch_add(1, Ordering::Relaxed);
+                r#"{"chunks":[{"file_id":"3,01aa","size":5}]}"#
+            })
+        });
+        (url, fast)
     }
 
     /// A placement answers at its deadline with what it found: keys whose lookups the filer
@@ -620,41 +634,19 @@ mod tests {
         }
     }
 
-    /// A volume server on a socket that answers `/status` (volume 3) after 300 ms; the count
-    /// of `/status` requests it received.
+    /// A volume server that answers `/status` (volume 3) after 300 ms; the count of `/status`
+    /// requests it received.
     fn slow_volume_server() -> (String, Arc<std::sync::atomic::AtomicUsize>) {
-        use std::io::{Read, Write};
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-        let addr = listener.local_addr().expect("addr");
         let asked = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let counted = Arc::clone(&asked);
-        std::thread::spawn(move || {
-            for conn in listener.incoming() {
-                let Ok(mut conn) = conn else { return };
-                let counted = Arc::clone(&counted);
-                std::thread::spawn(move || {
-                    let mut got = Vec::new();
-                    let mut buf = [0u8; 4096];
-                    while !got.windows(4).any(|w| w == b"\r\n\r\n") {
-                        match conn.read(&mut buf) {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => got.extend_from_slice(&buf[..n]),
-                        }
-                    }
-                    if got.starts_with(b"GET /status ") {
-                        counted.fetch_add(1, Ordering::Relaxed);
-                    }
-                    std::thread::sleep(Duration::from_millis(300));
-                    let body = r#"{"Volumes":[{"Id":3}]}"#;
-                    let _ = write!(
-                        conn,
-                        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-                        body.len()
-                    );
-                });
+        let url = test_server(move |head| {
+            if head.starts_with(b"GET /status ") {
+                counted.fetch_add(1, Ordering::Relaxed);
             }
+            std::thread::sleep(Duration::from_millis(300));
+            Some(r#"{"Volumes":[{"Id":3}]}"#)
         });
-        (format!("http://{addr}"), asked)
+        (url, asked)
     }
 
     /// Reads that find the list of volumes missing or expired ask the volume server once

@@ -252,6 +252,11 @@ async fn a_request_refused_by_its_token_or_name_is_answered_while_its_body_is_se
 
 /// A connection from `ip` that sends half a request's head and waits.
 async fn half_sent(ip: [u8; 4], url: &str) -> tokio::net::TcpStream {
+    half_sent_as(ip, url, "GET /healthz").await
+}
+
+/// [`half_sent`], with another request line's method and path.
+async fn half_sent_as(ip: [u8; 4], url: &str, request: &str) -> tokio::net::TcpStream {
     use tokio::io::AsyncWriteExt;
     let socket = tokio::net::TcpSocket::new_v4().expect("socket");
     socket
@@ -259,7 +264,7 @@ async fn half_sent(ip: [u8; 4], url: &str) -> tokio::net::TcpStream {
         .expect("bind a loopback address");
     let addr: std::net::SocketAddr = url.trim_start_matches("http://").parse().expect("address");
     let mut conn = socket.connect(addr).await.expect("connect");
-    conn.write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\n")
+    conn.write_all(format!("{request} HTTP/1.1\r\nhost: x\r\n").as_bytes())
         .await
         .expect("half a head");
     conn
@@ -336,4 +341,63 @@ async fn connections_without_a_tenants_request_make_room_for_one() {
         .expect("join")
         .expect("the invocation ran to its end");
     assert_eq!(common::raw(done).await, 1_500_000_000u64.to_le_bytes());
+}
+
+/// A tenant's request whose body is withheld does not hold its connection busy while the host
+/// drains the body, whether a handler refused it (an unknown function) or answered without
+/// reading it (a GET with a body): with the other connection busy with an invocation, a
+/// newcomer closes it. It was held for the body's timeout, outside the tenant's admission.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenants_withheld_body_does_not_hold_its_connection_busy() {
+    use tokio::io::AsyncWriteExt;
+    let _ = common::guest("hostile");
+    for request in ["POST /v1/invoke/nothing-of-that-name", "GET /v1/models"] {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let store = tmp.path().join("store");
+        common::write_store(&store);
+        let text = common::policy_text_for(
+            &format!("store = \"{}\"", store.display()),
+            "max_connections = 2\nmax_connections_per_client = 2",
+            &tmp.path().join("state"),
+        );
+        let h = TestHost::start_with(tmp, store, text).await;
+        let spin = h.client.post(format!("{}/v1/invoke/hostile", h.url))
+            .bearer_auth(ALICE)
+            .json(&json!({"bucket": "datasets", "keys": [], "options": {"mode": "spin", "iterations": "1500000000"}}))
+            .send();
+        let in_flight = tokio::spawn(spin);
+        let alice = std::sync::Arc::clone(&h.host.policy().tenants["alice"]);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while h.host.admission(&alice).load().0 == 0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the invocation never ran"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        let mut withheld = half_sent_as([127, 0, 0, 2], &h.url, request).await;
+        withheld
+            .write_all(
+                format!("authorization: Bearer {ALICE}\r\ncontent-length: 10\r\n\r\n").as_bytes(),
+            )
+            .await
+            .expect("a head, and no body");
+        // Authenticated meanwhile (on the code before the fix, busy from then on).
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        let healthy = common::http_client()
+            .get(format!("{}/healthz", h.url))
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("{request}: no connection for a newcomer: {e}"));
+        assert_eq!(healthy.status(), 200);
+        assert!(
+            closed(&mut withheld).await,
+            "{request}: its withheld body held it"
+        );
+        let done = in_flight
+            .await
+            .expect("join")
+            .expect("the invocation ran to its end");
+        assert_eq!(common::raw(done).await, 1_500_000_000u64.to_le_bytes());
+    }
 }

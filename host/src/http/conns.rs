@@ -43,6 +43,10 @@ struct Conn {
     /// Chosen to be closed for a newcomer; a request authenticated before the connection's task
     /// saw it takes that back.
     closing: bool,
+    /// A close taken back: the newcomer was let in all the same, so the connection closes
+    /// when its requests are done, rather than waiting for its next one (the count stays one
+    /// over `max` only while they run).
+    owed: bool,
     close: Arc<tokio::sync::Notify>,
 }
 
@@ -53,6 +57,12 @@ impl State {
             return;
         };
         if c.busy > 0 || c.closing || c.idle.is_some() {
+            return;
+        }
+        if c.owed {
+            c.owed = false;
+            c.closing = true;
+            c.close.notify_one();
             return;
         }
         let key = (c.served, seq);
@@ -119,8 +129,9 @@ impl Counted {
 impl Connections {
     /// Counts a new connection from `ip`, unless it would go over its client's cap; when all
     /// `max` are open, it closes one that carries no authenticated request (see the module's
-    /// doc), and is refused if every one does. (Until that one's task ends, a moment later, one
-    /// more than `max` is counted.)
+    /// doc), and is refused if every one does. (Until that one's task ends, a moment later, or
+    /// the requests end of one that authenticated a request meanwhile, one more than `max` is
+    /// counted.)
     pub fn enter(self: &Arc<Self>, ip: IpAddr, max: usize, per_client: usize) -> Option<Counted> {
         let mut s = lock(&self.state);
         let mine = s.per_client.get(&ip).copied().unwrap_or(0);
@@ -146,6 +157,7 @@ impl Connections {
                 busy: 0,
                 served: false,
                 closing: false,
+                owed: false,
                 close: Arc::new(tokio::sync::Notify::new()),
             },
         );
@@ -181,8 +193,12 @@ impl Track {
         if let Some(c) = s.conns.get_mut(&self.id) {
             c.busy += 1;
             c.served = true;
-            // Authenticated before its task saw the close: the request goes on.
-            c.closing = false;
+            // Authenticated before its task saw the close: the request goes on, and the
+            // connection closes after it.
+            if c.closing {
+                c.closing = false;
+                c.owed = true;
+            }
             if let Some(key) = c.idle.take() {
                 s.idle.remove(&key);
             }
@@ -228,6 +244,18 @@ impl Carried {
         if busy.is_none() {
             *busy = Some(self.track.busy());
         }
+    }
+
+    /// The request was refused and its body is being drained: the connection may be closed
+    /// for a newcomer meanwhile (a tenant's withheld bodies would otherwise hold connections
+    /// for `body_timeout` each, outside its admission).
+    pub fn release(&self) {
+        let busy = self
+            .busy
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        drop(busy);
     }
 
     /// The response, holding the connection busy until its last chunk is written, if the
@@ -315,17 +343,62 @@ mod tests {
         drop(busy_b2);
         let _b4 = c.enter(b, 3, 3).expect("room made again");
         assert!(ready(b2.closed()));
-        // A request authenticated before its connection's task saw the close goes on.
         assert_eq!(c.open(), 4, "one over until b2's task ends");
     }
 
     #[test]
-    fn a_request_authenticated_before_its_close_is_seen_goes_on() {
+    fn a_request_authenticated_before_its_close_is_seen_goes_on_and_then_closes() {
         let c = Arc::new(Connections::default());
         let a: IpAddr = [127, 0, 0, 1].into();
         let a1 = c.enter(a, 1, 2).expect("first");
         let _a2 = c.enter(a, 1, 2).expect("room made");
-        let _busy = a1.track().busy();
+        let busy = a1.track().busy();
         assert!(!ready(a1.closed()), "closed with a request in flight");
+        // Its request done, it closes rather than waiting for its next one.
+        drop(busy);
+        assert!(ready(a1.closed()), "kept after its request");
+    }
+
+    #[test]
+    fn served_connections_close_longest_idle_first_and_a_dropped_one_is_not_chosen() {
+        let c = Arc::new(Connections::default());
+        let a: IpAddr = [127, 0, 0, 1].into();
+        let a1 = c.enter(a, 2, 4).expect("first");
+        let a2 = c.enter(a, 2, 4).expect("second");
+        let (busy1, busy2) = (a1.track().busy(), a2.track().busy());
+        // a2 idle first, then a1: a2 has waited longer, though a1 is older.
+        drop(busy2);
+        drop(busy1);
+        let a3 = c.enter(a, 2, 4).expect("room made");
+        assert!(ready(a2.closed()) && !ready(a1.closed()));
+        // A request's Busy outliving its connection does not make the connection idle again.
+        let late = a3.track().busy();
+        drop(a3);
+        drop(late);
+        drop(a2);
+        let _a4 = c.enter(a, 2, 4).expect("room");
+        assert!(!ready(a1.closed()), "closed while there was room");
+    }
+
+    #[test]
+    fn a_response_holds_its_connection_until_its_last_chunk_is_dropped() {
+        use axum::body::HttpBody;
+        let c = Arc::new(Connections::default());
+        let a: IpAddr = [127, 0, 0, 1].into();
+        let a1 = c.enter(a, 1, 2).expect("first");
+        let mut body = Box::pin(holding(Body::from("an answer"), a1.track().busy()));
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        let chunk = match body.as_mut().poll_frame(&mut cx) {
+            std::task::Poll::Ready(Some(Ok(frame))) => frame.into_data().expect("data"),
+            other => panic!("no chunk: {other:?}"),
+        };
+        drop(body);
+        assert!(
+            c.enter(a, 1, 2).is_none(),
+            "closed while its last chunk was unwritten"
+        );
+        drop(chunk);
+        let _a2 = c.enter(a, 1, 2).expect("room once the chunk is written");
+        assert!(ready(a1.closed()));
     }
 }

@@ -146,6 +146,8 @@ pub async fn refuse<T>(
     timeout: Duration,
     refusal: ApiError,
 ) -> Result<T, ApiError> {
+    // Refused: the connection is not held busy while the body is drained.
+    let _ = CARRIED.try_with(crate::http::conns::Carried::release);
     match drain(body, limit, timeout).await {
         Drained::OverLimit => Err(ApiError::new(
             ErrorCode::BodyTooLarge,
@@ -248,6 +250,12 @@ pub fn declared_within(
     }
 }
 
+tokio::task_local! {
+    /// The connection of the request the task serves ([`unread_bodies`] sets it), for the
+    /// drains of refused bodies to release.
+    static CARRIED: crate::http::conns::Carried;
+}
+
 /// What is left of a request body, shared between its handler and [`unread_bodies`].
 #[derive(Default)]
 struct Unread {
@@ -290,11 +298,18 @@ pub async fn unread_bodies(
         }
         frame
     });
+    let carried = parts
+        .extensions
+        .get::<crate::http::conns::Carried>()
+        .cloned();
     let req = axum::extract::Request::from_parts(
         parts,
         Body::new(http_body_util::StreamBody::new(frames)),
     );
-    let mut resp = next.run(req).await;
+    let mut resp = match &carried {
+        Some(c) => CARRIED.scope(c.clone(), next.run(req)).await,
+        None => next.run(req).await,
+    };
     let (left, polled) = {
         let mut u = shared
             .lock()
@@ -305,6 +320,9 @@ pub async fn unread_bodies(
         return resp;
     };
     let http = host.policy().host.http.clone();
+    if let Some(c) = &carried {
+        c.release();
+    }
     let drained = !polled
         && declared.is_none_or(|n| n <= http.max_request as u64)
         && drain(body, http.max_request, http.body_timeout).await == Drained::All;

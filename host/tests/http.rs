@@ -280,6 +280,50 @@ async fn closed(conn: &mut tokio::net::TcpStream) -> bool {
     )
 }
 
+/// A host with `host_extra` over the test store, and alice's invocation of about a second
+/// admitted (so authenticated: its connection busy); the host and the invocation's task.
+async fn with_an_invocation_in_flight(
+    host_extra: &str,
+) -> (
+    TestHost,
+    tokio::task::JoinHandle<reqwest::Result<reqwest::Response>>,
+) {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let store = tmp.path().join("store");
+    common::write_store(&store);
+    let text = common::policy_text_for(
+        &format!("store = \"{}\"", store.display()),
+        host_extra,
+        &tmp.path().join("state"),
+    );
+    let h = TestHost::start_with(tmp, store, text).await;
+    let _ = common::guest("hostile");
+    let spin = h.client.post(format!("{}/v1/invoke/hostile", h.url))
+        .bearer_auth(ALICE)
+        .json(&json!({"bucket": "datasets", "keys": [], "options": {"mode": "spin", "iterations": "1500000000"}}))
+        .send();
+    let in_flight = tokio::spawn(spin);
+    let alice = std::sync::Arc::clone(&h.host.policy().tenants["alice"]);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while h.host.admission(&alice).load().0 == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the invocation never ran"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    (h, in_flight)
+}
+
+/// The invocation of [`with_an_invocation_in_flight`] answered in full.
+async fn ran_to_its_end(in_flight: tokio::task::JoinHandle<reqwest::Result<reqwest::Response>>) {
+    let done = in_flight
+        .await
+        .expect("join")
+        .expect("the invocation ran to its end");
+    assert_eq!(common::raw(done).await, 1_500_000_000u64.to_le_bytes());
+}
+
 /// Clients from other addresses, each within its cap and without a token, hold every
 /// connection: four with requests whose bodies they withhold (the host waits for an unread body
 /// before it answers), three with half-sent heads. A tenant's request still gets in, closing
@@ -290,31 +334,10 @@ async fn closed(conn: &mut tokio::net::TcpStream) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_without_a_tenants_request_make_room_for_one() {
     use tokio::io::AsyncWriteExt;
-    let tmp = tempfile::tempdir().expect("tmp");
-    let store = tmp.path().join("store");
-    common::write_store(&store);
-    let text = common::policy_text_for(
-        &format!("store = \"{}\"", store.display()),
+    let (h, in_flight) = with_an_invocation_in_flight(
         "max_connections = 8\nmax_connections_per_client = 4\nheader_timeout = \"60s\"",
-        &tmp.path().join("state"),
-    );
-    let h = TestHost::start_with(tmp, store, text).await;
-    let _ = common::guest("hostile");
-    let spin = h.client.post(format!("{}/v1/invoke/hostile", h.url))
-        .bearer_auth(ALICE)
-        .json(&json!({"bucket": "datasets", "keys": [], "options": {"mode": "spin", "iterations": "1500000000"}}))
-        .send();
-    let in_flight = tokio::spawn(spin);
-    // Admitted, so authenticated: its connection is busy.
-    let alice = std::sync::Arc::clone(&h.host.policy().tenants["alice"]);
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while h.host.admission(&alice).load().0 == 0 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the invocation never ran"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
+    )
+    .await;
     // With the invocation's, every connection is taken.
     let mut held = Vec::new();
     for _ in 0..4 {
@@ -336,11 +359,7 @@ async fn connections_without_a_tenants_request_make_room_for_one() {
     assert_eq!(healthy.status(), 200);
     assert!(closed(&mut held[0]).await, "the oldest connection stays");
     assert!(!closed(&mut held[1]).await, "more than one was closed");
-    let done = in_flight
-        .await
-        .expect("join")
-        .expect("the invocation ran to its end");
-    assert_eq!(common::raw(done).await, 1_500_000_000u64.to_le_bytes());
+    ran_to_its_end(in_flight).await;
 }
 
 /// A tenant's request whose body is withheld does not hold its connection busy while the host
@@ -352,29 +371,9 @@ async fn a_tenants_withheld_body_does_not_hold_its_connection_busy() {
     use tokio::io::AsyncWriteExt;
     let _ = common::guest("hostile");
     for request in ["POST /v1/invoke/nothing-of-that-name", "GET /v1/models"] {
-        let tmp = tempfile::tempdir().expect("tmp");
-        let store = tmp.path().join("store");
-        common::write_store(&store);
-        let text = common::policy_text_for(
-            &format!("store = \"{}\"", store.display()),
-            "max_connections = 2\nmax_connections_per_client = 2",
-            &tmp.path().join("state"),
-        );
-        let h = TestHost::start_with(tmp, store, text).await;
-        let spin = h.client.post(format!("{}/v1/invoke/hostile", h.url))
-            .bearer_auth(ALICE)
-            .json(&json!({"bucket": "datasets", "keys": [], "options": {"mode": "spin", "iterations": "1500000000"}}))
-            .send();
-        let in_flight = tokio::spawn(spin);
-        let alice = std::sync::Arc::clone(&h.host.policy().tenants["alice"]);
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-        while h.host.admission(&alice).load().0 == 0 {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the invocation never ran"
-            );
-            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-        }
+        let (h, in_flight) =
+            with_an_invocation_in_flight("max_connections = 2\nmax_connections_per_client = 2")
+                .await;
         let mut withheld = half_sent_as([127, 0, 0, 2], &h.url, request).await;
         withheld
             .write_all(
@@ -394,10 +393,6 @@ async fn a_tenants_withheld_body_does_not_hold_its_connection_busy() {
             closed(&mut withheld).await,
             "{request}: its withheld body held it"
         );
-        let done = in_flight
-            .await
-            .expect("join")
-            .expect("the invocation ran to its end");
-        assert_eq!(common::raw(done).await, 1_500_000_000u64.to_le_bytes());
+        ran_to_its_end(in_flight).await;
     }
 }

@@ -419,19 +419,20 @@ impl Models {
         // The package as the host read it (its memory model is that package's), or none: a
         // reload keeps serving a package as first read, and a layer file changed since (its
         // size or time) was loaded under the old manifest and memory model.
-        let now = crate::policy::packages::read_package(&entry.found.dir);
-        if now.as_ref().map(|f| &f.fingerprint) != Ok(&entry.found.fingerprint) {
-            return Err(format!(
+        // The manifest is compared again once loaded: it may change between the two reads.
+        let changed = || {
+            format!(
                 "model `{id}`: {} changed on disk since the host read it; the host serves the new package after a restart",
                 entry.found.dir.display()
-            ));
+            )
+        };
+        let now = crate::policy::packages::read_package(&entry.found.dir);
+        if now.as_ref().map(|f| &f.fingerprint) != Ok(&entry.found.fingerprint) {
+            return Err(changed());
         }
         let pkg = ModelPackage::load(&entry.found.dir, self.device).map_err(|e| e.to_string())?;
         if pkg.manifest() != entry.found.manifest.as_ref() {
-            return Err(format!(
-                "model `{id}`: {} changed on disk since the host read it; the host serves the new package after a restart",
-                entry.found.dir.display()
-            ));
+            return Err(changed());
         }
         Ok(pkg)
     }

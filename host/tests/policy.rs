@@ -444,22 +444,15 @@ fn the_shutdown_timeout_covers_the_longest_tenant_timeout_and_body_unless_set() 
             hash_token("b")
         )
     };
-    let derived = parse(&two("")).expect("valid");
-    assert_eq!(
-        derived.host.http.shutdown_timeout,
-        std::time::Duration::from_secs(150)
-    );
+    let shutdown = |host_extra: &str| {
+        let p = parse(&two(host_extra)).expect("valid");
+        p.host.http.shutdown_timeout
+    };
+    let secs = std::time::Duration::from_secs;
+    assert_eq!(shutdown(""), secs(150));
     // An upload's body may take longer than any invocation.
-    let bodies = parse(&two("body_timeout = \"5m\"")).expect("valid");
-    assert_eq!(
-        bodies.host.http.shutdown_timeout,
-        std::time::Duration::from_secs(330)
-    );
-    let set = parse(&two("shutdown_timeout = \"10s\"")).expect("valid");
-    assert_eq!(
-        set.host.http.shutdown_timeout,
-        std::time::Duration::from_secs(10)
-    );
+    assert_eq!(shutdown("body_timeout = \"5m\""), secs(330));
+    assert_eq!(shutdown("shutdown_timeout = \"10s\""), secs(10));
     let err = parse(&two("shutdown_timeout = \"0s\"")).expect_err("out of range");
     assert!(
         err.contains("host.shutdown_timeout") && err.contains("line 5"),

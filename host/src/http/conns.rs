@@ -246,27 +246,25 @@ impl Carried {
         }
     }
 
+    /// The connection's busy guard, if the request was authenticated (and it was not taken).
+    fn take(&self) -> Option<Arc<Busy>> {
+        self.busy
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+    }
+
     /// The request was refused and its body is being drained: the connection may be closed
     /// for a newcomer meanwhile (a tenant's withheld bodies would otherwise hold connections
     /// for `body_timeout` each, outside its admission).
     pub fn release(&self) {
-        let busy = self
-            .busy
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
-        drop(busy);
+        drop(self.take());
     }
 
     /// The response, holding the connection busy until its last chunk is written, if the
     /// request was authenticated.
     pub fn respond(&self, resp: axum::response::Response) -> axum::response::Response {
-        let busy = self
-            .busy
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
-        match busy {
+        match self.take() {
             Some(busy) => resp.map(|body| holding(body, busy)),
             None => resp,
         }
@@ -278,24 +276,31 @@ impl Carried {
 /// written, and ends the body earlier, with up to its write buffer still to write).
 pub fn holding(body: Body, busy: Arc<Busy>) -> Body {
     use http_body_util::BodyExt;
-    Body::new(body.map_frame(move |frame| {
-        frame.map_data(|bytes| {
-            Bytes::from_owner(Holding {
-                bytes,
-                _busy: Arc::clone(&busy),
-            })
+    Body::new(
+        body.map_frame(move |frame| frame.map_data(|bytes| Held::bytes(bytes, Arc::clone(&busy)))),
+    )
+}
+
+/// Bytes that hold `guard` for as long as they are held: hyper drops each chunk of a response
+/// once its last byte is written (or the connection is gone). A response's chunks hold the
+/// connection busy here, and an invocation's output holds its tenant's slot (`invoke.rs`).
+pub(crate) struct Held<B, G> {
+    bytes: B,
+    _guard: G,
+}
+
+impl<B: AsRef<[u8]> + Send + 'static, G: Send + 'static> Held<B, G> {
+    pub(crate) fn bytes(bytes: B, guard: G) -> Bytes {
+        Bytes::from_owner(Self {
+            bytes,
+            _guard: guard,
         })
-    }))
+    }
 }
 
-struct Holding {
-    bytes: Bytes,
-    _busy: Arc<Busy>,
-}
-
-impl AsRef<[u8]> for Holding {
+impl<B: AsRef<[u8]>, G> AsRef<[u8]> for Held<B, G> {
     fn as_ref(&self) -> &[u8] {
-        &self.bytes
+        self.bytes.as_ref()
     }
 }
 

@@ -3,6 +3,7 @@
 
 use crate::Host;
 use crate::account::Usage;
+use crate::http::conns::Held;
 use crate::http::errors::ApiError;
 use crate::http::extract::{self, Authed, Name};
 use crate::metrics::{CLIENT_CLOSED, Observation};
@@ -143,27 +144,10 @@ pub async fn invoke(
 /// written still held the whole output, so a client reading all but the last bytes of each
 /// response kept every output on no slot.
 fn sending<S: Send + Sync + 'static>(header: Vec<u8>, data: Vec<u8>, slot: Arc<S>) -> Body {
-    let held = |bytes| {
-        Bytes::from_owner(Held {
-            bytes,
-            _slot: Arc::clone(&slot),
-        })
-    };
+    let held = |bytes| Held::bytes(bytes, Arc::clone(&slot));
     Body::from_stream(Sending {
         chunks: vec![held(header), held(data)].into_iter(),
     })
-}
-
-/// Bytes that hold a slot for as long as they are held.
-struct Held<S> {
-    bytes: Vec<u8>,
-    _slot: Arc<S>,
-}
-
-impl<S> AsRef<[u8]> for Held<S> {
-    fn as_ref(&self) -> &[u8] {
-        &self.bytes
-    }
 }
 
 struct Sending {

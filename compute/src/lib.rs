@@ -24,8 +24,13 @@ pub mod exit {
     pub const UNREACHABLE: u8 = 3;
     /// A stored object was missing or corrupt (and `--skip-bad` was not given).
     pub const BAD_OBJECT: u8 = 4;
-    /// The storage tier kept failing past the retry budget, or refused a request.
+    /// The storage tier kept failing past the retry budget, or answered with a body that is
+    /// not features.
     pub const STORAGE: u8 = 5;
+    /// The storage tier refused a request outright (a 4xx other than 429: a wrong token, a
+    /// function or model the tenant does not have, a request over its limits): asking again
+    /// would get the same answer, so a service manager should not restart the job.
+    pub const REFUSED: u8 = 6;
     /// Anything else.
     pub const OTHER: u8 = 1;
 }
@@ -39,16 +44,23 @@ pub fn exit_code(e: &anyhow::Error) -> u8 {
         if let Some(f) = cause.downcast_ref::<source::FetchError>() {
             return match f {
                 source::FetchError::BadObject { .. } => exit::BAD_OBJECT,
-                source::FetchError::Invoke(client::InvokeError::BadObject { .. }) => {
-                    exit::BAD_OBJECT
-                }
-                source::FetchError::Invoke(_) => exit::STORAGE,
+                source::FetchError::Invoke(e) => invoke_exit_code(e),
                 source::FetchError::Other(_) => exit::OTHER,
             };
         }
-        if cause.downcast_ref::<client::InvokeError>().is_some() {
-            return exit::STORAGE;
+        if let Some(e) = cause.downcast_ref::<client::InvokeError>() {
+            return invoke_exit_code(e);
         }
     }
     exit::OTHER
+}
+
+fn invoke_exit_code(e: &client::InvokeError) -> u8 {
+    match e {
+        client::InvokeError::BadObject { .. } => exit::BAD_OBJECT,
+        client::InvokeError::Rejected { status, .. } if (400..500).contains(status) => {
+            exit::REFUSED
+        }
+        client::InvokeError::Rejected { .. } | client::InvokeError::GaveUp { .. } => exit::STORAGE,
+    }
 }

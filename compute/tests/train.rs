@@ -107,11 +107,15 @@ fn walk(dir: &Path) -> Vec<PathBuf> {
 }
 
 fn trainer(fx: &Fixture, url: &str, out: &Path, args: &[&str]) -> Command {
+    trainer_as(TOKEN, fx, url, out, args)
+}
+
+fn trainer_as(token: &str, fx: &Fixture, url: &str, out: &Path, args: &[&str]) -> Command {
     let mut cmd = Command::new(hapi_tests::package_binary(
         "hapi-train",
         env!("CARGO_BIN_EXE_hapi-train"),
     ));
-    cmd.args(["--host", url, "--token", TOKEN, "--store"])
+    cmd.args(["--host", url, "--token", token, "--store"])
         .arg(fx.store())
         .args([
             "--model",
@@ -302,6 +306,43 @@ fn a_host_that_is_not_running_is_a_clear_error_with_its_own_exit_code() {
     assert!(
         stderr.contains("cannot reach storage host") && stderr.contains(&url),
         "{stderr}"
+    );
+}
+
+/// A refusal (a wrong token here) is not a failing storage tier: its own exit code, which the
+/// systemd unit does not restart, whether the invocation or the profile `auto` asks for first
+/// meets it.
+#[test]
+fn a_refused_job_has_its_own_exit_code() {
+    let fx = Fixture::new();
+    let host = fx.start_host("127.0.0.1:0");
+    for split in ["13", "auto"] {
+        let out = fx.dir.path().join(format!("refused-{split}.json"));
+        let o = trainer_as("not-the-token", &fx, &host.url, &out, &["--split", split])
+            .output()
+            .expect("runs");
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(
+            o.status.code(),
+            Some(i32::from(hapi_train::exit::REFUSED)),
+            "--split {split}: {stderr}"
+        );
+        assert!(
+            stderr.contains("refused the request (401 bad_token)"),
+            "--split {split}: {stderr}"
+        );
+    }
+    let unit = std::fs::read_to_string(workspace().join("examples/systemd/hapi-train@.service"))
+        .expect("unit");
+    let prevented = unit
+        .lines()
+        .find_map(|l| l.strip_prefix("RestartPreventExitStatus="))
+        .expect("RestartPreventExitStatus");
+    assert!(
+        prevented
+            .split_whitespace()
+            .any(|c| c == hapi_train::exit::REFUSED.to_string()),
+        "the unit restarts refused jobs: {prevented}"
     );
 }
 

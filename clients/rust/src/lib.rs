@@ -326,11 +326,27 @@ impl StorageClient {
             backoff = (backoff * 2).min(self.retry.max_backoff);
         };
         if !status.is_success() {
-            let msg = serde_json::from_slice::<ErrorBody>(&body).map_or_else(
-                |_| String::from_utf8_lossy(&body).into_owned(),
-                |e| format!("{}: {}", e.code, e.message),
+            let (code, message) = serde_json::from_slice::<ErrorBody>(&body).map_or_else(
+                |_| {
+                    (
+                        "unknown".to_string(),
+                        String::from_utf8_lossy(&body).into_owned(),
+                    )
+                },
+                |e| (e.code.to_string(), e.message),
             );
-            anyhow::bail!("{host}: profile of `{model}`: {status}: {msg}");
+            // A refusal (4xx other than 429) is typed, as an invocation's is, so that a job
+            // can tell it from a failing host (`hapi-train`'s exit code).
+            if status.is_client_error() && status.as_u16() != 429 {
+                return Err(anyhow::Error::new(InvokeError::Rejected {
+                    host: host.to_string(),
+                    status: status.as_u16(),
+                    code,
+                    message,
+                })
+                .context(format!("profile of `{model}`")));
+            }
+            anyhow::bail!("{host}: profile of `{model}`: {status}: {code}: {message}");
         }
         Ok(serde_json::from_slice(&body)?)
     }

@@ -47,14 +47,12 @@ struct Load {
     weight: u32,
     /// Slots held: invocations running guest code (or the host's work on their output).
     running: usize,
-    /// Tickets of the invocations waiting for a slot, in the order they came: the first takes
-    /// the next slot.
-    queue: VecDeque<u64>,
+    /// Tickets of the invocations waiting for a slot, in the order they came, each with its
+    /// wake: the first takes the next slot, so only the first is woken to look again (a slot
+    /// came free, or the share grew), and each behind it when it comes first.
+    queue: VecDeque<(u64, Arc<Notify>)>,
     /// The next ticket.
     next: u64,
-    /// Wakes the waiting ones (they look again: a slot of their tenant came free, or the share
-    /// grew).
-    wake: Arc<Notify>,
 }
 
 impl Load {
@@ -64,6 +62,13 @@ impl Load {
 
     fn weight(&self) -> u64 {
         u64::from(self.weight.max(1))
+    }
+
+    /// The first waiting invocation looks again (a permit, if it is not waiting yet).
+    fn wake_first(&self) {
+        if let Some((_, wake)) = self.queue.front() {
+            wake.notify_one();
+        }
     }
 }
 
@@ -92,10 +97,13 @@ impl Inner {
         })
     }
 
-    /// Every tenant's waiting invocations look again (a slot came free, or the share grew).
+    /// Every tenant's first waiting invocation looks again (a slot came free, or the share
+    /// grew). Only the first of a tenant's may take a slot: waking the others too cost every
+    /// slot given back a lock and a look for each invocation waiting, every tenant's, work
+    /// charged to no one.
     fn wake_all(&self) {
-        for l in self.tenants.values().filter(|l| !l.queue.is_empty()) {
-            l.wake.notify_waiters();
+        for l in self.tenants.values() {
+            l.wake_first();
         }
     }
 
@@ -105,7 +113,7 @@ impl Inner {
             return;
         };
         match ticket {
-            Some(t) => load.queue.retain(|&q| q != t),
+            Some(t) => load.queue.retain(|(q, _)| *q != t),
             None => load.running = load.running.saturating_sub(1),
         }
         if !load.wants() {
@@ -163,13 +171,8 @@ impl CpuShares {
 
     /// A slot for `tenant` now if it may hold one more and no invocation of its tenant waits
     /// ahead (`ticket`: this one's place in the queue, if it has one); else its place in the
-    /// queue (a new one at the back if it had none) and the tenant's wake.
-    fn try_take(
-        &self,
-        tenant: &Arc<str>,
-        weight: u32,
-        ticket: Option<u64>,
-    ) -> Result<(), (u64, Arc<Notify>)> {
+    /// queue (a new one at the back if it had none), its wake, and whether it is first.
+    fn try_take(&self, tenant: &Arc<str>, weight: u32, ticket: Option<u64>) -> Result<(), Waiting> {
         let mut g = self.lock();
         // Left wanting on either path below: it takes a slot or a place in the queue.
         let load = g.tenants.entry(Arc::clone(tenant)).or_default();
@@ -177,7 +180,7 @@ impl CpuShares {
         let (weight, running) = (load.weight(), load.running);
         let first = match ticket {
             None => load.queue.is_empty(),
-            Some(t) => load.queue.front() == Some(&t),
+            Some(t) => load.queue.front().is_some_and(|(q, _)| *q == t),
         };
         // A newcomer counts among the wanting: its own arrival shrinks the shares.
         let newcomer = if load.wants() { 0 } else { weight };
@@ -190,18 +193,27 @@ impl CpuShares {
             }
             load.running += 1;
             // The next in line may fit too.
-            if !load.queue.is_empty() {
-                load.wake.notify_waiters();
-            }
+            load.wake_first();
             return Ok(());
         }
-        let t = ticket.unwrap_or_else(|| {
+        let ticket = ticket.unwrap_or_else(|| {
             let t = load.next;
             load.next += 1;
-            load.queue.push_back(t);
+            load.queue.push_back((t, Arc::new(Notify::new())));
             t
         });
-        Err((t, Arc::clone(&load.wake)))
+        let (at, wake) = load
+            .queue
+            .iter()
+            .enumerate()
+            .find_map(|(i, (q, w))| (*q == ticket).then(|| (i, Arc::clone(w))))
+            // A ticket not in the queue (never, under the lock): it waits as the first.
+            .unwrap_or_else(|| (0, Arc::new(Notify::new())));
+        Err(Waiting {
+            ticket,
+            wake,
+            first: at == 0,
+        })
     }
 
     /// At a tick: whether `tenant`'s invocation keeps its slot, which it does if, giving it
@@ -227,6 +239,14 @@ impl CpuShares {
     fn give(&self, tenant: &str, ticket: Option<u64>) {
         self.lock().give(tenant, ticket);
     }
+}
+
+/// An invocation's place in its tenant's queue for a slot.
+struct Waiting {
+    ticket: u64,
+    /// Woken when it is first and a slot may be free, or when it comes first.
+    wake: Arc<Notify>,
+    first: bool,
 }
 
 /// One invocation's place in [`CpuShares`]: it holds a slot from [`Turn::take`] until
@@ -292,30 +312,26 @@ impl Turn {
             ticket: None,
         };
         loop {
-            let wake = match self.cpu.try_take(&self.tenant, self.weight, queued.ticket) {
+            let waiting = match self.cpu.try_take(&self.tenant, self.weight, queued.ticket) {
                 Ok(()) => break,
-                Err((t, wake)) => {
-                    queued.ticket = Some(t);
-                    wake
-                }
+                Err(w) => w,
             };
-            // Registered before looking again, so that a slot given back in between wakes it.
-            let notified = wake.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            if self
-                .cpu
-                .try_take(&self.tenant, self.weight, queued.ticket)
-                .is_ok()
-            {
-                break;
-            }
+            queued.ticket = Some(waiting.ticket);
+            // Its own wake, which keeps a permit: one given between the look and the wait is
+            // not lost.
+            let notified = waiting.wake.notified();
             let now = Instant::now();
             if now >= self.until {
                 return false;
             }
-            // A backstop: it looks again after a tick whatever happens.
-            let _ = tokio::time::timeout(EPOCH_TICK.min(self.until - now), notified).await;
+            // The first looks again after a tick whatever happens (a backstop); those behind it
+            // wait for their wake, which comes when they come first, or for their deadline.
+            let wait = if waiting.first {
+                EPOCH_TICK.min(self.until - now)
+            } else {
+                self.until - now
+            };
+            let _ = tokio::time::timeout(wait, notified).await;
         }
         queued.ticket = None;
         *self.held() = true;
@@ -604,7 +620,7 @@ mod tests {
         let load = |weight, running| Load {
             weight,
             running,
-            queue: VecDeque::from([0]),
+            queue: VecDeque::from([(0, Arc::new(Notify::new()))]),
             ..Load::default()
         };
         let mut g = Inner::default();
@@ -797,5 +813,79 @@ mod tests {
             assert_eq!(cpu.load("t"), (0, 0), "a dropped turn gives its slot back");
             at_once("free now", b.take()).await;
         });
+    }
+
+    /// A waker that counts its wakes.
+    struct Count(std::sync::atomic::AtomicUsize);
+
+    impl Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    impl Count {
+        fn get(&self) -> usize {
+            self.0.load(std::sync::atomic::Ordering::Relaxed)
+        }
+    }
+
+    /// Polls `f` once with a waker of its own: its wakes, and whether it was ready.
+    fn poll_counted<F: Future>(f: std::pin::Pin<&mut F>) -> (Arc<Count>, bool) {
+        let count = Arc::new(Count(std::sync::atomic::AtomicUsize::new(0)));
+        let waker = Waker::from(Arc::clone(&count));
+        let ready = f.poll(&mut Context::from_waker(&waker)).is_ready();
+        (count, ready)
+    }
+
+    #[test]
+    fn a_slot_given_back_wakes_each_tenants_first_waiting_invocation_only() {
+        let rt = rt();
+        // Entered, not run: the backstop's timers are registered and never fire, so every wake
+        // counted is the shares'.
+        let _entered = rt.enter();
+        let cpu = CpuShares::new(2);
+        // Each tenant holds its share, one worker, and has invocations waiting.
+        let (holder, light) = (turn(&cpu, "heavy"), turn(&cpu, "light"));
+        let (mut h, mut l) = (Box::pin(holder.take()), Box::pin(light.take()));
+        assert!(poll_counted(h.as_mut()).1 && poll_counted(l.as_mut()).1);
+        let heavy: Vec<_> = (0..3).map(|_| turn(&cpu, "heavy")).collect();
+        let mut waits: Vec<_> = heavy.iter().map(|t| Box::pin(t.take())).collect();
+        let light2 = turn(&cpu, "light");
+        let mut light_wait = Box::pin(light2.take());
+        let counts: Vec<Arc<Count>> = waits
+            .iter_mut()
+            .map(|w| {
+                let (c, ready) = poll_counted(w.as_mut());
+                assert!(!ready, "over its share");
+                c
+            })
+            .collect();
+        let (light_count, ready) = poll_counted(light_wait.as_mut());
+        assert!(!ready, "over its share");
+        assert_eq!((cpu.load("heavy"), cpu.load("light")), ((1, 3), (1, 1)));
+        let woken = |counts: &[Arc<Count>]| counts.iter().map(|c| c.get()).collect::<Vec<_>>();
+        holder.give();
+        assert_eq!(
+            (woken(&counts), light_count.get()),
+            (vec![1, 0, 0], 1),
+            "the first of each tenant's waiting invocations, and no other"
+        );
+        // The heavy tenant's first takes the worker, and the next comes first: woken to look.
+        assert!(
+            poll_counted(waits[0].as_mut()).1,
+            "the heavy tenant's share"
+        );
+        assert_eq!(woken(&counts), vec![1, 1, 0], "the new first, only");
+        // It looks and waits; when it goes (its deadline, its request gone), the next comes
+        // first and is woken.
+        assert!(!poll_counted(waits[1].as_mut()).1, "no worker free");
+        drop(waits.remove(1));
+        assert_eq!(woken(&counts), vec![1, 1, 1]);
+        assert_eq!(cpu.load("heavy"), (1, 1));
+        assert!(
+            !poll_counted(light_wait.as_mut()).1,
+            "the light tenant's share is held"
+        );
     }
 }

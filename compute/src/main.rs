@@ -19,8 +19,9 @@ enum Opt {
 ///
 /// Exit codes: 0 done; 1 other error; 2 usage; 3 a storage host is not reachable at start;
 /// 4 a stored object is missing or corrupt (without --skip-bad); 5 the storage tier kept
-/// failing past --retry-for; 6 the storage tier refused a request (a wrong token, a function or
-/// model the tenant lacks, a request over its limits).
+/// failing past --retry-for, or answered a time or memory limit; 6 the storage tier refused a
+/// request (a wrong token, a function or model the tenant lacks, a body over a limit, a
+/// segment that never fits its device).
 #[derive(Debug, Parser)]
 #[command(version)]
 struct Cli {

@@ -298,57 +298,79 @@ impl StorageClient {
         anyhow::bail!("no host told the keys' placement (last: {last})")
     }
 
-    /// The host's per-layer profile of `model` (the first host that is in), asking again while
-    /// it answers 429, within the retry policy's time.
+    /// The host's per-layer profile of `model` (the first host that is in), asking again
+    /// while it answers 429 or fails (a 5xx, a lost connection), within the retry policy's
+    /// time. A refusal (a 4xx other than 429) is [`InvokeError::Rejected`], and failures past
+    /// the retry policy's time [`InvokeError::GaveUp`], as an invocation's are, so that a job
+    /// can tell them apart (`hapi-train`'s exit code).
     pub async fn profile(&self, model: &str) -> anyhow::Result<HostProfile> {
         let host = self.router.host(self.router.first_in());
         let started = Instant::now();
         let mut backoff = self.retry.initial;
-        let (status, body) = loop {
-            let resp = self
+        let mut attempts = 0;
+        let fail = |status: u16, body: &[u8]| {
+            serde_json::from_slice::<ErrorBody>(body).map_or_else(
+                |_| format!("{status}: {}", String::from_utf8_lossy(body)),
+                |e| format!("{status} {}: {}", e.code, e.message),
+            )
+        };
+        let body = loop {
+            attempts += 1;
+            let sent = self
                 .http
                 .get(format!("{host}/v1/models/{model}/profile"))
                 .bearer_auth(&self.token)
                 .send()
-                .await
-                .map_err(|e| {
-                    anyhow::anyhow!("{host}: profile of `{model}`: {}", error_chain(&e))
-                })?;
-            let status = resp.status();
-            let after = retry_after(&resp);
-            let body = resp.bytes().await?;
-            // 429: the tenant's slots are all taken (a profile takes one, as an invocation
-            // does) or the model is being loaded; it is asked again as the host says.
-            if status.as_u16() != 429 || started.elapsed() >= self.retry.give_up_after {
-                break (status, body);
+                .await;
+            let (last, after) = match sent {
+                Err(e) => (error_chain(&e), None),
+                Ok(resp) => {
+                    let status = resp.status();
+                    let after = retry_after(&resp);
+                    match resp.bytes().await {
+                        Err(e) => (error_chain(&e), None),
+                        Ok(body) if status.is_success() => break body,
+                        // 429: the tenant's slots are all taken (a profile takes one, as an
+                        // invocation does) or the model is being loaded; asked again as the
+                        // host says. A 5xx may pass too.
+                        Ok(body) if status.as_u16() == 429 || status.is_server_error() => {
+                            (fail(status.as_u16(), &body), after)
+                        }
+                        Ok(body) => {
+                            let (code, message) = serde_json::from_slice::<ErrorBody>(&body)
+                                .map_or_else(
+                                    |_| {
+                                        let m = String::from_utf8_lossy(&body).into_owned();
+                                        ("unknown".to_string(), m)
+                                    },
+                                    |e| (e.code.to_string(), e.message),
+                                );
+                            return Err(anyhow::Error::new(InvokeError::Rejected {
+                                host: host.to_string(),
+                                status: status.as_u16(),
+                                code,
+                                message,
+                            })
+                            .context(format!("profile of `{model}`")));
+                        }
+                    }
+                }
+            };
+            let secs = started.elapsed();
+            if secs >= self.retry.give_up_after {
+                return Err(anyhow::Error::new(InvokeError::GaveUp {
+                    host: host.to_string(),
+                    attempts,
+                    secs: secs.as_secs_f64(),
+                    last,
+                })
+                .context(format!("profile of `{model}`")));
             }
             tokio::time::sleep(after.unwrap_or(backoff).min(self.retry.max_backoff)).await;
             backoff = (backoff * 2).min(self.retry.max_backoff);
         };
-        if !status.is_success() {
-            let (code, message) = serde_json::from_slice::<ErrorBody>(&body).map_or_else(
-                |_| {
-                    (
-                        "unknown".to_string(),
-                        String::from_utf8_lossy(&body).into_owned(),
-                    )
-                },
-                |e| (e.code.to_string(), e.message),
-            );
-            // A refusal (4xx other than 429) is typed, as an invocation's is, so that a job
-            // can tell it from a failing host (`hapi-train`'s exit code).
-            if status.is_client_error() && status.as_u16() != 429 {
-                return Err(anyhow::Error::new(InvokeError::Rejected {
-                    host: host.to_string(),
-                    status: status.as_u16(),
-                    code,
-                    message,
-                })
-                .context(format!("profile of `{model}`")));
-            }
-            anyhow::bail!("{host}: profile of `{model}`: {status}: {code}: {message}");
-        }
-        Ok(serde_json::from_slice(&body)?)
+        serde_json::from_slice(&body)
+            .map_err(|e| anyhow::anyhow!("{host}: profile of `{model}`: not a profile: {e}"))
     }
 
     /// Runs the pushdown function on `keys` with layers [0, `split`) of `model`, retrying

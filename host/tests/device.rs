@@ -1238,6 +1238,93 @@ async fn a_leader_that_cannot_fit_a_sample_does_not_hold_up_a_neighbour_that_can
     assert_eq!(d.memory().evictions, 1);
 }
 
+/// Memory a profile holds (seconds of measurement outside the dispatcher) is not waited for
+/// as a running batch's is: a leader whose one sample fits only once the profile ends is
+/// passed over, and a neighbour's call that fits runs now. The dispatcher had waited for every
+/// reservation to end, so one tenant's profile, and its own call that could not fit beside
+/// it, held up every tenant's batches until the measurement ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_profiles_memory_does_not_hold_up_the_batches_of_others() {
+    use hapi_host::device::executor::Device;
+    use hapi_host::device::types::DeviceConfig;
+    let _one = serial().lock().await;
+    let p = Packages::open();
+    let (big, small) = ("resnet18", "efficientnet_lite0");
+    let device = |budget: u64| {
+        Device::start(
+            DeviceConfig {
+                budget,
+                adapt: true,
+                pool: true,
+                window: Duration::ZERO,
+                max_batch: 16,
+                slice: Duration::from_millis(50),
+                batch_time: Duration::from_millis(50),
+                workers: 1,
+                resident_for: RESIDENT_FOR,
+            },
+            Arc::clone(&p.models),
+        )
+        .expect("device")
+    };
+    let one = |pin: &hapi_host::device::budget::Pin| pin.memory.segment(0..1).run_bytes(1);
+    let (one_big, one_small) = {
+        let d = device(4 << 30);
+        let (b, s) = (Arc::from("measure"), Deadline::new(LONG));
+        let big_pin = d.acquire(big, &b, &s, None).await.expect(big);
+        let small_pin = d.acquire(small, &b, &s, None).await.expect(small);
+        (one(&big_pin), one(&small_pin))
+    };
+    assert!(
+        one_big > one_small,
+        "{one_big} <= {one_small}: the test proves nothing"
+    );
+    // Both models loaded leave room for a profile's one sample of the big segment and one
+    // sample of the small one; with the profile's held, the big segment's sample does not fit.
+    let d = device(p.weights(big) + p.weights(small) + one_big + one_small);
+    let (heavy, light): (Arc<str>, Arc<str>) = (Arc::from("heavy"), Arc::from("light"));
+    let limit = Duration::from_secs(20);
+    let job = |tenant: &Arc<str>, pin| common::device_job(tenant, pin, 1, limit);
+    let deadline = Deadline::new(LONG);
+    let heavy_pin = d.acquire(big, &heavy, &deadline, None).await.expect(big);
+    let light_pin = d
+        .acquire(small, &light, &deadline, None)
+        .await
+        .expect(small);
+    let profile = d
+        .reserve(one_big, &heavy, &deadline, "a profile")
+        .await
+        .expect("room for the profile");
+    let held = Duration::from_secs(4);
+    let d2 = Arc::clone(&d);
+    let heavy_job = job(&heavy, heavy_pin);
+    let heavy_call = tokio::spawn(async move { d2.run(heavy_job).await });
+    while d.memory().in_progress == 0 {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let ends = tokio::spawn(async move {
+        tokio::time::sleep(held).await;
+        drop(profile);
+    });
+    let started = std::time::Instant::now();
+    let light_ran = d.run(job(&light, light_pin)).await;
+    let light_took = started.elapsed();
+    let profile_held = !ends.is_finished();
+    eprintln!("the light call ran in {light_took:?} beside a profile held for {held:?}");
+    assert!(light_ran.is_ok(), "{light_ran:?}");
+    assert!(
+        profile_held,
+        "the light call waited {light_took:?}, until the profile gave its memory back"
+    );
+    ends.await.expect("join");
+    let heavy_ran = heavy_call.await.expect("join");
+    assert!(
+        heavy_ran.is_ok(),
+        "the heavy call runs once the profile ends: {heavy_ran:?}"
+    );
+}
+
 /// A profile measured at a smaller batch than the budget can hold (the device's memory was
 /// short, held by a neighbour's work: `Host::profile` says so) is answered to its tenant for a
 /// while and not kept for others; one at the largest batch is. The first was kept for every tenant until the host

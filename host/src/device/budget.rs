@@ -137,6 +137,10 @@ struct State {
     /// Weights charged (loaded and loading models).
     weights: u64,
     reserved: u64,
+    /// Of `reserved`, what running batches hold: each ends within its `slice` or `batch_time`.
+    /// The rest (a profile's measurement, a call reserved whole with adaptation off) may be
+    /// held for seconds.
+    batches: u64,
     peak: u64,
     clock: u64,
     evictions: u64,
@@ -380,11 +384,18 @@ impl Drop for Pin {
 pub struct Reservation {
     budget: Arc<Budget>,
     bytes: u64,
+    /// A running batch's.
+    batch: bool,
 }
 
 impl Drop for Reservation {
     fn drop(&mut self) {
-        lock(&self.budget.state).reserved -= self.bytes;
+        let mut s = lock(&self.budget.state);
+        s.reserved -= self.bytes;
+        if self.batch {
+            s.batches -= self.bytes;
+        }
+        drop(s);
         self.budget.wake();
     }
 }
@@ -740,13 +751,14 @@ impl Budget {
         s.room(self.total, Claim::For(tenant), now)
     }
 
-    /// Bytes a batch led by `tenant` could have once the reservations held now (running
-    /// batches, profiles) are given back and the models it may claim are unloaded: what
-    /// waiting for the running batches can give it.
+    /// Bytes a batch led by `tenant` could have once the running batches give their memory
+    /// back and the models it may claim are unloaded: what waiting for the running batches can
+    /// give it. Not what profiles and calls reserved whole hold: the dispatcher, waiting for
+    /// that, would have held every tenant's batches up behind a measurement of seconds.
     pub fn room_once_reservations_end(&self, tenant: &str) -> u64 {
         let s = lock(&self.state);
         s.room(self.total, Claim::For(tenant), Instant::now())
-            .saturating_add(s.reserved)
+            .saturating_add(s.batches)
     }
 
     /// Bytes `tenant` could claim now: free, or once the models [`Claim::For`] it allows are
@@ -759,16 +771,30 @@ impl Budget {
     /// `tenant` allows (those nobody owns first: their last use is older than any owned one's);
     /// or `None`.
     pub fn reserve_now(self: &Arc<Self>, need: u64, tenant: &str) -> Option<Reservation> {
+        self.reserve_held(need, tenant, false)
+    }
+
+    /// [`Self::reserve_now`] for a batch the dispatcher runs (see
+    /// [`Self::room_once_reservations_end`]).
+    pub fn reserve_batch(self: &Arc<Self>, need: u64, tenant: &str) -> Option<Reservation> {
+        self.reserve_held(need, tenant, true)
+    }
+
+    fn reserve_held(self: &Arc<Self>, need: u64, tenant: &str, batch: bool) -> Option<Reservation> {
         let mut s = lock(&self.state);
         let now = Instant::now();
         let unloaded = s.make_room(self.total, need, Claim::For(tenant), now)?;
         s.reserved += need;
+        if batch {
+            s.batches += need;
+        }
         s.note_peak();
         drop(s);
         self.free(unloaded);
         Some(Reservation {
             budget: Arc::clone(self),
             bytes: need,
+            batch,
         })
     }
 

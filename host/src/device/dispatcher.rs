@@ -772,7 +772,7 @@ impl Dispatcher {
             match self
                 .shared
                 .budget
-                .reserve_now(cost.run_bytes(size as u64), &c.tenant)
+                .reserve_batch(cost.run_bytes(size as u64), &c.tenant)
             {
                 Some(r) => Some(r),
                 None => {

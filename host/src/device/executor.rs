@@ -329,7 +329,9 @@ fn run_here(
                 .unwrap_or(i64::MAX);
             let b = cap.min(fits);
             if b >= 1
-                && let Some(r) = shared.budget.reserve_now(cost.run_bytes(b as u64), tenant)
+                && let Some(r) = shared
+                    .budget
+                    .reserve_batch(cost.run_bytes(b as u64), tenant)
             {
                 break (Some(r), b);
             }

@@ -440,8 +440,18 @@ impl Host {
     ) -> Option<Result<ModelProfile, DeviceError>> {
         let models = self.runtime.models();
         let Some(done) = models.profiled(id) else {
-            let layers = models.profiled_for(id, tenant)?;
-            return Some(Ok(self.profile_reply(model, &layers, pin)));
+            if let Some(layers) = models.profiled_for(id, tenant) {
+                return Some(Ok(self.profile_reply(model, &layers, pin)));
+            }
+            let ago = models.stopped_for(id, tenant)?;
+            return Some(Err(DeviceError::Stopped(format!(
+                "measuring model `{model}` takes longer than this tenant's time limit: its \
+                 measurement was stopped there {} s ago, and is not started again for this \
+                 tenant within {} s of that (a profile another tenant measures in full is \
+                 answered meanwhile)",
+                ago.as_secs(),
+                models::UNKEPT_FOR.as_secs()
+            ))));
         };
         Some(
             done.map(|layers| self.profile_reply(model, &layers, pin))

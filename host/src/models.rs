@@ -181,6 +181,12 @@ pub struct Models {
     /// every profile call measure the whole model again, each one waiting on the model's turn
     /// before the next tenant's.
     unkept: Mutex<Unkept>,
+    /// Measurements stopped at their tenant's time limit, by (model id, tenant): when. For
+    /// [`UNKEPT_FOR`] the tenant's profile calls of that model are answered that, not measured
+    /// again: a tenant whose limit is shorter than a model's measurement could otherwise start
+    /// one after another, each running to its limit outside the fair schedule, holding device
+    /// memory and the model's turn.
+    stopped: Mutex<HashMap<(String, String), Instant>>,
     /// Where memory models are kept across restarts.
     kept: Option<PathBuf>,
 }
@@ -212,6 +218,7 @@ impl Models {
             catalog: RwLock::default(),
             profiles: Mutex::default(),
             unkept: Mutex::default(),
+            stopped: Mutex::default(),
             kept,
         };
         *models
@@ -533,6 +540,21 @@ impl Models {
         (at.elapsed() < UNKEPT_FOR).then(|| Arc::clone(layers))
     }
 
+    /// How long ago a measurement of model `name` for `tenant` stopped at its time limit, if
+    /// less than [`UNKEPT_FOR`] ago. Never waits.
+    pub fn stopped_for(&self, name: &str, tenant: &str) -> Option<Duration> {
+        let stopped = self.stopped.lock().unwrap_or_else(PoisonError::into_inner);
+        let at = stopped.get(&(name.to_string(), tenant.to_string()))?;
+        Some(at.elapsed()).filter(|ago| *ago < UNKEPT_FOR)
+    }
+
+    fn note_stopped(&self, name: &str, tenant: &str) {
+        let mut stopped = self.stopped.lock().unwrap_or_else(PoisonError::into_inner);
+        // At most one per (model, tenant), and none older than they are answered.
+        stopped.retain(|_, at| at.elapsed() < UNKEPT_FOR);
+        stopped.insert((name.to_string(), tenant.to_string()), Instant::now());
+    }
+
     /// Per-layer time per sample and output bytes on this host's device, measured on `pkg` at
     /// batch `batch` (the caller holds the memory that takes): kept for every later caller if
     /// `keep` (measured at the largest batch the budget can hold); if not, answered to `tenant`
@@ -540,7 +562,8 @@ impl Models {
     /// all tenants: one measured at a smaller batch because a neighbour's work held the
     /// device's memory was kept, and every tenant planned its split from it until the host
     /// restarted. Measures while `go_on` answers true (it is asked before each run of a
-    /// layer); `Ok(None)` when it stopped, and nothing is kept for anyone then.
+    /// layer); `Ok(None)` when it stopped, and nothing is kept for anyone then but the stop,
+    /// for `tenant` ([`Models::stopped_for`]).
     pub fn profile(
         &self,
         name: &str,
@@ -559,6 +582,7 @@ impl Models {
             let layers = std::panic::catch_unwind(std::panic::AssertUnwindSafe(measure))
                 .unwrap_or_else(|p| Err(format!("panicked: {}", panic_message(p.as_ref()))))?;
             let Some(layers) = layers else {
+                self.note_stopped(name, tenant);
                 return Ok(None);
             };
             let mut unkept = self.unkept.lock().unwrap_or_else(PoisonError::into_inner);
@@ -570,7 +594,11 @@ impl Models {
             );
             return Ok(Some(layers));
         }
-        Self::slot(&self.profiles, name).get_or_try(measure)
+        let made = Self::slot(&self.profiles, name).get_or_try(measure);
+        if matches!(made, Ok(None)) {
+            self.note_stopped(name, tenant);
+        }
+        made
     }
 }
 

@@ -394,10 +394,11 @@ async fn a_profile_takes_one_of_the_tenants_slots() {
 
 /// A profile's measurement runs within its tenant's time limit, as an invocation's device
 /// work does: tenant `quick` (50 ms, far less than resnet18's measurement at batch 8 on a CPU,
-/// about 0.56 s here) gets 422 `time_limit_exceeded`, on its second request too, when the model
-/// it loaded is resident; nothing it measured is kept (alice's request then measures the whole
-/// model). The measurement had run to its end past the limit and answered 200, holding the
-/// model's turn, device memory and a core meanwhile.
+/// about 0.56 s here) gets 422 `time_limit_exceeded` when the model it loaded is resident, and
+/// its second request is answered that stop without measuring again; nothing it measured is
+/// kept (alice's request then measures the whole model). The measurement had run to its end
+/// past the limit and answered 200, holding the model's turn, device memory and a core
+/// meanwhile; then (32b5673) every request measured again to the limit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_profile_stops_at_its_tenants_time_limit() {
     const QUICK: &str = "quick-token";
@@ -420,11 +421,20 @@ async fn a_profile_stops_at_its_tenants_time_limit() {
     let body = serde_json::json!({"bucket": "datasets", "keys": [common::sample_key(0)],
         "model": "resnet18", "split": 1});
     assert_eq!(h.warm(ALICE, "feature-extract", body).await.status(), 200);
-    for attempt in ["first", "second"] {
-        let stopped = profile(QUICK).await.expect("profile");
-        let (code, message) = error_code(stopped, 422).await;
-        assert_eq!(code, "time_limit_exceeded", "{attempt}: {message}");
-    }
+    let stopped = profile(QUICK).await.expect("profile");
+    let (code, message) = error_code(stopped, 422).await;
+    assert_eq!(code, "time_limit_exceeded", "{message}");
+    assert!(message.contains("time limit of 50ms exceeded"), "{message}");
+    // Its next request is answered the stop, not measured again: a tenant could otherwise
+    // start measurement after measurement, each to its time limit.
+    let again = profile(QUICK).await.expect("profile");
+    let (code, message) = error_code(again, 422).await;
+    assert_eq!(code, "time_limit_exceeded", "{message}");
+    assert!(
+        message.contains("takes longer than this tenant's time limit")
+            && message.contains("is not started again for this tenant"),
+        "measured again: {message}"
+    );
     let full = profile(ALICE).await.expect("profile");
     assert_eq!(full.status(), 200);
     let full: serde_json::Value = full.json().await.expect("JSON");

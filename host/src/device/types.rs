@@ -42,6 +42,9 @@ pub enum DeviceError {
     /// The caller's deadline passed.
     #[error("time limit of {0:?} exceeded while waiting for or running on the device")]
     Expired(Duration),
+    /// Work that ran past its tenant's time limit lately is not started again yet.
+    #[error("{0}")]
+    Stopped(String),
     /// The caller's memory account cannot hold the output.
     #[error("{0}")]
     Memory(OverLimit),

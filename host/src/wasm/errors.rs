@@ -87,7 +87,7 @@ fn device_code(d: &DeviceError) -> ErrorCode {
         DeviceError::Busy(_) => ErrorCode::DeviceBusy,
         DeviceError::TooLarge(_) => ErrorCode::DoesNotFitDevice,
         DeviceError::ShuttingDown => ErrorCode::ShuttingDown,
-        DeviceError::Expired(_) => ErrorCode::TimeLimitExceeded,
+        DeviceError::Expired(_) | DeviceError::Stopped(_) => ErrorCode::TimeLimitExceeded,
         DeviceError::Memory(_) => ErrorCode::MemoryLimitExceeded,
         DeviceError::Failed(_) => ErrorCode::HostFault,
     }

@@ -362,6 +362,71 @@ async fn connections_without_a_tenants_request_make_room_for_one() {
     ran_to_its_end(in_flight).await;
 }
 
+/// A tenant holds at most its cap of connections busy (here 5: one invocation, no queue, and
+/// four for other requests). Tenant `pipe` opens every connection the host takes, from two
+/// addresses, and on each pipelines thousands of lists of models (which take no slot) and
+/// reads none of the answers, so that each connection's next answer waits to be written: a
+/// newcomer closes one of the connections past its cap. Every connection had stayed busy and
+/// the newcomer was closed at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_holds_no_more_connections_busy_than_its_cap() {
+    use tokio::io::AsyncWriteExt;
+    const PIPE: &str = "pipe-token";
+    let tmp = tempfile::tempdir().expect("tmp");
+    let store = tmp.path().join("store");
+    common::write_store(&store);
+    let text = format!(
+        "{}\n[tenants.pipe]\ntoken_sha256 = \"{}\"\ngrants = []\nmodels = [\"efficientnet_lite0\", \"resnet18\"]\nconcurrency = 1\nqueue = 0\n",
+        common::policy_text_for(
+            &format!("store = \"{}\"", store.display()),
+            "max_connections = 8\nmax_connections_per_client = 4",
+            &tmp.path().join("state"),
+        ),
+        hapi_host::policy::hash_token(PIPE)
+    );
+    let h = TestHost::start_with(tmp, store, text).await;
+    let addr: std::net::SocketAddr = h
+        .url
+        .trim_start_matches("http://")
+        .parse()
+        .expect("address");
+    let lists =
+        format!("GET /v1/models HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {PIPE}\r\n\r\n")
+            .repeat(4000);
+    let mut unread = Vec::new();
+    for ip in [[127, 0, 0, 2], [127, 0, 0, 3]] {
+        for _ in 0..4 {
+            let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+            socket.set_recv_buffer_size(1024).expect("a small window");
+            socket
+                .bind(std::net::SocketAddr::from((ip, 0)))
+                .expect("bind a loopback address");
+            let conn = socket.connect(addr).await.expect("connect");
+            let (read, mut write) = conn.into_split();
+            let lists = lists.clone();
+            // Writes until the host stops reading (its answers unwritten), and waits there.
+            unread.push((
+                read,
+                tokio::spawn(async move {
+                    let _ = write.write_all(lists.as_bytes()).await;
+                    write
+                }),
+            ));
+        }
+    }
+    // The host answers until each connection's socket buffers are full.
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    let healthy = common::http_client()
+        .get(format!("{}/healthz", h.url))
+        .send()
+        .await
+        .expect("a newcomer gets a connection");
+    assert_eq!(healthy.status(), 200);
+    for (_, writer) in &unread {
+        writer.abort();
+    }
+}
+
 /// A tenant's request whose body is withheld does not hold its connection busy while the host
 /// drains the body, whether a handler refused it (an unknown function) or answered without
 /// reading it (a GET with a body): with the other connection busy with an invocation, a

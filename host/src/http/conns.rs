@@ -10,6 +10,12 @@
 //! that did, the longest idle first. A connection is busy from its request's authentication to
 //! the last byte of its response leaving hyper (its chunks are dropped once written), and is
 //! never closed for another meanwhile. A newcomer is refused when every connection is busy.
+//!
+//! A tenant holds at most [`busy_cap`] connections busy (its invocations running and waiting,
+//! and a few more for its other requests). A request of its past that leaves its connection as
+//! it was, idle, so that it may be closed for a newcomer. Pipelined requests whose answers the
+//! client does not read (a list's, which takes no slot) had held any number of connections
+//! busy from many addresses, and every other tenant out.
 
 use axum::body::{Body, Bytes};
 use std::collections::{BTreeMap, HashMap};
@@ -30,6 +36,12 @@ struct State {
     /// carried an authenticated request, when it became idle).
     idle: BTreeMap<(bool, u64), u64>,
     conns: HashMap<u64, Conn>,
+    /// Connections each tenant holds busy.
+    tenants: HashMap<Arc<str>, usize>,
+    /// Open connections chosen to be closed for a newcomer (not yet gone).
+    closing: usize,
+    /// The cap on open connections, as the latest newcomer was given it.
+    max: usize,
     next: u64,
 }
 
@@ -39,6 +51,9 @@ struct Conn {
     idle: Option<(bool, u64)>,
     /// Authenticated requests in flight (each until its response's last chunk is dropped).
     busy: usize,
+    /// The tenant whose requests hold it busy (counted in `State::tenants`); none for the
+    /// operator's.
+    holder: Option<Arc<str>>,
     served: bool,
     /// Chosen to be closed for a newcomer; a request authenticated before the connection's task
     /// saw it takes that back.
@@ -51,6 +66,19 @@ struct Conn {
 }
 
 impl State {
+    /// Connection `id`'s holder no longer holds it busy.
+    fn unhold(&mut self, id: u64) {
+        let Some(t) = self.conns.get_mut(&id).and_then(|c| c.holder.take()) else {
+            return;
+        };
+        if let Some(n) = self.tenants.get_mut(&t) {
+            *n -= 1;
+            if *n == 0 {
+                self.tenants.remove(&t);
+            }
+        }
+    }
+
     fn make_idle(&mut self, id: u64) {
         let seq = self.next;
         let Some(c) = self.conns.get_mut(&id) else {
@@ -62,6 +90,7 @@ impl State {
         if c.owed {
             c.owed = false;
             c.closing = true;
+            self.closing += 1;
             c.close.notify_one();
             return;
         }
@@ -87,10 +116,14 @@ impl Drop for Counted {
     fn drop(&mut self) {
         let mut s = lock(&self.track.conns.state);
         s.open -= 1;
-        if let Some(c) = s.conns.remove(&self.track.id)
-            && let Some(key) = c.idle
-        {
-            s.idle.remove(&key);
+        s.unhold(self.track.id);
+        if let Some(c) = s.conns.remove(&self.track.id) {
+            if let Some(key) = c.idle {
+                s.idle.remove(&key);
+            }
+            if c.closing {
+                s.closing -= 1;
+            }
         }
         if let Some(n) = s.per_client.get_mut(&self.ip) {
             *n -= 1;
@@ -131,19 +164,33 @@ impl Connections {
     /// `max` are open, it closes one that carries no authenticated request (see the module's
     /// doc), and is refused if every one does. (Until that one's task ends, a moment later, or
     /// the requests end of one that authenticated a request meanwhile, one more than `max` is
-    /// counted.)
+    /// counted; the next newcomer then closes two.)
     pub fn enter(self: &Arc<Self>, ip: IpAddr, max: usize, per_client: usize) -> Option<Counted> {
         let mut s = lock(&self.state);
+        s.max = max;
         let mine = s.per_client.get(&ip).copied().unwrap_or(0);
         if mine >= per_client {
             return None;
         }
-        if s.open >= max {
-            let (_, victim) = s.idle.pop_first()?;
-            if let Some(c) = s.conns.get_mut(&victim) {
-                c.idle = None;
-                c.closing = true;
-                c.close.notify_one();
+        // Those that stay: open, less those closing. A close taken back (owed) stays until its
+        // requests end, so a newcomer meanwhile closes one more: the count does not grow past
+        // `max` by one for each close taken back.
+        let staying = s.open - s.closing;
+        if staying >= max {
+            let need = staying + 1 - max;
+            if s.idle.len() < need {
+                return None;
+            }
+            for _ in 0..need {
+                let Some((_, victim)) = s.idle.pop_first() else {
+                    break;
+                };
+                if let Some(c) = s.conns.get_mut(&victim) {
+                    c.idle = None;
+                    c.closing = true;
+                    c.close.notify_one();
+                }
+                s.closing += 1;
             }
         }
         s.open += 1;
@@ -155,6 +202,7 @@ impl Connections {
             Conn {
                 idle: None,
                 busy: 0,
+                holder: None,
                 served: false,
                 closing: false,
                 owed: false,
@@ -186,26 +234,60 @@ pub struct Track {
 }
 
 impl Track {
-    /// A request of this connection was authenticated: it is not closed for a newcomer until
-    /// the returned guard, and every chunk of the response it is put into, are dropped.
-    pub fn busy(&self) -> Arc<Busy> {
+    /// A request of this connection was authenticated (a tenant's, with its [`busy_cap`]; or
+    /// the operator's): it is not closed for a newcomer until the returned guard, and every
+    /// chunk of the response it is put into, are dropped. None when the tenant holds its cap
+    /// of other connections busy, or the connection is being closed and may not be taken back
+    /// (see below): the connection stays as it was.
+    pub fn busy(&self, tenant: Option<(&str, usize)>) -> Option<Arc<Busy>> {
         let mut s = lock(&self.conns.state);
+        let s = &mut *s;
         if let Some(c) = s.conns.get_mut(&self.id) {
+            // Authenticated before its task saw its close: it may take the close back only
+            // while those staying are within `max` (a newcomer closes one more then). Past
+            // that, the request goes with its connection (clients retry), so that closes
+            // taken back at that instant, again and again, cannot grow the count.
+            if c.closing && s.open - s.closing > s.max {
+                return None;
+            }
+            if c.busy == 0
+                && let Some((t, cap)) = tenant
+            {
+                let held = s.tenants.get(t).copied().unwrap_or(0);
+                if held >= cap {
+                    return None;
+                }
+                let t: Arc<str> = Arc::from(t);
+                *s.tenants.entry(Arc::clone(&t)).or_default() += 1;
+                c.holder = Some(t);
+            }
             c.busy += 1;
             c.served = true;
             // Authenticated before its task saw the close: the request goes on, and the
             // connection closes after it.
             if c.closing {
                 c.closing = false;
+                s.closing -= 1;
                 c.owed = true;
             }
             if let Some(key) = c.idle.take() {
                 s.idle.remove(&key);
             }
         }
-        Arc::new(Busy(self.clone()))
+        Some(Arc::new(Busy(self.clone())))
     }
 }
+
+/// Connections a tenant may hold busy at once: one for each invocation it may run or queue, and
+/// [`BUSY_BESIDE_INVOCATIONS`] for its other requests (lists, uploads, profiles, placement).
+pub fn busy_cap(concurrency: usize, queue: usize) -> usize {
+    concurrency
+        .saturating_add(queue)
+        .saturating_add(BUSY_BESIDE_INVOCATIONS)
+}
+
+/// See [`busy_cap`].
+pub const BUSY_BESIDE_INVOCATIONS: usize = 4;
 
 /// A connection's authenticated request in flight; dropped with its response's last chunk.
 #[derive(Debug)]
@@ -216,6 +298,9 @@ impl Drop for Busy {
         let mut s = lock(&self.0.conns.state);
         if let Some(c) = s.conns.get_mut(&self.0.id) {
             c.busy = c.busy.saturating_sub(1);
+            if c.busy == 0 {
+                s.unhold(self.0.id);
+            }
         }
         s.make_idle(self.0.id);
     }
@@ -238,11 +323,11 @@ impl Carried {
         }
     }
 
-    /// The request's token is a tenant's or the operator's.
-    pub fn authenticated(&self) {
+    /// The request's token is a tenant's (with its [`busy_cap`]) or the operator's.
+    pub fn authenticated(&self, tenant: Option<(&str, usize)>) {
         let mut busy = self.busy.lock().unwrap_or_else(PoisonError::into_inner);
         if busy.is_none() {
-            *busy = Some(self.track.busy());
+            *busy = self.track.busy(tenant);
         }
     }
 
@@ -310,6 +395,11 @@ mod tests {
     use std::future::Future;
     use std::task::Context;
 
+    /// Connection `c` carries an operator's request (no tenant's cap).
+    fn busy(c: &Counted) -> Arc<Busy> {
+        c.track().busy(None).expect("no cap")
+    }
+
     /// Polls `f` once: whether it is ready.
     fn ready(f: impl Future<Output = ()>) -> bool {
         let mut f = std::pin::pin!(f);
@@ -328,21 +418,21 @@ mod tests {
         let b1 = c.enter(b, 3, 2).expect("another client");
         // a1 served a tenant and waits for its next request; a2 and b1 never carried one:
         // a2, the older of those, is closed first, then b1, then a1.
-        drop(a1.track().busy());
+        drop(busy(&a1));
         let b2 = c.enter(b, 3, 2).expect("room made");
         assert!(ready(a2.closed()), "a2 not closed");
         assert!(!ready(b1.closed()) && !ready(a1.closed()));
         drop(a2);
-        let busy_b2 = b2.track().busy();
+        let busy_b2 = busy(&b2);
         let a3 = c.enter(a, 3, 2).expect("room made");
         assert!(ready(b1.closed()), "b1 not closed");
         drop(b1);
-        let _busy_a3 = a3.track().busy();
+        let _busy_a3 = busy(&a3);
         let b3 = c.enter(b, 3, 3).expect("room made");
         assert!(ready(a1.closed()), "a1 not closed");
         drop(a1);
         // Every one busy but b3, which is closed for the next; then all busy: refused.
-        let _busy_b3 = b3.track().busy();
+        let _busy_b3 = busy(&b3);
         assert!(c.enter(b, 3, 3).is_none(), "all busy");
         // A response sent: its connection may be closed again.
         drop(busy_b2);
@@ -357,7 +447,7 @@ mod tests {
         let a: IpAddr = [127, 0, 0, 1].into();
         let a1 = c.enter(a, 1, 2).expect("first");
         let _a2 = c.enter(a, 1, 2).expect("room made");
-        let busy = a1.track().busy();
+        let busy = busy(&a1);
         assert!(!ready(a1.closed()), "closed with a request in flight");
         // Its request done, it closes rather than waiting for its next one.
         drop(busy);
@@ -370,14 +460,14 @@ mod tests {
         let a: IpAddr = [127, 0, 0, 1].into();
         let a1 = c.enter(a, 2, 4).expect("first");
         let a2 = c.enter(a, 2, 4).expect("second");
-        let (busy1, busy2) = (a1.track().busy(), a2.track().busy());
+        let (busy1, busy2) = (busy(&a1), busy(&a2));
         // a2 idle first, then a1: a2 has waited longer, though a1 is older.
         drop(busy2);
         drop(busy1);
         let a3 = c.enter(a, 2, 4).expect("room made");
         assert!(ready(a2.closed()) && !ready(a1.closed()));
         // A request's Busy outliving its connection does not make the connection idle again.
-        let late = a3.track().busy();
+        let late = busy(&a3);
         drop(a3);
         drop(late);
         drop(a2);
@@ -391,7 +481,7 @@ mod tests {
         let c = Arc::new(Connections::default());
         let a: IpAddr = [127, 0, 0, 1].into();
         let a1 = c.enter(a, 1, 2).expect("first");
-        let mut body = Box::pin(holding(Body::from("an answer"), a1.track().busy()));
+        let mut body = Box::pin(holding(Body::from("an answer"), busy(&a1)));
         let mut cx = Context::from_waker(std::task::Waker::noop());
         let chunk = match body.as_mut().poll_frame(&mut cx) {
             std::task::Poll::Ready(Some(Ok(frame))) => frame.into_data().expect("data"),
@@ -405,5 +495,85 @@ mod tests {
         drop(chunk);
         let _a2 = c.enter(a, 1, 2).expect("room once the chunk is written");
         assert!(ready(a1.closed()));
+    }
+
+    #[test]
+    fn a_tenant_holds_at_most_its_cap_of_connections_busy() {
+        let c = Arc::new(Connections::default());
+        let (a, b): (IpAddr, IpAddr) = ([127, 0, 0, 1].into(), [127, 0, 0, 2].into());
+        let conns: Vec<Counted> = (0..3).map(|_| c.enter(a, 4, 4).expect("room")).collect();
+        let t = Some(("pipe", 2));
+        let held: Vec<_> = conns.iter().map(|k| k.track().busy(t)).collect();
+        assert!(held[0].is_some() && held[1].is_some(), "within its cap");
+        assert!(held[2].is_none(), "past its cap");
+        // A second request on a connection it holds busy (pipelined) counts no further.
+        let again = conns[0].track().busy(t);
+        assert!(again.is_some());
+        // Another tenant's, and the operator's, are not held to its cap.
+        let other = c.enter(b, 4, 4).expect("room");
+        let other_busy = other.track().busy(Some(("bob", 2))).expect("bob's own cap");
+        // Full: a newcomer closes the connection past the cap, not those it holds.
+        let _newcomer = c.enter(b, 4, 4).expect("room made");
+        assert!(ready(conns[2].closed()), "the one past its cap stays");
+        assert!(!ready(conns[0].closed()) && !ready(conns[1].closed()) && !ready(other.closed()));
+        // Its requests done on one connection (every response chunk dropped), it may hold
+        // another; a connection gone with its requests frees its place too.
+        drop(held);
+        let third = conns[2].track().busy(t);
+        assert!(third.is_some(), "conns[1]'s place came free");
+        assert!(
+            conns[1].track().busy(t).is_none(),
+            "conns[0] and conns[2] held"
+        );
+        let mut conns = conns;
+        drop(conns.remove(2));
+        let fourth = conns[1].track().busy(t);
+        assert!(fourth.is_some(), "a connection gone gives its place back");
+        // The gone connection's request ends later: nothing more is given back.
+        drop(third);
+        let fifth = c.enter(a, 5, 5).expect("room");
+        assert!(
+            fifth.track().busy(t).is_none(),
+            "two held: conns[0] and conns[1]"
+        );
+        drop((again, fourth));
+        drop(other_busy);
+    }
+
+    #[test]
+    fn closes_taken_back_do_not_let_the_count_grow_past_max() {
+        let c = Arc::new(Connections::default());
+        let max = 3;
+        let mut open: Vec<Counted> = (0..max)
+            .map(|i| {
+                c.enter([127, 0, 0, i as u8 + 1].into(), max, 1)
+                    .expect("room")
+            })
+            .collect();
+        let mut held = Vec::new();
+        for i in 0..10u8 {
+            let Some(newcomer) = c.enter([10, 0, 0, i].into(), max, 1) else {
+                break;
+            };
+            // Each close is taken back by a request authenticated at that instant, whose
+            // response then stays unread; the others' tasks see their close and end.
+            let mut kept = Vec::new();
+            for k in open.drain(..) {
+                if ready(k.closed()) {
+                    match k.track().busy(None) {
+                        Some(b) if held.len() < 10 => {
+                            held.push(b);
+                            kept.push(k);
+                        }
+                        _ => drop(k),
+                    }
+                } else {
+                    kept.push(k);
+                }
+            }
+            open = kept;
+            open.push(newcomer);
+            assert!(c.open() <= max + 1, "round {i}: {} open", c.open());
+        }
     }
 }

@@ -52,16 +52,19 @@ impl FromRequestParts<Arc<Host>> for Authed {
         });
         // No tenant to charge: counted apart, so that guessing and missing tokens show.
         let found = found.inspect_err(|e| host.metrics.unauthenticated(e.code.as_str()))?;
-        busy(parts);
+        let limits = &found.0.limits;
+        let cap = crate::http::conns::busy_cap(limits.concurrency, limits.queue);
+        busy(parts, Some((&found.0.name, cap)));
         Ok(found)
     }
 }
 
-/// An authenticated request: its connection is not closed for a newcomer until its response
-/// is sent (`http/conns.rs`).
-fn busy(parts: &Parts) {
+/// An authenticated request (a tenant's, with its cap of busy connections; or the
+/// operator's): its connection is not closed for a newcomer until its response is sent
+/// (`http/conns.rs`).
+fn busy(parts: &Parts, tenant: Option<(&str, usize)>) {
     if let Some(c) = parts.extensions.get::<crate::http::conns::Carried>() {
-        c.authenticated();
+        c.authenticated(tenant);
     }
 }
 
@@ -87,7 +90,7 @@ impl FromRequestParts<Arc<Host>> for Operator {
     async fn from_request_parts(parts: &mut Parts, host: &Arc<Host>) -> Result<Self, ApiError> {
         let operator = Self::check(parts, host)
             .inspect_err(|e| host.metrics.unauthenticated(e.code.as_str()))?;
-        busy(parts);
+        busy(parts, None);
         Ok(operator)
     }
 }

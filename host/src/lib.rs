@@ -73,6 +73,8 @@ pub struct Host {
     /// goes with its job, so a client that hangs up does not free it while the job still waits.
     pub undeploys: Arc<tokio::sync::Semaphore>,
     pub metrics: Arc<Metrics>,
+    /// The engine's instance pool (see [`wasm::engine::instances_for`]).
+    instances: u32,
 }
 
 impl Host {
@@ -109,7 +111,8 @@ impl Host {
             },
             Arc::clone(&models),
         )?;
-        let engine = wasm::engine::engine(policy::MAX_GUEST_MEMORY, h.keep_resident)?;
+        let instances = wasm::engine::instances_for(policy.invocations());
+        let engine = wasm::engine::engine(policy::MAX_GUEST_MEMORY, h.keep_resident, instances)?;
         let runtime = Arc::new(Runtime::new(
             engine,
             Arc::clone(&current),
@@ -133,6 +136,7 @@ impl Host {
             profiling: std::sync::Mutex::default(),
             undeploys: Arc::new(tokio::sync::Semaphore::new(UNDEPLOYS_AT_ONCE)),
             metrics: Arc::default(),
+            instances,
         }))
     }
 
@@ -185,6 +189,16 @@ impl Host {
                 .into_iter()
                 .map(|id| format!("model package `{id}` (its files changed)")),
         );
+        let wanted = wasm::engine::instances_for(policy.invocations());
+        if wanted > self.instances {
+            restart.push(format!(
+                "the instance pool: the tenants' concurrency adds up to {}, past the {} \
+                 instances this host started with (invocations past them are answered 429 \
+                 `busy` until a restart)",
+                policy.invocations(),
+                self.instances
+            ));
+        }
         let measure = policy.host.measure_at_start.then(|| models.usable(&policy));
         let policy = Arc::new(policy);
         self.set_policy(Arc::clone(&policy));

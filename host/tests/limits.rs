@@ -566,13 +566,17 @@ async fn a_trapping_guest_gets_a_clear_error() {
     others_still_served(&h).await;
 }
 
-/// The host's instance slots (`MAX_INSTANCES`, all tenants together): invocations past them get
-/// 429 `busy` with `Retry-After`, never a server error, and the host serves on.
+/// The host's instance pool holds the sum of the tenants' `concurrency` (at least
+/// `MIN_INSTANCES`): five tenants of 64 (320, past 256) each run 64 calls at once, and every
+/// call is served. The pool had held 256 instances for all, so tenants within their
+/// concurrency were answered 429 for slots that others held. A reload that raises the sum past
+/// the pool says that a restart is needed; invocations past the pool then get 429 `busy` with
+/// `Retry-After`, never a server error, and the host serves on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn instance_slots_obeyed_and_violated() {
-    use hapi_host::wasm::engine::MAX_INSTANCES;
-    let tenants = (MAX_INSTANCES as usize).div_ceil(64) + 1;
-    let h = common::start_tenants(|store, state| {
+async fn the_instance_pool_holds_every_tenants_concurrency() {
+    use hapi_host::wasm::engine::MIN_INSTANCES;
+    let tenants = (MIN_INSTANCES as usize).div_ceil(64) + 1;
+    let text = |store: &std::path::Path, state: &std::path::Path, tenants: usize| {
         let mut text = common::tenants_policy(
             store,
             state,
@@ -592,32 +596,61 @@ async fn instance_slots_obeyed_and_violated() {
             );
         }
         text
+    };
+    let mut dirs = None;
+    let h = common::start_tenants(|store, state| {
+        dirs = Some((store.to_path_buf(), state.to_path_buf()));
+        text(store, state, tenants)
     })
     .await;
+    let (store, state) = dirs.expect("the policy was written");
     let sleep =
         json!({"bucket": "b", "keys": [], "model": "m", "split": 0, "options": {"ms": "1500"}});
-    let calls = (0..tenants * 64).map(|i| {
-        let h = &h;
-        let body = sleep.clone();
-        async move {
-            h.invoke(&common::tenant_token(i % tenants), "sleeper", body)
-                .await
+    let all_at_once = |tenants: usize| {
+        let calls = (0..tenants * 64).map(|i| {
+            let (h, body) = (&h, sleep.clone());
+            async move {
+                h.invoke(&common::tenant_token(i % tenants), "sleeper", body)
+                    .await
+            }
+        });
+        futures::future::join_all(calls)
+    };
+    let count = |responses: &[reqwest::Response]| {
+        let mut counts = std::collections::BTreeMap::new();
+        for r in responses {
+            *counts.entry(r.status().as_u16()).or_insert(0usize) += 1;
         }
-    });
-    let responses = futures::future::join_all(calls).await;
-    let mut counts = std::collections::BTreeMap::new();
-    for r in &responses {
-        *counts.entry(r.status().as_u16()).or_insert(0usize) += 1;
-    }
+        counts
+    };
+    let responses = all_at_once(tenants).await;
+    let counts = count(&responses);
     eprintln!("{} calls at once: {counts:?}", tenants * 64);
+    assert_eq!(
+        counts,
+        [(200, tenants * 64)].into(),
+        "every tenant within its concurrency is served"
+    );
+    // One tenant more: past the pool the host started with.
+    let restart = h
+        .reload(&text(&store, &state, tenants + 1))
+        .await
+        .expect("reloaded");
+    assert!(
+        restart.iter().any(|r| r.contains("the instance pool")
+            && r.contains(&format!("adds up to {}", (tenants + 1) * 64))),
+        "{restart:?}"
+    );
+    let responses = all_at_once(tenants + 1).await;
+    let counts = count(&responses);
+    eprintln!(
+        "{} calls at once past the pool: {counts:?}",
+        (tenants + 1) * 64
+    );
     assert!(counts.keys().all(|&s| s == 200 || s == 429), "{counts:?}");
     assert!(
         counts.get(&429).copied().unwrap_or(0) >= 1,
         "the slots never ran out: {counts:?}"
-    );
-    assert!(
-        counts.get(&200).copied().unwrap_or(0) >= MAX_INSTANCES as usize / 2,
-        "{counts:?}"
     );
     for r in responses.into_iter().filter(|r| r.status() == 429) {
         assert_eq!(r.headers().get("retry-after").expect("Retry-After"), "1");

@@ -155,6 +155,31 @@ fn two_tenant_names_that_differ_only_in_case_are_refused() {
     assert!(e.contains("`Alice` and `alice` differ only in case"), "{e}");
 }
 
+/// The engine's instance pool holds every tenant's `concurrency` together, up to
+/// `MAX_INVOCATIONS`; a policy past that is refused, saying so.
+#[test]
+fn tenants_whose_concurrency_adds_up_past_the_pool_are_refused() {
+    let most = hapi_host::policy::MAX_INVOCATIONS;
+    let tenants = |n: usize| {
+        let mut text = with_tenant("");
+        for t in 0..n {
+            text.push_str(&format!(
+                "\n[tenants.t{t}]\ntoken_sha256 = \"{}\"\nconcurrency = 64\n",
+                hash_token(&format!("t{t}"))
+            ));
+        }
+        text
+    };
+    // Alice's default 4, and 63 tenants of 64: 4,036; one more passes 4,096.
+    let fits = parse(&tenants(most / 64 - 1)).expect("within the pool");
+    assert_eq!(fits.invocations(), 4 + (most / 64 - 1) * 64);
+    let e = parse(&tenants(most / 64)).expect_err("past the pool");
+    assert!(
+        e.contains(&format!("adds up to {}", 4 + most)) && e.contains("at most 4096 invocations"),
+        "{e}"
+    );
+}
+
 #[test]
 fn the_example_policy_parses_and_its_token_matches() {
     let path = hapi_tests::workspace().join("examples/policy.toml");

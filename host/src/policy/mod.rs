@@ -88,6 +88,10 @@ pub const MAX_TIMEOUT: Duration = Duration::from_secs(3600);
 pub const MAX_CONCURRENCY: u64 = 64;
 /// Most invocations a tenant may have waiting for a slot.
 pub const MAX_QUEUE: u64 = 1024;
+/// Most invocations all tenants may run at once (the sum of their `concurrency`): the engine's
+/// instance pool holds that many, so that no tenant within its `concurrency` is refused for a
+/// slot other tenants hold (`wasm/engine.rs`).
+pub const MAX_INVOCATIONS: usize = 4096;
 /// Largest fairness weight.
 pub const MAX_WEIGHT: u64 = 1000;
 /// Longest a pooled batch may wait for batch mates: every call pays it.
@@ -436,6 +440,11 @@ fn constant_time_eq(a: &[u8; 32], b: &[u8; 32]) -> bool {
 }
 
 impl Policy {
+    /// Invocations all tenants may run at once: the sum of their `concurrency`.
+    pub fn invocations(&self) -> usize {
+        self.tenants.values().map(|t| t.limits.concurrency).sum()
+    }
+
     /// The tenant whose token hashes to `sha256`.
     pub fn tenant_by_token_hash(&self, sha256: &[u8; 32]) -> Option<&Arc<Tenant>> {
         // Compare every hash in full so the time taken does not depend on where they differ.

@@ -361,6 +361,19 @@ impl Policy {
             tenants.insert(name.clone(), Arc::new(tenant));
         }
         separate_directories(&ctx, &raw, &host, &tenants)?;
+        let invocations: usize = tenants.values().map(|t| t.limits.concurrency).sum();
+        if invocations > MAX_INVOCATIONS
+            && let Some(last) = raw.tenants.values().last()
+        {
+            return ctx.err(
+                last.span(),
+                format!(
+                    "the tenants' `concurrency` adds up to {invocations}: a host runs at most \
+                     {} invocations at once (its instance pool); lower some tenants' concurrency",
+                    MAX_INVOCATIONS
+                ),
+            );
+        }
         let mut host = host;
         if raw.host.shutdown_timeout.is_none() {
             // An invocation to its deadline, or an upload's body to the body timeout.

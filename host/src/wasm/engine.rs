@@ -9,8 +9,20 @@ use wasmtime::{
 /// Epoch tick: how often a running guest is checked against its deadline and yields to other
 /// invocations on the same worker thread.
 pub const EPOCH_TICK: Duration = Duration::from_millis(10);
-/// Instances alive at once across all tenants (pooling allocator slots).
-pub const MAX_INSTANCES: u32 = 256;
+/// Instances alive at once across all tenants (pooling allocator slots), at least: the pool
+/// holds the sum of the tenants' `concurrency` when that is more ([`instances_for`]).
+pub const MIN_INSTANCES: u32 = 256;
+
+/// The pool's instances for tenants whose `concurrency` adds up to `invocations`: each
+/// invocation holds one, so that no tenant within its concurrency is refused (429 `busy`)
+/// for slots other tenants hold. At most `policy::MAX_INVOCATIONS`, which a policy may not
+/// pass (each instance reserves address space for its memories: 4 GiB and a guard each).
+pub fn instances_for(invocations: usize) -> u32 {
+    let most = u32::try_from(crate::policy::MAX_INVOCATIONS).unwrap_or(u32::MAX);
+    u32::try_from(invocations)
+        .unwrap_or(u32::MAX)
+        .clamp(MIN_INSTANCES, most)
+}
 /// Core instances one component instance may create, its nested components' included (a
 /// pushdown function from `cargo component` or `wasm32-wasip2` creates three: its module, and
 /// the shim and fix-up modules `wit-component` adds). Checked when the component is compiled.
@@ -33,11 +45,11 @@ pub const STACK_BYTES: usize = 2 << 20;
 pub const PROFILER_ENV: &str = "HAPI_WASM_PROFILER";
 
 /// Builds the engine: component model, async host calls, epoch interruption and a pooling
-/// allocator with `max_memory` bytes per guest memory, of which `keep_resident` stay resident
-/// (zeroed with memset) when an instance ends, so that the next instance in the slot does not
-/// page-fault them in. Slots are reused most recently used first, so at most (instances alive at
-/// once) x `keep_resident` stays resident.
-pub fn engine(max_memory: u64, keep_resident: u64) -> anyhow::Result<Engine> {
+/// allocator of `instances` component instances, with `max_memory` bytes per guest memory, of
+/// which `keep_resident` stay resident (zeroed with memset) when an instance ends, so that the
+/// next instance in the slot does not page-fault them in. Slots are reused most recently used
+/// first, so at most (instances alive at once) x `keep_resident` stays resident.
+pub fn engine(max_memory: u64, keep_resident: u64, instances: u32) -> anyhow::Result<Engine> {
     let mut config = Config::new();
     match std::env::var(PROFILER_ENV).as_deref() {
         Err(_) | Ok("" | "none") => {}
@@ -67,14 +79,14 @@ pub fn engine(max_memory: u64, keep_resident: u64) -> anyhow::Result<Engine> {
     // instance count binds first (an upload past the per-component maxima is refused when it
     // is compiled, "The component transitively contains ...").
     let mut pool = PoolingAllocationConfig::default();
-    pool.total_component_instances(MAX_INSTANCES)
+    pool.total_component_instances(instances)
         .max_core_instances_per_component(MAX_CORE_INSTANCES_PER_COMPONENT)
         .max_memories_per_component(MAX_MEMORIES_PER_COMPONENT)
         .max_tables_per_component(MAX_TABLES_PER_COMPONENT)
-        .total_core_instances(MAX_INSTANCES * MAX_CORE_INSTANCES_PER_COMPONENT)
-        .total_memories(MAX_INSTANCES * MAX_MEMORIES_PER_COMPONENT)
-        .total_tables(MAX_INSTANCES * MAX_TABLES_PER_COMPONENT)
-        .total_stacks(MAX_INSTANCES)
+        .total_core_instances(instances * MAX_CORE_INSTANCES_PER_COMPONENT)
+        .total_memories(instances * MAX_MEMORIES_PER_COMPONENT)
+        .total_tables(instances * MAX_TABLES_PER_COMPONENT)
+        .total_stacks(instances)
         .table_elements(MAX_TABLE_ELEMENTS)
         .max_memory_size(usize::try_from(max_memory).unwrap_or(usize::MAX))
         .linear_memory_keep_resident(usize::try_from(keep_resident).unwrap_or(usize::MAX))

@@ -343,16 +343,25 @@ impl Host {
         model: &str,
         slot: Option<admission::Permit>,
     ) -> Result<ModelProfile, DeviceError> {
-        let deadline = Deadline::new(PROFILE_TIMEOUT.min(tenant.limits.timeout));
+        let limit = PROFILE_TIMEOUT.min(tenant.limits.timeout);
+        let deadline = Deadline::new(limit);
         let share = || -> Arc<dyn Pace> { self.runtime.share_for(tenant, deadline.at()) };
         let work = share();
         let weight = tenant.limits.weight;
         let tenant = tenant.name.as_str();
+        // Stopped at this tenant's limit lately, and measured by no one since: answered that
+        // before the model is pinned or loaded for it.
+        let models = Arc::clone(self.runtime.models());
+        if models.profiled(id).is_none()
+            && models.profiled_for(id, tenant).is_none()
+            && let Some(ago) = models.stopped_for(id, tenant, limit)
+        {
+            return Err(Self::stopped(model, ago));
+        }
         let pin = self
             .device
             .acquire(id, &Arc::from(tenant), &deadline, Some(share()))
             .await?;
-        let models = Arc::clone(self.runtime.models());
         // Measured before (or failed less than `models::FAILURE_KEPT` ago), or measured for
         // this tenant at a smaller batch less than `models::UNKEPT_FOR` ago: nothing runs.
         if let Some(kept) = self.kept_profile(id, model, tenant, &pin) {
@@ -425,11 +434,14 @@ impl Host {
             };
             let started = Instant::now();
             let layers = models.profile(&id, &pin.model, batch, keep, &owner, &go_on);
-            device.charge(
-                &owner,
-                weight,
-                started.elapsed().saturating_sub(waited.get()),
-            );
+            let (took, waited) = (started.elapsed(), waited.get());
+            device.charge(&owner, weight, took.saturating_sub(waited));
+            // Stopped with most of its time measuring, not waiting for the tenant's share
+            // (which other tenants' work may have taken): the measurement takes longer than
+            // the tenant's limit, and is not begun again for it for a while.
+            if matches!(layers, Ok(None)) && waited < took / 2 {
+                models.note_stopped(&id, &owner, limit);
+            }
             drop(work);
             drop(held);
             drop(measuring);
@@ -454,23 +466,25 @@ impl Host {
     ) -> Option<Result<ModelProfile, DeviceError>> {
         let models = self.runtime.models();
         let Some(done) = models.profiled(id) else {
-            if let Some(layers) = models.profiled_for(id, tenant) {
-                return Some(Ok(self.profile_reply(model, &layers, pin)));
-            }
-            let ago = models.stopped_for(id, tenant)?;
-            return Some(Err(DeviceError::Stopped(format!(
-                "measuring model `{model}` takes longer than this tenant's time limit: its \
-                 measurement was stopped there {} s ago, and is not started again for this \
-                 tenant within {} s of that (a profile another tenant measures in full is \
-                 answered meanwhile)",
-                ago.as_secs(),
-                models::UNKEPT_FOR.as_secs()
-            ))));
+            let layers = models.profiled_for(id, tenant)?;
+            return Some(Ok(self.profile_reply(model, &layers, pin)));
         };
         Some(
             done.map(|layers| self.profile_reply(model, &layers, pin))
                 .map_err(DeviceError::Failed),
         )
+    }
+
+    /// A measurement of `model` stopped at the tenant's time limit `ago`.
+    fn stopped(model: &str, ago: Duration) -> DeviceError {
+        DeviceError::Stopped(format!(
+            "measuring model `{model}` takes longer than this tenant's time limit: its \
+             measurement was stopped there {} s ago, and is not started again for this tenant \
+             within {} s of that, unless its limit grows (a profile another tenant measures in \
+             full is answered meanwhile)",
+            ago.as_secs(),
+            models::UNKEPT_FOR.as_secs()
+        ))
     }
 
     fn profile_reply(

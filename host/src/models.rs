@@ -181,12 +181,13 @@ pub struct Models {
     /// every profile call measure the whole model again, each one waiting on the model's turn
     /// before the next tenant's.
     unkept: Mutex<Unkept>,
-    /// Measurements stopped at their tenant's time limit, by (model id, tenant): when. For
-    /// [`UNKEPT_FOR`] the tenant's profile calls of that model are answered that, not measured
-    /// again: a tenant whose limit is shorter than a model's measurement could otherwise start
-    /// one after another, each running to its limit outside the fair schedule, holding device
-    /// memory and the model's turn.
-    stopped: Mutex<HashMap<(String, String), Instant>>,
+    /// Measurements stopped at their tenant's time limit, by (model id, tenant): when, and
+    /// the limit. For [`UNKEPT_FOR`] the tenant's profile calls of that model, under the same
+    /// limit or a shorter one, are answered that, not measured again: a tenant whose limit is
+    /// shorter than a model's measurement could otherwise start one after another, each
+    /// running to its limit outside the fair schedule, holding device memory and the model's
+    /// turn.
+    stopped: Mutex<HashMap<(String, String), (Instant, Duration)>>,
     /// Where memory models are kept across restarts.
     kept: Option<PathBuf>,
 }
@@ -541,18 +542,24 @@ impl Models {
     }
 
     /// How long ago a measurement of model `name` for `tenant` stopped at its time limit, if
-    /// less than [`UNKEPT_FOR`] ago. Never waits.
-    pub fn stopped_for(&self, name: &str, tenant: &str) -> Option<Duration> {
+    /// less than [`UNKEPT_FOR`] ago and `limit` (the tenant's now) is no longer than it was
+    /// then. Never waits.
+    pub fn stopped_for(&self, name: &str, tenant: &str, limit: Duration) -> Option<Duration> {
         let stopped = self.stopped.lock().unwrap_or_else(PoisonError::into_inner);
-        let at = stopped.get(&(name.to_string(), tenant.to_string()))?;
-        Some(at.elapsed()).filter(|ago| *ago < UNKEPT_FOR)
+        let (at, then) = stopped.get(&(name.to_string(), tenant.to_string()))?;
+        Some(at.elapsed()).filter(|ago| *ago < UNKEPT_FOR && limit <= *then)
     }
 
-    fn note_stopped(&self, name: &str, tenant: &str) {
+    /// A measurement of model `name` for `tenant` stopped at its time limit `limit`, having
+    /// measured for most of it ([`Models::stopped_for`]).
+    pub fn note_stopped(&self, name: &str, tenant: &str, limit: Duration) {
         let mut stopped = self.stopped.lock().unwrap_or_else(PoisonError::into_inner);
         // At most one per (model, tenant), and none older than they are answered.
-        stopped.retain(|_, at| at.elapsed() < UNKEPT_FOR);
-        stopped.insert((name.to_string(), tenant.to_string()), Instant::now());
+        stopped.retain(|_, (at, _)| at.elapsed() < UNKEPT_FOR);
+        stopped.insert(
+            (name.to_string(), tenant.to_string()),
+            (Instant::now(), limit),
+        );
     }
 
     /// Per-layer time per sample and output bytes on this host's device, measured on `pkg` at
@@ -562,8 +569,8 @@ impl Models {
     /// all tenants: one measured at a smaller batch because a neighbour's work held the
     /// device's memory was kept, and every tenant planned its split from it until the host
     /// restarted. Measures while `go_on` answers true (it is asked before each run of a
-    /// layer); `Ok(None)` when it stopped, and nothing is kept for anyone then but the stop,
-    /// for `tenant` ([`Models::stopped_for`]).
+    /// layer); `Ok(None)` when it stopped, and nothing is kept for anyone then (the caller may
+    /// note the stop: [`Models::note_stopped`]).
     pub fn profile(
         &self,
         name: &str,
@@ -582,7 +589,6 @@ impl Models {
             let layers = std::panic::catch_unwind(std::panic::AssertUnwindSafe(measure))
                 .unwrap_or_else(|p| Err(format!("panicked: {}", panic_message(p.as_ref()))))?;
             let Some(layers) = layers else {
-                self.note_stopped(name, tenant);
                 return Ok(None);
             };
             let mut unkept = self.unkept.lock().unwrap_or_else(PoisonError::into_inner);
@@ -594,11 +600,7 @@ impl Models {
             );
             return Ok(Some(layers));
         }
-        let made = Self::slot(&self.profiles, name).get_or_try(measure);
-        if matches!(made, Ok(None)) {
-            self.note_stopped(name, tenant);
-        }
-        made
+        Self::slot(&self.profiles, name).get_or_try(measure)
     }
 }
 

@@ -365,9 +365,9 @@ async fn connections_without_a_tenants_request_make_room_for_one() {
 /// A tenant holds at most its cap of connections busy (here 5: one invocation, no queue, and
 /// four for other requests). Tenant `pipe` opens every connection the host takes, from two
 /// addresses, and on each pipelines thousands of lists of models (which take no slot) and
-/// reads none of the answers, so that each connection's next answer waits to be written: a
-/// newcomer closes one of the connections past its cap. Every connection had stayed busy and
-/// the newcomer was closed at once.
+/// reads none of the answers, so that each connection's next answer waits to be written: its
+/// requests past the cap are answered 429, and a newcomer closes one of the connections past
+/// it. Every connection had stayed busy and the newcomer was closed at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenant_holds_no_more_connections_busy_than_its_cap() {
     use tokio::io::AsyncWriteExt;
@@ -392,7 +392,7 @@ async fn a_tenant_holds_no_more_connections_busy_than_its_cap() {
         .expect("address");
     let lists =
         format!("GET /v1/models HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {PIPE}\r\n\r\n")
-            .repeat(4000);
+            .repeat(20_000);
     let mut unread = Vec::new();
     for ip in [[127, 0, 0, 2], [127, 0, 0, 3]] {
         for _ in 0..4 {
@@ -422,6 +422,19 @@ async fn a_tenant_holds_no_more_connections_busy_than_its_cap() {
         .await
         .expect("a newcomer gets a connection");
     assert_eq!(healthy.status(), 200);
+    // Its requests past the cap were answered 429 at once.
+    let refused = h
+        .metrics()
+        .await
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix(
+                "hapi_refused_total{tenant=\"pipe\",endpoint=\"connections\",code=\"busy\"} ",
+            )
+            .and_then(|v| v.trim().parse::<u64>().ok())
+        })
+        .unwrap_or(0);
+    assert!(refused > 0, "no request past the cap was refused");
     for (_, writer) in &unread {
         writer.abort();
     }

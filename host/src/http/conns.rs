@@ -9,11 +9,11 @@
 //! out. Those that never carried an authenticated request go first, oldest first; then those
 //! that did, the longest idle first. A connection is busy from its request's authentication to
 //! the last byte of its response leaving hyper (its chunks are dropped once written), and is
-//! never closed for another meanwhile. A newcomer is refused when every connection is busy.
+//! never closed for another meanwhile. A newcomer is refused when no connection may be closed.
 //!
 //! A tenant holds at most [`busy_cap`] connections busy (its invocations running and waiting,
-//! and a few more for its other requests). A request of its past that leaves its connection as
-//! it was, idle, so that it may be closed for a newcomer. Pipelined requests whose answers the
+//! and a few more for its other requests); a request of its past that is answered 429 at once
+//! (`http/extract.rs`), and its connection stays closable. Pipelined requests whose answers the
 //! client does not read (a list's, which takes no slot) had held any number of connections
 //! busy from many addresses, and every other tenant out.
 
@@ -164,7 +164,8 @@ impl Connections {
     /// `max` are open, it closes one that carries no authenticated request (see the module's
     /// doc), and is refused if every one does. (Until that one's task ends, a moment later, or
     /// the requests end of one that authenticated a request meanwhile, one more than `max` is
-    /// counted; the next newcomer then closes two.)
+    /// counted. A close taken back stays counted until its connection's requests end: the next
+    /// newcomer then closes one more, and is refused if there are not enough to close.)
     pub fn enter(self: &Arc<Self>, ip: IpAddr, max: usize, per_client: usize) -> Option<Counted> {
         let mut s = lock(&self.state);
         s.max = max;
@@ -189,8 +190,8 @@ impl Connections {
                     c.idle = None;
                     c.closing = true;
                     c.close.notify_one();
+                    s.closing += 1;
                 }
-                s.closing += 1;
             }
         }
         s.open += 1;
@@ -236,10 +237,10 @@ pub struct Track {
 impl Track {
     /// A request of this connection was authenticated (a tenant's, with its [`busy_cap`]; or
     /// the operator's): it is not closed for a newcomer until the returned guard, and every
-    /// chunk of the response it is put into, are dropped. None when the tenant holds its cap
-    /// of other connections busy, or the connection is being closed and may not be taken back
+    /// chunk of the response it is put into, are dropped. Not when the tenant holds its cap of
+    /// other connections busy, or the connection is being closed and may not be taken back
     /// (see below): the connection stays as it was.
-    pub fn busy(&self, tenant: Option<(&str, usize)>) -> Option<Arc<Busy>> {
+    pub fn busy(&self, tenant: Option<(&str, usize)>) -> Result<Arc<Busy>, NotBusy> {
         let mut s = lock(&self.conns.state);
         let s = &mut *s;
         if let Some(c) = s.conns.get_mut(&self.id) {
@@ -248,14 +249,14 @@ impl Track {
             // that, the request goes with its connection (clients retry), so that closes
             // taken back at that instant, again and again, cannot grow the count.
             if c.closing && s.open - s.closing > s.max {
-                return None;
+                return Err(NotBusy::Closing);
             }
             if c.busy == 0
                 && let Some((t, cap)) = tenant
             {
                 let held = s.tenants.get(t).copied().unwrap_or(0);
                 if held >= cap {
-                    return None;
+                    return Err(NotBusy::OverCap(held));
                 }
                 let t: Arc<str> = Arc::from(t);
                 *s.tenants.entry(Arc::clone(&t)).or_default() += 1;
@@ -274,8 +275,17 @@ impl Track {
                 s.idle.remove(&key);
             }
         }
-        Some(Arc::new(Busy(self.clone())))
+        Ok(Arc::new(Busy(self.clone())))
     }
+}
+
+/// Why an authenticated request did not make its connection busy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NotBusy {
+    /// Its tenant holds this many connections busy, its [`busy_cap`].
+    OverCap(usize),
+    /// The connection is being closed for a newcomer (the request goes with it).
+    Closing,
 }
 
 /// Connections a tenant may hold busy at once: one for each invocation it may run or queue, and
@@ -323,12 +333,14 @@ impl Carried {
         }
     }
 
-    /// The request's token is a tenant's (with its [`busy_cap`]) or the operator's.
-    pub fn authenticated(&self, tenant: Option<(&str, usize)>) {
+    /// The request's token is a tenant's (with its [`busy_cap`]) or the operator's: its
+    /// connection is busy, or why not.
+    pub fn authenticated(&self, tenant: Option<(&str, usize)>) -> Result<(), NotBusy> {
         let mut busy = self.busy.lock().unwrap_or_else(PoisonError::into_inner);
         if busy.is_none() {
-            *busy = self.track.busy(tenant);
+            *busy = Some(self.track.busy(tenant)?);
         }
+        Ok(())
     }
 
     /// The connection's busy guard, if the request was authenticated (and it was not taken).
@@ -504,11 +516,15 @@ mod tests {
         let conns: Vec<Counted> = (0..3).map(|_| c.enter(a, 4, 4).expect("room")).collect();
         let t = Some(("pipe", 2));
         let held: Vec<_> = conns.iter().map(|k| k.track().busy(t)).collect();
-        assert!(held[0].is_some() && held[1].is_some(), "within its cap");
-        assert!(held[2].is_none(), "past its cap");
+        assert!(held[0].is_ok() && held[1].is_ok(), "within its cap");
+        assert_eq!(
+            held[2].as_ref().err(),
+            Some(&NotBusy::OverCap(2)),
+            "past its cap"
+        );
         // A second request on a connection it holds busy (pipelined) counts no further.
         let again = conns[0].track().busy(t);
-        assert!(again.is_some());
+        assert!(again.is_ok());
         // Another tenant's, and the operator's, are not held to its cap.
         let other = c.enter(b, 4, 4).expect("room");
         let other_busy = other.track().busy(Some(("bob", 2))).expect("bob's own cap");
@@ -520,20 +536,20 @@ mod tests {
         // another; a connection gone with its requests frees its place too.
         drop(held);
         let third = conns[2].track().busy(t);
-        assert!(third.is_some(), "conns[1]'s place came free");
+        assert!(third.is_ok(), "conns[1]'s place came free");
         assert!(
-            conns[1].track().busy(t).is_none(),
+            conns[1].track().busy(t).is_err(),
             "conns[0] and conns[2] held"
         );
         let mut conns = conns;
         drop(conns.remove(2));
         let fourth = conns[1].track().busy(t);
-        assert!(fourth.is_some(), "a connection gone gives its place back");
+        assert!(fourth.is_ok(), "a connection gone gives its place back");
         // The gone connection's request ends later: nothing more is given back.
         drop(third);
         let fifth = c.enter(a, 5, 5).expect("room");
         assert!(
-            fifth.track().busy(t).is_none(),
+            fifth.track().busy(t).is_err(),
             "two held: conns[0] and conns[1]"
         );
         drop((again, fourth));
@@ -561,7 +577,7 @@ mod tests {
             for k in open.drain(..) {
                 if ready(k.closed()) {
                     match k.track().busy(None) {
-                        Some(b) if held.len() < 10 => {
+                        Ok(b) if held.len() < 10 => {
                             held.push(b);
                             kept.push(k);
                         }

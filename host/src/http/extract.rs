@@ -52,9 +52,20 @@ impl FromRequestParts<Arc<Host>> for Authed {
         });
         // No tenant to charge: counted apart, so that guessing and missing tokens show.
         let found = found.inspect_err(|e| host.metrics.unauthenticated(e.code.as_str()))?;
-        let limits = &found.0.limits;
+        let (name, limits) = (&found.0.name, &found.0.limits);
         let cap = crate::http::conns::busy_cap(limits.concurrency, limits.queue);
-        busy(parts, Some((&found.0.name, cap)));
+        if let Err(crate::http::conns::NotBusy::OverCap(held)) = busy(parts, Some((name, cap))) {
+            host.metrics
+                .refused(name, "connections", ErrorCode::Busy.as_str());
+            return Err(ApiError::new(
+                ErrorCode::Busy,
+                format!(
+                    "tenant `{name}` has {held} connections busy with its requests, its cap \
+                     (concurrency + queue + {}); retry once one is answered",
+                    crate::http::conns::BUSY_BESIDE_INVOCATIONS
+                ),
+            ));
+        }
         Ok(found)
     }
 }
@@ -62,9 +73,10 @@ impl FromRequestParts<Arc<Host>> for Authed {
 /// An authenticated request (a tenant's, with its cap of busy connections; or the
 /// operator's): its connection is not closed for a newcomer until its response is sent
 /// (`http/conns.rs`).
-fn busy(parts: &Parts, tenant: Option<(&str, usize)>) {
-    if let Some(c) = parts.extensions.get::<crate::http::conns::Carried>() {
-        c.authenticated(tenant);
+fn busy(parts: &Parts, tenant: Option<(&str, usize)>) -> Result<(), crate::http::conns::NotBusy> {
+    match parts.extensions.get::<crate::http::conns::Carried>() {
+        Some(c) => c.authenticated(tenant),
+        None => Ok(()),
     }
 }
 
@@ -90,7 +102,8 @@ impl FromRequestParts<Arc<Host>> for Operator {
     async fn from_request_parts(parts: &mut Parts, host: &Arc<Host>) -> Result<Self, ApiError> {
         let operator = Self::check(parts, host)
             .inspect_err(|e| host.metrics.unauthenticated(e.code.as_str()))?;
-        busy(parts, None);
+        // The operator's requests have no cap; one on a connection being closed goes with it.
+        let _ = busy(parts, None);
         Ok(operator)
     }
 }

@@ -10,6 +10,7 @@
 use crate::policy::{Policy, Tenant};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use tokio::sync::Notify;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
@@ -20,26 +21,27 @@ struct State {
     running: usize,
     concurrency: usize,
     queue: usize,
-    /// Waiters in arrival order.
-    waiting: VecDeque<u64>,
+    /// Waiters in arrival order, each with its own wake.
+    waiting: VecDeque<(u64, Arc<Notify>)>,
     /// Waiters handed a slot that have not taken it yet.
     granted: HashSet<u64>,
     next: u64,
 }
 
 impl State {
-    /// Hands free slots to waiters, oldest first.
-    fn grant(&mut self) -> bool {
-        let mut any = false;
+    /// Hands free slots to waiters, oldest first, and wakes those (only: a slot given back
+    /// had woken every waiter of the tenant, up to its queue of 1,024, to look and wait again,
+    /// on the HTTP runtime's threads). A wake keeps its permit: none is lost to a waiter that
+    /// has not begun to wait yet.
+    fn grant(&mut self) {
         while self.running < self.concurrency {
-            let Some(id) = self.waiting.pop_front() else {
+            let Some((id, wake)) = self.waiting.pop_front() else {
                 break;
             };
             self.running += 1;
             self.granted.insert(id);
-            any = true;
+            wake.notify_one();
         }
-        any
     }
 }
 
@@ -47,7 +49,6 @@ impl State {
 #[derive(Debug, Default)]
 pub struct Admission {
     state: Mutex<State>,
-    changed: tokio::sync::Notify,
 }
 
 /// A running slot, given back when dropped.
@@ -73,7 +74,7 @@ impl Drop for Waiter<'_> {
             return;
         }
         let mut s = lock(&self.admission.state);
-        if let Some(pos) = s.waiting.iter().position(|&w| w == self.id) {
+        if let Some(pos) = s.waiting.iter().position(|(w, _)| *w == self.id) {
             s.waiting.remove(pos);
         } else if s.granted.remove(&self.id) {
             drop(s);
@@ -87,17 +88,13 @@ impl Admission {
         let mut s = lock(&self.state);
         s.concurrency = concurrency;
         s.queue = queue;
-        if s.grant() {
-            self.changed.notify_waiters();
-        }
+        s.grant();
     }
 
     fn release(&self) {
         let mut s = lock(&self.state);
         s.running -= 1;
         s.grant();
-        drop(s);
-        self.changed.notify_waiters();
     }
 
     /// Invocations running and waiting now.
@@ -108,7 +105,7 @@ impl Admission {
 
     /// A running slot, after waiting for one if the queue has room; `None` when it has not.
     pub async fn admit(self: &Arc<Self>) -> Option<Permit> {
-        let id = {
+        let (id, wake) = {
             let mut s = lock(&self.state);
             if s.running < s.concurrency && s.waiting.is_empty() {
                 s.running += 1;
@@ -119,8 +116,9 @@ impl Admission {
             }
             let id = s.next;
             s.next += 1;
-            s.waiting.push_back(id);
-            id
+            let wake = Arc::new(Notify::new());
+            s.waiting.push_back((id, Arc::clone(&wake)));
+            (id, wake)
         };
         let mut waiter = Waiter {
             admission: self,
@@ -128,14 +126,11 @@ impl Admission {
             done: false,
         };
         loop {
-            let notified = self.changed.notified();
-            let mut notified = std::pin::pin!(notified);
-            notified.as_mut().enable();
             if lock(&self.state).granted.remove(&id) {
                 waiter.done = true;
                 return Some(Permit(Arc::clone(self)));
             }
-            notified.await;
+            wake.notified().await;
         }
     }
 }
@@ -202,6 +197,62 @@ mod tests {
         drop(p1);
         assert_eq!(a.load(), (0, 0));
         let _p = a.admit().await.expect("a slot again");
+    }
+
+    /// Counts the wakes of a future polled with it.
+    struct Count(std::sync::atomic::AtomicUsize);
+
+    impl std::task::Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    #[test]
+    fn a_slot_given_back_wakes_the_waiter_it_is_granted_to_only() {
+        use std::future::Future;
+        use std::task::{Context, Poll, Waker};
+        let a = admission(1, 8);
+        let mut running = Some(futures::executor::block_on(a.admit()).expect("a slot"));
+        let mut waits: Vec<_> = (0..4).map(|_| Box::pin(a.admit())).collect();
+        let counts: Vec<Arc<Count>> = waits
+            .iter_mut()
+            .map(|w| {
+                let c = Arc::new(Count(std::sync::atomic::AtomicUsize::new(0)));
+                let waker = Waker::from(Arc::clone(&c));
+                assert!(
+                    w.as_mut()
+                        .poll(&mut Context::from_waker(&waker))
+                        .is_pending()
+                );
+                c
+            })
+            .collect();
+        assert_eq!(a.load(), (1, 4));
+        let woken = || {
+            counts
+                .iter()
+                .map(|c| c.0.load(std::sync::atomic::Ordering::Relaxed))
+                .collect::<Vec<_>>()
+        };
+        drop(running.take());
+        assert_eq!(
+            woken(),
+            [1, 0, 0, 0],
+            "the first waiter, granted the slot, only"
+        );
+        let waker = Waker::from(Arc::clone(&counts[0]));
+        let Poll::Ready(Some(permit)) = waits[0].as_mut().poll(&mut Context::from_waker(&waker))
+        else {
+            panic!("the first waiter has its slot");
+        };
+        assert_eq!(a.load(), (1, 3));
+        drop(permit);
+        assert_eq!(woken(), [1, 1, 0, 0], "the next");
+        // A waiter that goes away gives its place back and wakes no one.
+        drop(waits.remove(2));
+        assert_eq!(woken(), [1, 1, 0, 0]);
+        assert_eq!(a.load(), (1, 1));
     }
 
     #[tokio::test]

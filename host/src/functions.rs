@@ -23,7 +23,7 @@ use std::hash::{Hash, Hasher};
 use std::io::Write;
 use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError, RwLock, Weak};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// What uploaded functions (the policy's left out) take: how many, their Wasm bytes, and their
 /// compiled code's bytes (once per distinct upload), with `extra` compiled code (a digest and
@@ -156,7 +156,7 @@ impl Queue {
     }
 
     /// Charges `tenant` a compile of `spent`.
-    fn charge(&mut self, tenant: &Tenant, spent: std::time::Duration) {
+    fn charge(&mut self, tenant: &Tenant, spent: Duration) {
         let now = Instant::now();
         let seconds = self.owed(tenant, now) + spent.as_secs_f64();
         self.owed
@@ -645,9 +645,16 @@ impl Functions {
             let _held = (reservation, queued, turn);
             let started = Instant::now();
             let built = me.build(&rt, &t, &n, &bytes, false, &BTreeMap::new());
+            let built_in = started.elapsed();
+            // The commit's work (its writes and syncs) is the tenant's too, as it holds its
+            // compile turn through it; its wait for the writers' lock (behind a reload, or
+            // another tenant's commit) is not.
+            let (deployed, committing) = match built {
+                Ok(f) => me.commit(&rt, &t, &n, &bytes, f),
+                Err(e) => (Err(e), Duration::ZERO),
+            };
             let spent = started.elapsed();
-            lock(&me.queue).charge(&t, spent);
-            let deployed = built.and_then(|f| me.commit(&rt, &t, &n, &bytes, f));
+            lock(&me.queue).charge(&t, built_in + committing);
             m.uploaded(
                 &t.name,
                 deployed
@@ -673,8 +680,9 @@ impl Functions {
         name: &str,
         bytes: &[u8],
         built: Function,
-    ) -> Result<Arc<Function>, FunctionError> {
+    ) -> (Result<Arc<Function>, FunctionError>, Duration) {
         let writers = lock(&self.writers);
+        let held = Instant::now();
         let sha256 = built.sha256.clone();
         let entered = self.enter(runtime, &writers, t, name, bytes, built);
         if entered.is_err() {
@@ -682,7 +690,7 @@ impl Functions {
             let table = self.table.read().unwrap_or_else(PoisonError::into_inner);
             self.forget_code(runtime, &t.name, &sha256, &table);
         }
-        entered
+        (entered, held.elapsed())
     }
 
     /// [`Self::commit`]'s checks and writes, under `writers`.
@@ -713,13 +721,38 @@ impl Functions {
             bytes.len() as u64,
             Some((&built.sha256, built.code_size)),
         )?;
+        // The same bytes again under the same name: the function stands as it is, nothing is
+        // written (a loop of such uploads rewrote and synced the file each time, holding the
+        // writers' lock that every commit, removal and reload waits for).
+        let dir = format!("functions/{}", t.name);
+        let file = format!("{dir}/{name}.wasm");
+        let current = self
+            .table
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&t.name)
+            .and_then(|fns| fns.get(name))
+            .cloned();
+        if let Some(current) = current
+            && current.sha256 == built.sha256
+            && self
+                .state
+                .metadata(&file)
+                .is_ok_and(|m| m.len() == bytes.len() as u64)
+        {
+            // Its compiled code kept again if it went (a failed write, a full disk).
+            let cached = Self::code_file(runtime, &t.name, &current.sha256);
+            if !self.state.exists(&cached) {
+                self.keep_code(&t.name, name, &cached, current.prepared.component());
+            }
+            return Ok(current);
+        }
         let f = Arc::new(if now.capabilities == t.capabilities {
             built
         } else {
             self.build(runtime, now, name, bytes, false, &BTreeMap::new())?
         });
-        let dir = format!("functions/{}", t.name);
-        self.write(&dir, &format!("{dir}/{name}.wasm"), bytes)
+        self.write(&dir, &file, bytes)
             .map_err(|e| FunctionError::Host(format!("saving function `{name}`: {e}")))?;
         // A build that shared the compiled code of a loaded function wrote no file of it; a
         // removal of that function since (removals wait for this lock, builds do not) took the

@@ -346,7 +346,7 @@ impl Host {
         let limit = PROFILE_TIMEOUT.min(tenant.limits.timeout);
         let deadline = Deadline::new(limit);
         let share = || -> Arc<dyn Pace> { self.runtime.share_for(tenant, deadline.at()) };
-        let work = share();
+        let work = self.runtime.share_for(tenant, deadline.at());
         let weight = tenant.limits.weight;
         let tenant = tenant.name.as_str();
         // Stopped at this tenant's limit lately, and measured by no one since: answered that
@@ -426,20 +426,30 @@ impl Host {
             // device time, its waits for its share are not.
             let keep = keep == Some(batch);
             let waited = std::cell::Cell::new(Duration::ZERO);
+            // Waits while none of the tenant's own invocations ran or waited: other tenants'.
+            let excused = std::cell::Cell::new(Duration::ZERO);
             let go_on = || {
                 let asked = Instant::now();
+                let own = work.beside_own();
                 let go = work.pace();
-                waited.set(waited.get() + asked.elapsed());
+                let wait = asked.elapsed();
+                waited.set(waited.get() + wait);
+                if !own {
+                    excused.set(excused.get() + wait);
+                }
                 go
             };
             let started = Instant::now();
             let layers = models.profile(&id, &pin.model, batch, keep, &owner, &go_on);
             let (took, waited) = (started.elapsed(), waited.get());
             device.charge(&owner, weight, took.saturating_sub(waited));
-            // Stopped with most of its time measuring, not waiting for the tenant's share
-            // (which other tenants' work may have taken): the measurement takes longer than
-            // the tenant's limit, and is not begun again for it for a while.
-            if matches!(layers, Ok(None)) && waited < took / 2 {
+            // Stopped with most of its time measuring or waiting behind the tenant's own
+            // invocations, not waiting for a share that other tenants' work took: the
+            // measurement takes longer than the tenant's limit (with what the tenant runs
+            // beside it), and is not begun again for it for a while. A tenant's own busy
+            // invocations made every wait look like others' load, and its stops were never
+            // kept.
+            if matches!(layers, Ok(None)) && excused.get() < took / 2 {
                 models.note_stopped(&id, &owner, limit);
             }
             drop(work);

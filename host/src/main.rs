@@ -147,6 +147,13 @@ async fn run() -> anyhow::Result<()> {
                     t.limits
                 );
             }
+            let caps = p
+                .tenants
+                .values()
+                .map(|t| (t.name.as_str(), t.limits.concurrency, t.limits.queue));
+            for line in http::conns::cap_warnings(p.host.http.max_connections, caps) {
+                eprintln!("{line}");
+            }
         }
         Command::Measure { policy } => {
             let p = Policy::load(&policy)?;

@@ -255,6 +255,36 @@ async fn a_deployed_function_is_invoked_listed_and_removed_with_its_code() {
     assert!(compile_seconds(&metrics, "alice", "ok") > 0.0, "{metrics}");
 }
 
+/// An upload of the bytes a function already has leaves it as it is: the same answer, and
+/// its file not written again (each such upload rewrote and synced it under the lock every
+/// tenant's commits wait for).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upload_of_the_same_bytes_writes_nothing() {
+    use std::os::unix::fs::MetadataExt;
+    let h = TestHost::start().await;
+    let file = h
+        .policy_path
+        .with_file_name("state")
+        .join("functions/alice/mine.wasm");
+    let sha = deploy_mine(&h).await;
+    let inode = || std::fs::metadata(&file).expect("the function's file").ino();
+    let before = inode();
+    for _ in 0..3 {
+        assert_eq!(deploy_mine(&h).await, sha);
+        assert_eq!(inode(), before, "the file was written again");
+    }
+    let body = json!({"bucket": "datasets", "keys": [], "model": "resnet18", "split": 0, "options": {"mode": "output", "bytes": "2"}});
+    assert_eq!(raw(h.invoke(ALICE, "mine", body).await).await, [7, 7]);
+    // Other bytes under the name are written.
+    assert_eq!(
+        h.put_function(ALICE, "mine", variant("hostile", "mine-2"))
+            .await
+            .status(),
+        201
+    );
+    assert_ne!(inode(), before);
+}
+
 /// A tenant's functions of the same bytes share one compiled image in memory, as the quota
 /// counts it once: each had been deserialized into an image of its own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -71,6 +71,35 @@ async fn tensor_memory_held_in_the_host_is_limited_too() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inputs_of_a_refused_compute_are_not_kept_in_the_host() {
+    let h = TestHost::start().await;
+    // The model resident: `tight`'s 1 s goes to the computes, not to a cold load.
+    let body = json!({"bucket": "datasets", "keys": [common::sample_key(0)],
+        "model": "resnet18", "split": 1});
+    assert_eq!(h.warm(ALICE, "feature-extract", body).await.status(), 200);
+    // 64 computes of two 1 MiB inputs, each refused before it runs (one input per compute):
+    // 128 MiB in all, four times the tenant's limit, if the host kept the inputs it was given.
+    let out = raw(h
+        .invoke(
+            TIGHT,
+            "hostile",
+            hostile(
+                "inputs",
+                &[
+                    ("graph", "resnet18[0..1]"),
+                    ("count", "64"),
+                    ("bytes", "1048576"),
+                ],
+                &[],
+            ),
+        )
+        .await)
+    .await;
+    assert_eq!(u64::from_le_bytes(out.try_into().expect("8 bytes")), 64);
+    others_still_served(&h).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn time_limit_obeyed() {
     let h = TestHost::start().await;
     let out = raw(h
@@ -439,6 +468,67 @@ async fn a_profile_stops_at_its_tenants_time_limit() {
     assert_eq!(full.status(), 200);
     let full: serde_json::Value = full.json().await.expect("JSON");
     assert_eq!(full["layers"].as_array().map(Vec::len), Some(15), "{full}");
+}
+
+/// A profile stopped at its tenant's limit while the tenant's own invocations took the share
+/// from it is remembered too: tenant `busy` (400 ms, eight slots on two workers) runs seven
+/// endless loops beside its profile, which then spends most of its time waiting for a slot.
+/// Those waits were taken for other tenants' load, which excuses a stop, and every request
+/// measured again to the limit, holding the model's turn and device memory each time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_profile_stopped_behind_its_own_tenants_work_is_remembered() {
+    const BUSY: &str = "busy-token";
+    let tmp = tempfile::tempdir().expect("tmp");
+    let store = tmp.path().join("store");
+    common::write_store(&store);
+    let text = format!(
+        "{}\n[tenants.busy]\ntoken_sha256 = \"{}\"\nmodels = [\"resnet18\"]\n\
+         timeout = \"400ms\"\nconcurrency = 8\nqueue = 0\n\
+         [tenants.busy.functions]\nhostile = \"{}\"\n",
+        common::policy_text_for(
+            &format!("store = \"{}\"", store.display()),
+            "workers = 2",
+            &tmp.path().join("state")
+        ),
+        hash_token(BUSY),
+        common::guest("hostile").display()
+    );
+    let h = TestHost::start_with(tmp, store, text).await;
+    let profile = || {
+        h.client
+            .get(format!("{}/v1/models/resnet18/profile", h.url))
+            .bearer_auth(BUSY)
+            .send()
+    };
+    let body = serde_json::json!({"bucket": "datasets", "keys": [common::sample_key(0)],
+        "model": "resnet18", "split": 1});
+    assert_eq!(h.warm(ALICE, "feature-extract", body).await.status(), 200);
+    let tenant = Arc::clone(&h.host.policy().tenants["busy"]);
+    let admission = h.host.admission(&tenant);
+    let loops = futures_join((0..7).map(|_| h.invoke(BUSY, "hostile", hostile("loop", &[], &[]))));
+    let stopped = async {
+        let until = Instant::now() + Duration::from_secs(30);
+        while admission.load().0 != 7 {
+            assert!(Instant::now() < until, "the loops never took their slots");
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        profile().await.expect("profile")
+    };
+    let (responses, stopped) = tokio::join!(loops, stopped);
+    assert!(responses.iter().all(|r| r.status() == 422));
+    let (code, message) = error_code(stopped, 422).await;
+    assert_eq!(code, "time_limit_exceeded", "{message}");
+    assert!(
+        message.contains("time limit of 400ms exceeded"),
+        "{message}"
+    );
+    let again = profile().await.expect("profile");
+    let (code, message) = error_code(again, 422).await;
+    assert_eq!(code, "time_limit_exceeded", "{message}");
+    assert!(
+        message.contains("is not started again for this tenant"),
+        "measured again: {message}"
+    );
 }
 
 /// A profile whose client hangs up while the model is measured keeps its tenant's slot until

@@ -7,7 +7,9 @@
 //! bytes at `offset` of the first key), `graph` (load the graph named by
 //! option `graph` and run it `count` times (default 1) on a tensor of `dims` with `bytes` bytes
 //! of data, keeping the outputs), `tensors` (create `count` tensors of `bytes` bytes and keep
-//! them), `dims` (create `count` tensors of `rank` dimensions of 1 and 4 bytes, keep them),
+//! them), `inputs` (load the graph of option `graph` and call compute `count` times with two
+//! inputs of `bytes` bytes, which it refuses; return how many it refused), `dims` (create
+//! `count` tensors of `rank` dimensions of 1 and 4 bytes, keep them),
 //! `names` (load `count` graphs named by `bytes` bytes, keeping the error values), `graphs`
 //! (load every graph of option `graphs`, comma-separated, and keep them), `list` (list option
 //! `prefix`, at most `limit` keys (default 1,000), `count` times (default 1)), `panic`,
@@ -152,6 +154,28 @@ fn act(inv: &Invocation) -> Result<TensorOut, Error> {
                 kept.extend(out);
             }
             Ok(bytes_out(kept.len().to_le_bytes().to_vec()))
+        }
+        "inputs" => {
+            // `count` computes of two inputs of `bytes` bytes each, every one refused (a compute
+            // takes one input): the error values are dropped, the inputs were given away.
+            let g = graph::load_by_name(option(inv, "graph").unwrap_or(""))
+                .map_err(|e| Error::Inference(format!("{:?}: {}", e.code(), e.data())))?;
+            let ctx = g
+                .init_execution_context()
+                .map_err(|e| Error::Inference(e.data()))?;
+            let n = number(inv, "bytes")? as usize;
+            let data = vec![0u8; n];
+            let mut refused = 0u64;
+            for _ in 0..number(inv, "count")? {
+                let two = ["a", "b"].map(|name| {
+                    let t = tensor::Tensor::new(&[n as u32 / 4], tensor::TensorType::Fp32, &data);
+                    (name.to_string(), t)
+                });
+                if ctx.compute(two.into()).is_err() {
+                    refused += 1;
+                }
+            }
+            Ok(bytes_out(refused.to_le_bytes().to_vec()))
         }
         "range" => {
             let key = inv.keys.first().map(String::as_str).unwrap_or("");

@@ -299,6 +299,37 @@ pub fn busy_cap(concurrency: usize, queue: usize) -> usize {
 /// See [`busy_cap`].
 pub const BUSY_BESIDE_INVOCATIONS: usize = 4;
 
+/// What `hapi-host check` says of a policy's connections: each tenant whose [`busy_cap`] is
+/// at least `max_connections` (it may hold every connection busy, so its cap bounds nothing),
+/// and, as a note, caps that add up past `max_connections` (overcommitted: with every tenant at
+/// its cap at once, a newcomer is refused, as it is once the host is full).
+pub fn cap_warnings<'a>(
+    max_connections: usize,
+    tenants: impl IntoIterator<Item = (&'a str, usize, usize)>,
+) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut sum = 0usize;
+    for (name, concurrency, queue) in tenants {
+        let cap = busy_cap(concurrency, queue);
+        sum = sum.saturating_add(cap);
+        if cap >= max_connections {
+            out.push(format!(
+                "warning: tenant `{name}` may hold all {max_connections} connections busy (its \
+                 cap, concurrency + queue + {BUSY_BESIDE_INVOCATIONS}, is {cap}): lower its \
+                 concurrency or queue, or raise host.http.max_connections"
+            ));
+        }
+    }
+    if sum > max_connections {
+        out.push(format!(
+            "note: the tenants' caps of busy connections add up to {sum}, past \
+             host.http.max_connections ({max_connections}): with every tenant at its cap at \
+             once, a newcomer is refused"
+        ));
+    }
+    out
+}
+
 /// A connection's authenticated request in flight; dropped with its response's last chunk.
 #[derive(Debug)]
 pub struct Busy(Track);
@@ -507,6 +538,22 @@ mod tests {
         drop(chunk);
         let _a2 = c.enter(a, 1, 2).expect("room once the chunk is written");
         assert!(ready(a1.closed()));
+    }
+
+    #[test]
+    fn check_warns_of_a_cap_that_bounds_nothing() {
+        assert!(cap_warnings(64, [("a", 8, 16), ("b", 8, 16)]).is_empty());
+        let w = cap_warnings(64, [("a", 8, 16), ("big", 40, 20)]);
+        assert_eq!(w.len(), 2, "{w:?}");
+        assert!(
+            w[0].starts_with("warning: tenant `big` may hold all 64"),
+            "{w:?}"
+        );
+        assert!(w[0].contains("is 64"), "{w:?}");
+        assert!(w[1].contains("add up to 92"), "{w:?}");
+        let w = cap_warnings(64, [("a", 20, 10), ("b", 20, 10)]);
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert!(w[0].starts_with("note: "), "{w:?}");
     }
 
     #[test]

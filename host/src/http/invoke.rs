@@ -181,7 +181,10 @@ impl Drop for Abandoned<'_> {
             return;
         }
         let total = self.started.elapsed();
-        tracing::info!(
+        // At debug level: a client may hang up on thousands of calls a second, and a line each
+        // at the default level would crowd out the log (journald's rate limit then drops
+        // other tenants' lines); `hapi_invocations_total{code="client_closed"}` counts them.
+        tracing::debug!(
             "tenant `{}`: the client closed the connection {:.3} s into `{}`; stopped it",
             self.tenant,
             total.as_secs_f64(),

@@ -235,6 +235,15 @@ impl CpuShares {
         false
     }
 
+    /// Whether `tenant` has other invocations running or waiting beside one that holds a slot
+    /// (`held`) or not.
+    fn others_of(&self, tenant: &str, held: bool) -> bool {
+        self.lock()
+            .tenants
+            .get(tenant)
+            .is_some_and(|l| l.running > usize::from(held) || !l.queue.is_empty())
+    }
+
     /// Gives back one of `tenant`'s slots, or (`ticket`) a place in its queue.
     fn give(&self, tenant: &str, ticket: Option<u64>) {
         self.lock().give(tenant, ticket);
@@ -336,6 +345,13 @@ impl Turn {
         queued.ticket = None;
         *self.held() = true;
         true
+    }
+
+    /// Whether other invocations of the tenant run or wait for a slot now: a wait for the
+    /// share then is (at least in part) a wait behind the tenant's own work.
+    pub fn beside_own(&self) -> bool {
+        let held = *self.held();
+        self.cpu.others_of(&self.tenant, held)
     }
 
     /// Gives the slot back (a host call that waits, the invocation's end).

@@ -64,6 +64,81 @@ impl WasiView for State {
     }
 }
 
+/// An invocation's WASI context: no environment, arguments or stdin; stdout and stderr
+/// [`Discard`]; random bytes at most `MAX_RANDOM_BYTES` a call.
+fn wasi_ctx() -> WasiCtx {
+    WasiCtxBuilder::new()
+        .stdout(Discard)
+        .stderr(Discard)
+        .max_random_size(MAX_RANDOM_BYTES)
+        .build()
+}
+
+/// Most bytes a guest may write to stdout or stderr in one call (what `check-write` grants;
+/// wasi:io's blocking writes allow no more either).
+const DISCARD_PERMIT: usize = 4096;
+
+/// A guest's stdout and stderr: what it writes is dropped, and nothing is allocated for it.
+/// The bound is the host's own, not the default sink's: `write-zeroes` asks for a length the
+/// guest chooses (a `u64`) and wasi-io's default allocates that many zeroes if the stream's
+/// `check-write` allows it. wasmtime's sink allows 64 KiB in 48.0.8 and `usize::MAX` on its
+/// main branch, where one call of 2^48 would abort the host (allocation failure), charged to
+/// no tenant and past any time limit (the call is synchronous).
+#[derive(Clone, Copy, Debug)]
+struct Discard;
+
+impl wasmtime_wasi::cli::IsTerminal for Discard {
+    fn is_terminal(&self) -> bool {
+        false
+    }
+}
+
+impl wasmtime_wasi::cli::StdoutStream for Discard {
+    fn async_stream(&self) -> Box<dyn tokio::io::AsyncWrite + Send + Sync> {
+        Box::new(tokio::io::sink())
+    }
+
+    fn p2_stream(&self) -> Box<dyn wasmtime_wasi::p2::OutputStream> {
+        Box::new(Discard)
+    }
+}
+
+impl Discard {
+    fn within(n: usize) -> wasmtime_wasi::p2::StreamResult<()> {
+        if n > DISCARD_PERMIT {
+            return Err(wasmtime_wasi::p2::StreamError::trap(&format!(
+                "a write of {n} bytes to stdout or stderr, past the {DISCARD_PERMIT} that \
+                 check-write allows"
+            )));
+        }
+        Ok(())
+    }
+}
+
+#[wasmtime_wasi::async_trait]
+impl wasmtime_wasi::p2::OutputStream for Discard {
+    fn write(&mut self, bytes: bytes::Bytes) -> wasmtime_wasi::p2::StreamResult<()> {
+        Self::within(bytes.len())
+    }
+
+    fn flush(&mut self) -> wasmtime_wasi::p2::StreamResult<()> {
+        Ok(())
+    }
+
+    fn check_write(&mut self) -> wasmtime_wasi::p2::StreamResult<usize> {
+        Ok(DISCARD_PERMIT)
+    }
+
+    fn write_zeroes(&mut self, nelem: usize) -> wasmtime_wasi::p2::StreamResult<()> {
+        Self::within(nelem)
+    }
+}
+
+#[wasmtime_wasi::async_trait]
+impl wasmtime_wasi::p2::Pollable for Discard {
+    async fn ready(&mut self) {}
+}
+
 /// wasi:io's data: the handle table.
 struct HasTable;
 
@@ -444,9 +519,7 @@ async fn run(
     let mut table = ResourceTable::new();
     table.set_max_capacity(MAX_HANDLES);
     let state = State {
-        wasi: WasiCtxBuilder::new()
-            .max_random_size(MAX_RANDOM_BYTES)
-            .build(),
+        wasi: wasi_ctx(),
         table,
         limiter: Limiter::new(Arc::clone(&account)),
         objects: ObjectsCtx::new(caller.clone(), objects),
@@ -688,6 +761,50 @@ mod tests {
         })
         .await;
         (out, yields)
+    }
+
+    /// A guest's stdout and stderr grant 4 KiB a write and take no more, whatever length a
+    /// `write-zeroes` asks for: with wasmtime's own sink (64 KiB in 48.0.8, `usize::MAX` on
+    /// its main branch) a larger one allocated that many zeroes in the host, uncharged.
+    #[tokio::test]
+    async fn a_guests_stdout_and_stderr_take_a_bounded_write_whatever_it_asks() {
+        use wasmtime::component::Resource;
+        use wasmtime_wasi::cli::WasiCliCtxView;
+        use wasmtime_wasi::p2::bindings::cli::{stderr, stdout};
+        use wasmtime_wasi::p2::bindings::io::streams::HostOutputStream;
+        let mut ctx = wasi_ctx();
+        let mut table = ResourceTable::new();
+        for which in ["stdout", "stderr"] {
+            let mut view = WasiCliCtxView {
+                ctx: ctx.cli(),
+                table: &mut table,
+            };
+            let stream = if which == "stdout" {
+                stdout::Host::get_stdout(&mut view)
+            } else {
+                stderr::Host::get_stderr(&mut view)
+            }
+            .expect("a stream");
+            let at = || Resource::new_borrow(stream.rep());
+            let permit = HostOutputStream::check_write(&mut table, at()).expect("check-write");
+            assert_eq!(permit, DISCARD_PERMIT as u64, "{which}'s check-write");
+            HostOutputStream::write_zeroes(&mut table, at(), permit).expect("within the permit");
+            HostOutputStream::write(&mut table, at(), vec![1; DISCARD_PERMIT]).expect("a write");
+            HostOutputStream::blocking_write_zeroes_and_flush(&mut table, at(), permit)
+                .await
+                .expect("a blocking write");
+            for len in [permit + 1, 1 << 48, u64::MAX] {
+                let e = HostOutputStream::write_zeroes(&mut table, at(), len)
+                    .expect_err("past the permit");
+                assert!(
+                    format!("{e:?}").contains("past the 4096 that check-write allows"),
+                    "{which}, {len}: {e:?}"
+                );
+            }
+            let e = HostOutputStream::write(&mut table, at(), vec![0; DISCARD_PERMIT + 1])
+                .expect_err("a write past the permit");
+            assert!(format!("{e:?}").contains("4097 bytes"), "{which}: {e:?}");
+        }
     }
 
     #[tokio::test]

@@ -123,6 +123,15 @@ impl NnView<'_> {
         Ok(Err(r))
     }
 
+    /// Inputs of a `compute` refused before it ran: they were the guest's to give (owned
+    /// handles), so they go now with their memory, not when the invocation ends.
+    fn drop_inputs(&mut self, inputs: Vec<NamedTensor>) {
+        for (_, tensor) in inputs {
+            // A handle that is not a tensor of this table was refused when the call was lifted.
+            let _ = self.table.delete(tensor);
+        }
+    }
+
     /// The device did not run a call: the guest stops there. Its deadline or memory limit is
     /// the tenant's; a refusal or a fault is the host's answer to the request.
     fn device_error<T>(&mut self, e: DeviceError) -> Answer<T> {
@@ -300,6 +309,7 @@ impl inference::HostGraphExecutionContext for NnView<'_> {
         // model away since.
         let now = self.ctx.caller.tenant_now().map_err(trap)?;
         if !self.ctx.models.may_use(&now, &info.model) {
+            self.drop_inputs(inputs);
             return self.error(
                 Code::NotFound,
                 format!(
@@ -310,12 +320,11 @@ impl inference::HostGraphExecutionContext for NnView<'_> {
         }
         let mut inputs = inputs;
         if inputs.len() != 1 {
+            let got = inputs.len();
+            self.drop_inputs(inputs);
             return self.error(
                 Code::InvalidArgument,
-                format!(
-                    "compute takes exactly one input tensor, got {}",
-                    inputs.len()
-                ),
+                format!("compute takes exactly one input tensor, got {got}"),
             );
         }
         let (name, resource) = inputs.remove(0);

@@ -120,6 +120,7 @@ impl Host {
             Arc::new(store),
             Arc::clone(&device),
             h.workers,
+            instances,
         )?);
         let functions = Arc::new(
             Functions::open(&h.state)
@@ -183,12 +184,7 @@ impl Host {
             return Err(e.context(kept));
         }
         let models = self.runtime.models();
-        restart.extend(
-            models
-                .reload(&found)
-                .into_iter()
-                .map(|id| format!("model package `{id}` (its files changed)")),
-        );
+        restart.extend(models.reload(&found));
         let wanted = wasm::engine::instances_for(policy.invocations());
         if wanted > self.instances {
             restart.push(format!(

@@ -9,7 +9,9 @@
 //! `<tenant>/<name>` for a private one (manifest names cannot hold `/`), which is what the device
 //! loads, charges and reports. A policy reload reads the directories again: packages appear and
 //! disappear; one whose files changed keeps serving as first read until a restart (the device
-//! may hold it loaded), and the reload says so.
+//! may hold it loaded), and the reload says so. An id a reload removed that comes back with
+//! another package is not served until a restart, and the reload says so too: the device may
+//! still hold the first package's weights under the id, with its profiles.
 //!
 //! **Measured before serving.** The memory model of every package some tenant may use is made
 //! when the host starts (or when a reload adds it), with progress in the log, so that no
@@ -164,6 +166,12 @@ struct Entry {
 #[derive(Debug, Default)]
 struct Catalog {
     entries: BTreeMap<String, Entry>,
+    /// Ids that a reload removed since the host started, each with the fingerprint of the
+    /// package it had: the device may still hold that package's weights, and profiles of it
+    /// are kept, under the id. An id that comes back with another package is not served until
+    /// a restart (a tenant added again under a removed one's name would otherwise have been
+    /// served the removed tenant's private weights and profile under its own model's name).
+    retired: BTreeMap<String, String>,
 }
 
 /// The id of tenant `tenant`'s private model `name`.
@@ -245,7 +253,18 @@ impl Models {
                 mine.iter()
                     .map(move |(name, f)| (private_id(tenant, name), format!("{tenant}-"), f))
             }));
+        let mut retired = old.map(|c| c.retired.clone()).unwrap_or_default();
         for (id, owner, f) in ids {
+            if let Some(was) = retired.get(&id) {
+                if *was != f.fingerprint {
+                    changed.push(format!(
+                        "model package `{id}` (removed by an earlier reload and back with \
+                         another package: not served until a restart)"
+                    ));
+                    continue;
+                }
+                retired.remove(&id);
+            }
             let mut entry = Entry {
                 memory_key: format!(
                     "{}-{}-{owner}{device:?}-v{MEMORY_MODEL_VERSION}",
@@ -259,20 +278,26 @@ impl Models {
             {
                 // The device may hold the package as first read; serving the new files under
                 // the same id would mix the two.
-                changed.push(id.clone());
+                changed.push(format!("model package `{id}` (its files changed)"));
                 entry = before.clone();
             }
             entries.insert(id, entry);
         }
-        (Catalog { entries }, changed)
+        for (id, e) in old.map(|c| &c.entries).into_iter().flatten() {
+            if !entries.contains_key(id) && !retired.contains_key(id) {
+                retired.insert(id.clone(), e.found.fingerprint.clone());
+            }
+        }
+        (Catalog { entries, retired }, changed)
     }
 
     fn catalog(&self) -> Arc<Catalog> {
         Arc::clone(&self.catalog.read().unwrap_or_else(PoisonError::into_inner))
     }
 
-    /// Reads the packages of `policy` again. Returns the ids of packages whose files changed:
-    /// they keep serving as first read until the host restarts.
+    /// Reads the packages of `policy` again. Returns what takes a restart, one line each:
+    /// packages whose files changed (they keep serving as first read until then), and ids that
+    /// a reload had removed and that come back with another package (not served until then).
     pub fn reload(&self, found: &PolicyModels) -> Vec<String> {
         let old = self.catalog();
         let (catalog, changed) = self.catalog_of(found, Some(&old));

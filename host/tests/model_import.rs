@@ -370,6 +370,68 @@ async fn private_models_are_scoped_per_tenant_and_measured_before_serving() {
     assert!(again.iter().any(|v| *v != 0.0));
 }
 
+/// A model id that a reload removed and a later reload brings back with another package is
+/// not served until a restart: alice's `mine` (resnet18's layers, loaded on the device) goes
+/// with her `private_models`, and comes back as EfficientNet-Lite0's layers. The device still
+/// held resnet18's weights and its profiles under the id, and the new package was listed and
+/// described while those ran: a tenant added again under a removed tenant's name got the
+/// removed tenant's weights and profile. The first package back is served again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removed_models_id_that_comes_back_with_another_package_is_not_served() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let d = tmp.path();
+    let (first, other) = (d.join("first"), d.join("other"));
+    renamed_package(&models_dir().join("resnet18"), &first.join("mine"), "mine");
+    renamed_package(
+        &models_dir().join("efficientnet_lite0"),
+        &other.join("mine"),
+        "mine",
+    );
+    let store = d.join("store");
+    common::write_store(&store);
+    let state = d.join("state");
+    let base = common::policy_text(&store, &state);
+    let with = |dir: &std::path::Path| {
+        base.replace(
+            "\n[tenants.alice.functions]",
+            &format!(
+                "\nprivate_models = \"{}\"\n[tenants.alice.functions]",
+                dir.display()
+            ),
+        )
+    };
+    let h = TestHost::start_with(tmp, store, with(&first)).await;
+    let body = json!({"bucket": "datasets", "keys": [sample_key(0)], "model": "mine", "split": 4});
+    let (shape, _) = features(h.warm(ALICE, "feature-extract", body.clone()).await).await;
+    assert_eq!(shape, [1, 64, 56, 56], "resnet18's layers");
+    let mine = |names: Vec<(String, u64)>| names.into_iter().find(|(n, _)| n == "mine");
+    assert_eq!(
+        h.reload(&base).await.expect("reloaded"),
+        Vec::<String>::new()
+    );
+    assert_eq!(mine(model_names(&h, ALICE).await), None);
+    let restart = h.reload(&with(&other)).await.expect("reloaded");
+    assert_eq!(restart.len(), 1, "{restart:?}");
+    assert!(
+        restart[0].contains("`alice/mine`") && restart[0].contains("not served until a restart"),
+        "{restart:?}"
+    );
+    assert_eq!(mine(model_names(&h, ALICE).await), None, "not listed");
+    let resp = h.invoke(ALICE, "feature-extract", body.clone()).await;
+    assert_eq!(resp.status(), 400, "not served");
+    // The package it had comes back: served as before.
+    assert_eq!(
+        h.reload(&with(&first)).await.expect("reloaded"),
+        Vec::<String>::new()
+    );
+    assert_eq!(
+        mine(model_names(&h, ALICE).await),
+        Some(("mine".into(), 15))
+    );
+    let (shape, _) = features(h.warm(ALICE, "feature-extract", body).await).await;
+    assert_eq!(shape, [1, 64, 56, 56]);
+}
+
 /// Tenants' private packages of one name (`mine`: resnet18's layers for even tenants,
 /// EfficientNet-Lite0's for odd ones, all 3x224x224 in) are each its tenant's model: with
 /// pooling on, calls for the same layers of two of them at the same time are never one batch.

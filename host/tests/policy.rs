@@ -419,6 +419,38 @@ fn the_hosts_directories_are_outside_the_store() {
     policy(outside, &shared).expect("a private directory two tenants share");
 }
 
+/// A tenant's `private_models` may not be a `host.models` directory, also through a link: every
+/// shared package would have been its own (`alice/<name>`), whatever its `models` list granted.
+#[test]
+fn a_private_models_directory_is_not_a_shared_one() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let models = hapi_model::models_dir();
+    std::os::unix::fs::symlink(&models, dir.path().join("link")).expect("link");
+    std::fs::create_dir_all(dir.path().join("store")).expect("mkdir");
+    let policy = |tenant: &str| {
+        let text = format!(
+            "[host]\nstore = \"store\"\nmodels = \"{}\"\nstate = \"x\"\n\n[tenants.alice]\ntoken_sha256 = \"{}\"\n{tenant}\n",
+            models.display(),
+            hash_token("a")
+        );
+        Policy::parse("p.toml", &text, dir.path()).map_err(|e| e.to_string())
+    };
+    for value in [models.display().to_string(), "link".into(), "link/.".into()] {
+        let e = policy(&format!("private_models = \"{value}\"")).expect_err(&value);
+        assert!(
+            e.contains("tenants.alice.private_models = ")
+                && e.contains("is a host.models directory"),
+            "{value}: {e}"
+        );
+        assert!(e.contains("line 8"), "{value}: {e}");
+    }
+    // Above or below it, no package of the one is one level down in the other.
+    let parent = models.parent().expect("parent").display().to_string();
+    policy(&format!("private_models = \"{parent}\"")).expect("above");
+    std::fs::create_dir_all(dir.path().join("mine")).expect("mkdir");
+    policy("private_models = \"mine\"").expect("its own");
+}
+
 /// The metrics listener's connections come out of those the open-file limit leaves (the API
 /// listener has that many fewer when both do not fit): each listener had them all, so together
 /// they could hold twice as many, and the host's own files then failed to open for every

@@ -361,6 +361,7 @@ impl Policy {
             tenants.insert(name.clone(), Arc::new(tenant));
         }
         separate_directories(&ctx, &raw, &host, &tenants)?;
+        private_apart_from_shared(&ctx, &raw, &host, &tenants)?;
         let invocations: usize = tenants.values().map(|t| t.limits.concurrency).sum();
         if invocations > MAX_INVOCATIONS
             && let Some(last) = raw.tenants.values().last()
@@ -428,6 +429,40 @@ fn separate_directories(
                     store.display().to_string()
                 ),
             );
+        }
+    }
+    Ok(())
+}
+
+/// No tenant's `private_models` directory is a `host.models` directory (also through a link
+/// or `..`): every shared package in it would be that tenant's own, whatever its `models` list
+/// grants, and loaded twice. (A directory above or below one of them holds no package one
+/// level down that the other does.)
+fn private_apart_from_shared(
+    ctx: &Ctx<'_>,
+    raw: &RawPolicy,
+    host: &HostSettings,
+    tenants: &BTreeMap<String, Arc<Tenant>>,
+) -> Result<(), PolicyError> {
+    let shared: Vec<PathBuf> = host.models.iter().map(|m| resolved(m)).collect();
+    for (name, t) in tenants {
+        for dir in &t.private_models {
+            if shared.contains(&resolved(dir)) {
+                let span = raw.tenants[name]
+                    .get_ref()
+                    .private_models
+                    .as_ref()
+                    .map_or_else(|| raw.tenants[name].span(), Spanned::span);
+                return ctx.err(
+                    span,
+                    format!(
+                        "tenants.{name}.private_models = {:?} is a host.models directory: every \
+                         shared package in it would be this tenant's own, whatever its models \
+                         list grants; give the tenant a directory of its own packages",
+                        dir.display().to_string()
+                    ),
+                );
+            }
         }
     }
     Ok(())

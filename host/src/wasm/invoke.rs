@@ -64,6 +64,21 @@ impl WasiView for State {
     }
 }
 
+/// Blocking threads of the invocation workers' runtime for a pool of `instances`: the local
+/// store's jobs and models' loads run there, and a job waits on its thread for its tenant's
+/// turn at each tick (`Pace`). Every invocation may have one job in flight, and one more may
+/// still be ending after its invocation was dropped (a client that hung up); so twice the
+/// pool, and room for loads. With tokio's default of 512, tenants whose jobs waited for their
+/// turns could hold every thread, and another tenant's read, holding its own turn, waited in
+/// tokio's queue until one of theirs reached its deadline. Threads are made only as needed.
+fn blocking_threads(instances: u32) -> usize {
+    usize::try_from(instances)
+        .unwrap_or(usize::MAX)
+        .saturating_mul(2)
+        .saturating_add(64)
+        .max(512)
+}
+
 /// An invocation's WASI context: no environment, arguments or stdin; stdout and stderr
 /// [`Discard`]; random bytes at most `MAX_RANDOM_BYTES` a call.
 fn wasi_ctx() -> WasiCtx {
@@ -359,6 +374,7 @@ impl Runtime {
         objects: Arc<ObjectStore>,
         device: Arc<Device>,
         workers: usize,
+        instances: u32,
     ) -> anyhow::Result<Self> {
         let mut linkers = HashMap::new();
         for clocks in [false, true] {
@@ -371,6 +387,7 @@ impl Runtime {
         let cpu = CpuShares::new(workers.max(1));
         let workers = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(workers.max(1))
+            .max_blocking_threads(blocking_threads(instances))
             .thread_name("hapi-invoke")
             .enable_all()
             .build()?;

@@ -157,9 +157,10 @@ impl Host {
     /// tenants (who they are, tokens, grants, models, limits, deploy rights) and operator token
     /// are in force, before the slow step of loading every tenant's functions (which may
     /// compile; capabilities, linked into functions, change with them). If that step fails,
-    /// the old policy stays less what the new one revokes: removed tenants stay removed, and
-    /// changed tokens stay changed. New packages are measured (`measure_at_start`) after the
-    /// new policy serves.
+    /// the old policy stays less what the new one revokes: removed tenants stay removed,
+    /// changed tokens stay changed, and each tenant keeps only what both give it (grants,
+    /// shared models, deploy right, the lower limits: [`Policy::revoked_by`]). New packages are
+    /// measured (`measure_at_start`) after the new policy serves.
     pub fn reload(&self, policy: Policy) -> anyhow::Result<Vec<String>> {
         let old = self.policy();
         let mut restart: Vec<String> = old
@@ -173,7 +174,9 @@ impl Host {
         self.set_policy(Arc::new(old.with_tenants_of(&policy)));
         if let Err(e) = self.functions.load_all(&self.runtime, &policy) {
             let (narrowed, changed) = old.revoked_by(&policy);
-            self.set_policy(Arc::new(narrowed));
+            let narrowed = Arc::new(narrowed);
+            self.set_policy(Arc::clone(&narrowed));
+            self.admissions.reload(&narrowed);
             let kept = match changed.is_empty() {
                 true => "the old policy stays".to_string(),
                 false => format!(
@@ -226,12 +229,24 @@ impl Host {
         &self.device
     }
 
+    /// Tenant `tenant`'s function `name`: one of the policy's, or an upload while the tenant
+    /// has the deploy right (a reload that took the right away and failed to load the new
+    /// policy's functions leaves its uploads in the table, not served).
     pub fn function(&self, tenant: &str, name: &str) -> Option<Arc<Function>> {
-        self.functions.get(tenant, name)
+        let f = self.functions.get(tenant, name)?;
+        (f.managed || self.may_deploy(tenant)).then_some(f)
     }
 
+    /// Tenant `tenant`'s functions, as [`Host::function`] serves them.
     pub fn functions(&self, tenant: &str) -> Vec<Arc<Function>> {
-        self.functions.list(tenant)
+        let uploads = self.may_deploy(tenant);
+        let mut fns = self.functions.list(tenant);
+        fns.retain(|f| f.managed || uploads);
+        fns
+    }
+
+    fn may_deploy(&self, tenant: &str) -> bool {
+        self.policy().tenants.get(tenant).is_some_and(|t| t.deploy)
     }
 
     /// Uploads waiting for the compiler or being compiled, all tenants together.

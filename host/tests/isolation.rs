@@ -287,7 +287,9 @@ async fn a_reload_reaches_calls_still_waiting_for_their_slot() {
 
 /// A reload that cannot load the new policy's functions still applies what it revokes: the
 /// old policy stays, less the tenants the new one removes (they were served until a reload
-/// succeeded).
+/// succeeded), and less the grants and the deploy right it takes from a tenant it keeps
+/// (those came back with the old policy: alice read outside her new grant and ran her
+/// upload).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reload_that_fails_on_a_function_still_revokes() {
     let h = TestHost::start().await;
@@ -301,31 +303,74 @@ async fn a_reload_that_fails_on_a_function_still_revokes() {
         original.find("[tenants.bob]").expect("bob"),
         original.find("[tenants.tight]").expect("tight"),
     );
+    // An upload of alice's, served while she may deploy.
+    let wasm = std::fs::read(common::guest("hostile")).expect("wasm");
+    assert_eq!(
+        h.put_function(ALICE, "mine", wasm.clone()).await.status(),
+        201
+    );
+    let small = read("datasets", &["fashion-mnist/small.bin"]);
+    assert_eq!(h.invoke(ALICE, "mine", small.clone()).await.status(), 200);
     let broken = h.policy_path.with_file_name("broken.wasm");
     std::fs::write(&broken, b"not a component").expect("write");
-    let changed = format!("{}{}", &original[..start], &original[end..]).replacen(
-        "[tenants.alice.functions]\n",
-        &format!(
-            "[tenants.alice.functions]\nbroken = \"{}\"\n",
-            broken.display()
-        ),
-        1,
-    );
+    // Bob removed; alice's grant narrowed to `fashion-mnist/test/`, and her deploy right
+    // taken; and a function of hers that does not build.
+    let changed = format!("{}{}", &original[..start], &original[end..])
+        .replacen(
+            "[tenants.alice.functions]\n",
+            &format!(
+                "[tenants.alice.functions]\nbroken = \"{}\"\n",
+                broken.display()
+            ),
+            1,
+        )
+        .replacen(
+            "prefix = \"fashion-mnist/\"",
+            "prefix = \"fashion-mnist/test/\"",
+            1,
+        )
+        .replacen("deploy = true", "deploy = false", 1);
     let e = h
         .reload(&changed)
         .await
         .expect_err("alice's new function does not build");
     let e = format!("{e:#}");
     assert!(
-        e.contains("less what the new one revokes (tenant `bob` removed)"),
+        e.contains(
+            "less what the new one revokes (tenant `bob` removed, tenant `alice`'s grants \
+             narrowed, tenant `alice`'s deploy right)"
+        ),
         "{e}"
     );
     assert!(e.contains("broken"), "{e}");
     let (code, message) = error_code(h.invoke(BOB, "hostile", bob_read()).await, 401).await;
     assert_eq!(code, "bad_token", "{message}");
-    // The rest of the old policy stays: alice is served, without the broken function.
-    alice_reads_her_own(&h).await;
+    // The rest of the old policy stays, less what the new one takes: alice is served, without
+    // the broken function, reads only under `fashion-mnist/test/`, and deploys nothing.
     assert!(h.host.function("alice", "broken").is_none());
+    let denied = h
+        .invoke(
+            ALICE,
+            "hostile",
+            read("datasets", &["fashion-mnist/small.bin"]),
+        )
+        .await;
+    let (code, message) = error_code(denied, 403).await;
+    assert_eq!(code, "object_denied", "{message}");
+    let sample = sample_key(0);
+    let png = raw(h
+        .invoke(ALICE, "hostile", read("datasets", &[&sample]))
+        .await)
+    .await;
+    assert!(png.starts_with(b"\x89PNG"), "{} bytes", png.len());
+    let (code, message) = error_code(h.put_function(ALICE, "other", wasm).await, 403).await;
+    assert_eq!(code, "deploy_not_allowed", "{message}");
+    let (code, message) = error_code(h.invoke(ALICE, "mine", small).await, 404).await;
+    assert_eq!(code, "function_not_found", "{message}");
+    // Restored, alice reads her own again, and her upload is served.
+    h.reload(&original).await.expect("reloaded");
+    alice_reads_her_own(&h).await;
+    assert!(h.host.function("alice", "mine").is_some());
 }
 
 /// A reload reaches a running invocation at its next host call that uses a grant: one reading

@@ -345,6 +345,26 @@ pub struct Limits {
     pub compile_burst: Duration,
 }
 
+impl Limits {
+    /// The lower of each limit of `self` and `other` (a tenant's `weight`, its share, too).
+    pub fn lowest(&self, other: &Limits) -> Limits {
+        Limits {
+            memory: self.memory.min(other.memory),
+            timeout: self.timeout.min(other.timeout),
+            max_output: self.max_output.min(other.max_output),
+            max_object: self.max_object.min(other.max_object),
+            max_read: self.max_read.min(other.max_read),
+            concurrency: self.concurrency.min(other.concurrency),
+            queue: self.queue.min(other.queue),
+            weight: self.weight.min(other.weight),
+            max_functions: self.max_functions.min(other.max_functions),
+            max_function_bytes: self.max_function_bytes.min(other.max_function_bytes),
+            compile_share: self.compile_share.min(other.compile_share),
+            compile_burst: self.compile_burst.min(other.compile_burst),
+        }
+    }
+}
+
 impl Default for Limits {
     fn default() -> Self {
         Self {
@@ -471,7 +491,11 @@ impl Policy {
 
     /// This policy less what `next` revokes, for a reload that could not load `next`'s
     /// functions: tenants it removes are gone, a tenant whose token it changes has the new
-    /// token, and so has the operator; with the names of what changed.
+    /// token, and so has the operator; each tenant kept has only what both policies give it
+    /// (the keys both grant, the shared models both name, the deploy right if both give it,
+    /// the lower of each limit); with the names of what changed. (Capabilities are linked into
+    /// functions, which stay the old ones; private packages stay as the catalog last read
+    /// them.) A failed reload had kept every grant, model and right the new policy took away.
     pub fn revoked_by(&self, next: &Policy) -> (Policy, Vec<String>) {
         let mut changed = Vec::new();
         let mut narrowed = self.clone();
@@ -483,13 +507,32 @@ impl Policy {
             kept
         });
         for (name, t) in &mut narrowed.tenants {
-            let token = next.tenants[name].token_sha256;
-            if t.token_sha256 != token {
-                let mut rotated = Tenant::clone(t);
-                rotated.token_sha256 = token;
-                *t = Arc::new(rotated);
+            let n = &next.tenants[name];
+            let mut both = Tenant::clone(t);
+            if t.token_sha256 != n.token_sha256 {
+                both.token_sha256 = n.token_sha256;
                 changed.push(format!("tenant `{name}`'s new token"));
             }
+            let grants = common_grants(&t.grants, &n.grants);
+            if grants != t.grants {
+                both.grants = grants;
+                changed.push(format!("tenant `{name}`'s grants narrowed"));
+            }
+            let models: BTreeSet<String> = t.models.intersection(&n.models).cloned().collect();
+            if models != t.models {
+                both.models = models;
+                changed.push(format!("tenant `{name}`'s models narrowed"));
+            }
+            if t.deploy && !n.deploy {
+                both.deploy = false;
+                changed.push(format!("tenant `{name}`'s deploy right"));
+            }
+            let limits = t.limits.lowest(&n.limits);
+            if limits != t.limits {
+                both.limits = limits;
+                changed.push(format!("tenant `{name}`'s lower limits"));
+            }
+            *t = Arc::new(both);
         }
         if self.host.operator_token_sha256 != next.host.operator_token_sha256 {
             narrowed.host.operator_token_sha256 = next.host.operator_token_sha256;
@@ -505,6 +548,27 @@ impl Policy {
             .as_ref()
             .is_some_and(|op| constant_time_eq(op, sha256))
     }
+}
+
+/// The grants of keys that both `a` and `b` grant: of two grants on one bucket, the one whose
+/// prefix starts with the other's (a key is granted when it starts with a grant's prefix).
+fn common_grants(a: &[Grant], b: &[Grant]) -> Vec<Grant> {
+    let mut out: Vec<Grant> = Vec::new();
+    for x in a {
+        for y in b.iter().filter(|y| y.bucket == x.bucket) {
+            let inner = if x.prefix.starts_with(&y.prefix) {
+                x
+            } else if y.prefix.starts_with(&x.prefix) {
+                y
+            } else {
+                continue;
+            };
+            if !out.contains(inner) {
+                out.push(inner.clone());
+            }
+        }
+    }
+    out
 }
 
 /// sha256 of a token, as hex: what goes in `token_sha256`.

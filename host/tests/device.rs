@@ -255,6 +255,30 @@ struct Packages {
 }
 
 impl Packages {
+    /// A pooling device of one worker over these packages, adapting, with no batch window,
+    /// batches of at most 16 and 50 ms slices and batch time (the wait rule's tests).
+    fn pooled_device(
+        &self,
+        budget: u64,
+        resident_for: Duration,
+    ) -> Arc<hapi_host::device::executor::Device> {
+        hapi_host::device::executor::Device::start(
+            hapi_host::device::types::DeviceConfig {
+                budget,
+                adapt: true,
+                pool: true,
+                window: Duration::ZERO,
+                max_batch: 16,
+                slice: Duration::from_millis(50),
+                batch_time: Duration::from_millis(50),
+                workers: 1,
+                resident_for,
+            },
+            Arc::clone(&self.models),
+        )
+        .expect("device")
+    }
+
     fn open() -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
         let text = common::policy_text(&dir.path().join("store"), &dir.path().join("state"));
@@ -1168,28 +1192,10 @@ async fn several_tenants_pool_into_batches_longer_than_one_tenants_slice() {
 /// never fit stalled the device for everyone and never paid for it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_that_cannot_fit_a_sample_does_not_hold_up_a_neighbour_that_can() {
-    use hapi_host::device::executor::Device;
-    use hapi_host::device::types::DeviceConfig;
     let _one = serial().lock().await;
     let p = Packages::open();
     let (big, small) = ("resnet18", "efficientnet_lite0");
-    let device = |budget: u64, resident_for: Duration| {
-        Device::start(
-            DeviceConfig {
-                budget,
-                adapt: true,
-                pool: true,
-                window: Duration::ZERO,
-                max_batch: 16,
-                slice: Duration::from_millis(50),
-                batch_time: Duration::from_millis(50),
-                workers: 1,
-                resident_for,
-            },
-            Arc::clone(&p.models),
-        )
-        .expect("device")
-    };
+    let device = |budget: u64, resident_for: Duration| p.pooled_device(budget, resident_for);
     let one = |pin: &hapi_host::device::budget::Pin| pin.memory.segment(0..1).run_bytes(1);
     // The two segments' one-sample runs, from their memory models (measured on first load).
     let (one_big, one_small) = {
@@ -1245,28 +1251,10 @@ async fn a_leader_that_cannot_fit_a_sample_does_not_hold_up_a_neighbour_that_can
 /// it, held up every tenant's batches until the measurement ended.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_profiles_memory_does_not_hold_up_the_batches_of_others() {
-    use hapi_host::device::executor::Device;
-    use hapi_host::device::types::DeviceConfig;
     let _one = serial().lock().await;
     let p = Packages::open();
     let (big, small) = ("resnet18", "efficientnet_lite0");
-    let device = |budget: u64| {
-        Device::start(
-            DeviceConfig {
-                budget,
-                adapt: true,
-                pool: true,
-                window: Duration::ZERO,
-                max_batch: 16,
-                slice: Duration::from_millis(50),
-                batch_time: Duration::from_millis(50),
-                workers: 1,
-                resident_for: RESIDENT_FOR,
-            },
-            Arc::clone(&p.models),
-        )
-        .expect("device")
-    };
+    let device = |budget: u64| p.pooled_device(budget, RESIDENT_FOR);
     let one = |pin: &hapi_host::device::budget::Pin| pin.memory.segment(0..1).run_bytes(1);
     let (one_big, one_small) = {
         let d = device(4 << 30);

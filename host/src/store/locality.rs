@@ -500,6 +500,23 @@ mod tests {
     /// served, and a chunk inside the part already read underflowed (a panic here).
     #[tokio::test]
     async fn overlapping_chunks_are_read_through_the_gateway() {
+        // A filer that gives key `k` the chunks `chunks`, and a volume server with volume 3
+        // that answers each chunk whole (10 bytes of JSON text).
+        let near = |chunks: &'static str| {
+            let filer =
+                test_server(move |head| head.starts_with(b"GET /buckets/b/k?").then_some(chunks));
+            let volume_server = test_server(|head| {
+                Some(if head.starts_with(b"GET /status") {
+                    r#"{"Volumes":[{"Id":3}]}"#
+                } else {
+                    r#""12345678""#
+                })
+            });
+            Locality::new(Settings {
+                filer,
+                volume_server,
+            })
+        };
         for chunks in [
             // The second inside the first.
             r#"{"chunks":[{"file_id":"3,01","size":10},{"file_id":"3,02","offset":2,"size":2}]}"#,
@@ -508,41 +525,17 @@ mod tests {
             // Both at the start.
             r#"{"chunks":[{"file_id":"3,01","size":10},{"file_id":"3,02","size":10}]}"#,
         ] {
-            let filer =
-                test_server(move |head| head.starts_with(b"GET /buckets/b/k?").then_some(chunks));
-            // Volume 3 is local; each chunk is answered whole (10 bytes of JSON text).
-            let volume_server = test_server(|head| {
-                Some(if head.starts_with(b"GET /status") {
-                    r#"{"Volumes":[{"Id":3}]}"#
-                } else {
-                    r#""12345678""#
-                })
-            });
-            let near = Locality::new(Settings {
-                filer,
-                volume_server,
-            });
-            assert_eq!(near.read("a", "b", "k", 0, 10).await, None, "{chunks}");
+            assert_eq!(
+                near(chunks).read("a", "b", "k", 0, 10).await,
+                None,
+                "{chunks}"
+            );
         }
         // Chunks end to end are read from the volume server.
-        let filer = test_server(|head| {
-            head.starts_with(b"GET /buckets/b/k?").then_some(
-                r#"{"chunks":[{"file_id":"3,01","size":10},{"file_id":"3,02","offset":10,"size":10}]}"#,
-            )
-        });
-        let volume_server = test_server(|head| {
-            Some(if head.starts_with(b"GET /status") {
-                r#"{"Volumes":[{"Id":3}]}"#
-            } else {
-                r#""12345678""#
-            })
-        });
-        let near = Locality::new(Settings {
-            filer,
-            volume_server,
-        });
+        let end_to_end =
+            r#"{"chunks":[{"file_id":"3,01","size":10},{"file_id":"3,02","offset":10,"size":10}]}"#;
         assert_eq!(
-            near.read("a", "b", "k", 0, 20).await.as_deref(),
+            near(end_to_end).read("a", "b", "k", 0, 20).await.as_deref(),
             Some(&b"\"12345678\"\"12345678\""[..])
         );
     }

@@ -526,8 +526,19 @@ async fn a_tenant_loads_one_model_at_a_time() {
 /// until the load ends, as the tenant's guest code would (a tenant alternating two models that
 /// do not fit its room together reloads on every call, a core's worth of loads beside every
 /// tenant's share).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_load_runs_on_a_slot_of_its_tenants_share() {
+#[test]
+fn a_load_runs_on_a_slot_of_its_tenants_share() {
+    // One blocking thread, which a load waiting on it for its slot would hold.
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .max_blocking_threads(1)
+        .enable_all()
+        .build()
+        .expect("runtime")
+        .block_on(a_load_runs_on_a_slot_of_its_tenants_share_here());
+}
+
+async fn a_load_runs_on_a_slot_of_its_tenants_share_here() {
     use hapi_host::account::Pace;
     use hapi_host::wasm::cpu::{CpuShares, Turn};
     let _one = serial().lock().await;
@@ -556,6 +567,13 @@ async fn a_load_runs_on_a_slot_of_its_tenants_share() {
         "the load waits for the tenant's slot"
     );
     assert_eq!(cpu.load(&me), (1, 1), "held by the guest; the load waits");
+    // It waits off the blocking thread: other blocking work runs meanwhile.
+    let other = tokio::time::timeout(Duration::from_secs(5), tokio::task::spawn_blocking(|| 1));
+    let other = other.await;
+    assert!(
+        matches!(other, Ok(Ok(1))),
+        "the load held the blocking thread while it waited for its slot: {other:?}"
+    );
     // The guest waits in a host call: the load takes the slot and holds it while it runs.
     guest.give();
     let mut held_while_loading = 0;
@@ -582,6 +600,15 @@ impl hapi_host::account::Pace for NoTime {
     fn pace(&self) -> bool {
         assert!(!self.panics, "a pace that panics");
         false
+    }
+
+    fn try_pace(&self) -> Option<bool> {
+        assert!(!self.panics, "a pace that panics");
+        Some(false)
+    }
+
+    fn turn(&self) -> std::pin::Pin<Box<dyn Future<Output = bool> + Send + '_>> {
+        Box::pin(async { false })
     }
 }
 

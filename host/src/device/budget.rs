@@ -624,7 +624,7 @@ impl Budget {
     /// Loads `name` for `tenant` (its slot is `Loading`, its weights charged) on a blocking
     /// thread, once `pace` lets it begin (else [`DeviceError::Expired`] at `limit`), which
     /// settles the slot when done: loaded and pinned for `tenant`, or gone with its weights
-    /// uncharged.
+    /// uncharged. Its wait for `pace` holds no blocking thread.
     fn start_load(
         self: &Arc<Self>,
         models: &Arc<Models>,
@@ -634,38 +634,66 @@ impl Budget {
         pace: Option<Arc<dyn Pace>>,
         limit: Duration,
     ) -> tokio::task::JoinHandle<Result<Pin, DeviceError>> {
+        use futures::FutureExt;
         let (budget, m, n) = (Arc::clone(self), Arc::clone(models), name.to_string());
         let tenant = Arc::clone(tenant);
-        tokio::task::spawn_blocking(move || {
+        tokio::spawn(async move {
             // A panic in the pace or the load must still settle the slot: a slot left
             // `Loading` would keep its weights charged and the tenant's loads waiting for ever.
             // The load is one libtorch call, paced once: it runs on a slot of the tenant's
-            // share (held by `pace` until it is dropped below), or not at all (`None`).
-            let loaded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                if pace.as_ref().is_some_and(|p| !p.pace()) {
-                    return Ok(None);
+            // share (held by `pace` until it is dropped below), or not at all.
+            let begin = std::panic::AssertUnwindSafe(async {
+                match &pace {
+                    None => true,
+                    Some(p) => match p.try_pace() {
+                        Some(go) => go,
+                        None => p.turn().await,
+                    },
                 }
-                m.load(&n).and_then(|package| {
-                    let memory = m.memory(&n, &package)?;
-                    Ok(Some((Arc::new(package), memory)))
-                })
-            }))
-            .unwrap_or_else(|panic| {
-                Err(format!(
-                    "the load panicked: {}",
-                    crate::account::text::panic_message(panic.as_ref())
-                ))
-            });
-            drop(pace);
-            match loaded {
-                Ok(Some(done)) => budget.settle(&n, weights, &tenant, Ok(done)),
-                Ok(None) => {
+            })
+            .catch_unwind()
+            .await;
+            match begin {
+                Ok(true) => {}
+                Ok(false) => {
                     // Settled as a failed load (its weights uncharged), answered as the time
                     // limit it ran into.
                     let _failed = budget.settle(&n, weights, &tenant, Err("not begun".into()));
-                    Err(DeviceError::Expired(limit))
+                    return Err(DeviceError::Expired(limit));
                 }
-                Err(e) => budget.settle(&n, weights, &tenant, Err(e)),
+                Err(panic) => {
+                    let e = format!(
+                        "the load's pace panicked: {}",
+                        crate::account::text::panic_message(panic.as_ref())
+                    );
+                    return budget.settle(&n, weights, &tenant, Err(e));
+                }
+            }
+            let settling = Arc::clone(&budget);
+            let (n2, tenant2) = (n.clone(), Arc::clone(&tenant));
+            let loading = tokio::task::spawn_blocking(move || {
+                let loaded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    m.load(&n).and_then(|package| {
+                        let memory = m.memory(&n, &package)?;
+                        Ok((Arc::new(package), memory))
+                    })
+                }))
+                .unwrap_or_else(|panic| {
+                    Err(format!(
+                        "the load panicked: {}",
+                        crate::account::text::panic_message(panic.as_ref())
+                    ))
+                });
+                drop(pace);
+                budget.settle(&n, weights, &tenant, loaded)
+            });
+            match loading.await {
+                Ok(settled) => settled,
+                // Never run (the host shutting down): the slot is settled here.
+                Err(e) if e.is_cancelled() => {
+                    settling.settle(&n2, weights, &tenant2, Err(format!("loading worker: {e}")))
+                }
+                Err(e) => Err(DeviceError::Failed(format!("loading worker: {e}"))),
             }
         })
     }

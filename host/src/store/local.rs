@@ -14,7 +14,9 @@
 //! nobody (a blocking job cannot be aborted, and a walk of a large prefix runs for seconds).
 //! The job's work is its caller's: at those looks, once per epoch tick, it lets the caller's
 //! [`Pace`] decide whether it goes on now (an invocation's tenant within its share of the
-//! workers) or waits its turn; a blocking thread is otherwise CPU beside every tenant's share.
+//! workers) or waits its turn, off the thread (the job's state is kept, and its next step runs
+//! on a blocking thread once the turn comes); a blocking thread is otherwise CPU beside every
+//! tenant's share.
 //! Errors that say the key cannot exist here (a name too long for the file system, a key below
 //! an object) are `NotFound`; an escape is `Denied`; only real I/O failures are `Io`.
 
@@ -72,48 +74,92 @@ struct Steps {
     next_pace: Instant,
 }
 
+/// Why a job's step ends before its work does.
+enum Halt {
+    /// The job ends with this error.
+    Stop(ObjectError),
+    /// The caller must wait for its turn: the job gives its thread back, and its next step,
+    /// once the caller has its turn, goes on where this one ended. It names the key.
+    Wait(String),
+}
+
+impl From<ObjectError> for Halt {
+    fn from(e: ObjectError) -> Self {
+        Self::Stop(e)
+    }
+}
+
+/// A job's end: its stop once its caller has gone, or its caller's time is up.
+fn stopped(key: &str, why: &str) -> ObjectError {
+    ObjectError::Stopped(format!("{}: {why}", quote(key)))
+}
+
 impl Steps {
-    /// An error once the job's caller is gone, or at its pace (the first step, then once per
-    /// tick) once the caller's time is up: the job stops where it is. The pace may wait for
-    /// the caller's turn.
-    fn go_on(&mut self, key: &str) -> Result<(), ObjectError> {
-        let stopped = |why: &str| Err(ObjectError::Stopped(format!("{}: {why}", quote(key))));
+    /// Whether the job goes on: not once its caller is gone, nor, at its pace (the first
+    /// step, then once per tick), once the caller's time is up ([`Halt::Stop`]), and not on
+    /// this thread while the caller must wait for its turn ([`Halt::Wait`]).
+    fn go_on(&mut self, key: &str) -> Result<(), Halt> {
         if self.cancel.is_cancelled() {
-            return stopped("its caller went away");
+            return Err(stopped(key, "its caller went away").into());
         }
         if let Some(pace) = &self.pace
             && Instant::now() >= self.next_pace
         {
-            if !pace.pace() {
-                return stopped("its caller's time is up");
-            }
-            self.next_pace = Instant::now() + EPOCH_TICK;
-            // It may have waited for its turn meanwhile.
-            if self.cancel.is_cancelled() {
-                return stopped("its caller went away");
+            match pace.try_pace() {
+                Some(true) => self.next_pace = Instant::now() + EPOCH_TICK,
+                Some(false) => return Err(stopped(key, "its caller's time is up").into()),
+                None => return Err(Halt::Wait(key.to_string())),
             }
         }
         Ok(())
     }
 }
 
-/// Runs blocking file system work off the async threads, paced by `pace`; `f` looks at what
-/// it is given between steps, and stops once the caller has gone.
-async fn blocking<T: Send + 'static>(
-    pace: Paced<'_>,
-    f: impl FnOnce(&mut Steps) -> Result<T, ObjectError> + Send + 'static,
-) -> Result<T, ObjectError> {
+/// Runs blocking file system work off the async threads, paced by `pace`: `f` looks at what
+/// it is given between steps, and stops once the caller has gone. While the caller waits for
+/// its turn, the job holds no thread: `f` returns [`Halt::Wait`], and is called again, on a
+/// blocking thread, once the caller has its turn, with the state it keeps.
+async fn blocking<T: Send + 'static, F>(pace: Paced<'_>, f: F) -> Result<T, ObjectError>
+where
+    F: FnMut(&mut Steps) -> Result<T, Halt> + Send + 'static,
+{
     let cancel = Cancel::default();
     let _cancel = cancel.on_drop();
-    let mut steps = Steps {
-        cancel,
-        pace: pace.map(Arc::clone),
-        // The first step paces: a job that starts past its caller's time does nothing.
-        next_pace: Instant::now(),
-    };
-    tokio::task::spawn_blocking(move || f(&mut steps))
+    let mut job = (
+        f,
+        Steps {
+            cancel,
+            pace: pace.map(Arc::clone),
+            // The first step paces: a job that starts past its caller's time does nothing.
+            next_pace: Instant::now(),
+        },
+    );
+    loop {
+        let (back, out) = tokio::task::spawn_blocking(move || {
+            let (f, steps) = &mut job;
+            let out = f(steps);
+            (job, out)
+        })
         .await
-        .map_err(|e| ObjectError::Io(format!("store worker: {e}")))?
+        .map_err(|e| ObjectError::Io(format!("store worker: {e}")))?;
+        job = back;
+        match out {
+            Ok(done) => return Ok(done),
+            Err(Halt::Stop(e)) => return Err(e),
+            Err(Halt::Wait(key)) => {
+                let steps = &mut job.1;
+                // Only a pace asks to wait.
+                let go = match &steps.pace {
+                    Some(pace) => pace.turn().await,
+                    None => true,
+                };
+                if !go {
+                    return Err(stopped(&key, "its caller's time is up"));
+                }
+                steps.next_pace = Instant::now() + EPOCH_TICK;
+            }
+        }
+    }
 }
 
 impl Local {
@@ -192,7 +238,7 @@ impl Local {
                 size: meta.len(),
                 last_modified_ms: modified_ms(&meta),
                 etag: None,
-                key,
+                key: key.clone(),
             })
         })
         .await
@@ -207,24 +253,31 @@ impl Local {
         pace: Paced<'_>,
     ) -> Result<Vec<u8>, ObjectError> {
         let (root, bucket, key) = (Arc::clone(&self.root), bucket.to_string(), key.to_string());
+        // The file, what is left of the read, and the bytes read so far, kept between steps.
+        let mut reading: Option<(std::io::Take<File>, Vec<u8>)> = None;
         blocking(pace, move |steps| {
-            let mut file = Self::object(&Self::bucket(&root, &bucket)?, &key)?;
-            if offset > 0 {
-                file.seek(SeekFrom::Start(offset))
-                    .map_err(|e| map(&key, e))?;
-            }
-            // What was charged and no more, even if the file grew meanwhile.
-            let mut buf = Vec::with_capacity(usize::try_from(length).unwrap_or(0));
-            let mut rest = file.take(length);
+            let (rest, buf) = match &mut reading {
+                Some(going) => going,
+                None => {
+                    let mut file = Self::object(&Self::bucket(&root, &bucket)?, &key)?;
+                    if offset > 0 {
+                        file.seek(SeekFrom::Start(offset))
+                            .map_err(|e| map(&key, e))?;
+                    }
+                    // What was charged and no more, even if the file grew meanwhile.
+                    let buf = Vec::with_capacity(usize::try_from(length).unwrap_or(0));
+                    reading.insert((file.take(length), buf))
+                }
+            };
             loop {
                 steps.go_on(&key)?;
                 let got = rest
                     .by_ref()
                     .take(READ_CHUNK)
-                    .read_to_end(&mut buf)
+                    .read_to_end(buf)
                     .map_err(|e| map(&key, e))?;
                 if got == 0 {
-                    return Ok(buf);
+                    return Ok(std::mem::take(buf));
                 }
             }
         })
@@ -246,39 +299,66 @@ impl Local {
             prefix.to_string(),
         );
         let account = account.map(Arc::clone);
-        blocking(pace, move |steps| {
-            let dir = Self::bucket(&root, &bucket)?;
-            // Walk from the deepest directory the prefix names. The directories still to walk
-            // are kept as paths and opened in turn (a segment at a time, through no link), so
-            // that a walk holds a few descriptors (the bucket's, one directory's and the next
-            // segment's) however many subdirectories it finds: a
-            // thousand class directories, held open at once by a few listings, would take
-            // every tenant's descriptors. One that cannot exist here (or is gone by the
-            // time the walk comes to it) holds nothing.
-            let (start, _) = prefix.rsplit_once('/').unwrap_or(("", &prefix));
-            let mut kept = Smallest::new(limit, account.as_ref());
+        // Walk from the deepest directory the prefix names. The directories still to walk are
+        // kept as paths and opened in turn (a segment at a time, through no link), so that a
+        // walk holds a few descriptors (the bucket's, one directory's and the next segment's)
+        // however many subdirectories it finds: a thousand class directories, held open at
+        // once by a few listings, would take every tenant's descriptors. One that cannot exist
+        // here (or is gone by the time the walk comes to it) holds nothing.
+        let (start, _) = prefix.rsplit_once('/').unwrap_or(("", &prefix));
+        let mut walk = Walk {
+            bucket: None,
+            current: None,
+            stack: vec![start.to_string()],
             // The directories still to walk are the caller's too: a wide tree of long names
             // held hundreds of MiB of paths at once, charged to nobody.
-            let mut to_walk = Held::new(account.as_ref(), "a listing's directories to walk");
-            let mut visits = 0usize;
-            let mut stack = vec![start.to_string()];
-            while let Some(path) = stack.pop() {
-                to_walk.shrink(string_bytes(&path));
-                let opened = match Self::directory(&dir, &path) {
-                    Ok(d) => d,
-                    Err(e) => match map(&path, e) {
-                        ObjectError::NotFound(_) => continue,
-                        other => return Err(other),
-                    },
-                };
-                let d = opened.as_ref().unwrap_or(&dir);
-                for entry in d.entries().map_err(|e| map(&path, e))? {
-                    steps.go_on(&prefix)?;
-                    visits += 1;
-                    if visits > max_visits {
-                        return Err(ObjectError::TooManyEntries(max_visits as u64));
+            to_walk: Held::new(account.as_ref(), "a listing's directories to walk"),
+            kept: Some(Smallest::new(limit, account.as_ref())),
+            visits: 0,
+        };
+        blocking(pace, move |steps| {
+            let dir = match &walk.bucket {
+                Some(dir) => dir,
+                None => walk.bucket.insert(Self::bucket(&root, &bucket)?),
+            };
+            let Some(kept) = walk.kept.as_mut() else {
+                return Err(ObjectError::Io("a listing went on after its end".into()).into());
+            };
+            loop {
+                let (path, entries) = match &mut walk.current {
+                    Some(current) => current,
+                    None => {
+                        let Some(path) = walk.stack.pop() else {
+                            break;
+                        };
+                        walk.to_walk.shrink(string_bytes(&path));
+                        let opened = match Self::directory(dir, &path) {
+                            Ok(d) => d,
+                            Err(e) => match map(&path, e) {
+                                ObjectError::NotFound(_) => continue,
+                                other => return Err(other.into()),
+                            },
+                        };
+                        let entries = opened
+                            .as_ref()
+                            .unwrap_or(dir)
+                            .entries()
+                            .map_err(|e| map(&path, e))?;
+                        walk.current.insert((path, entries))
                     }
-                    let entry = entry.map_err(|e| map(&path, e))?;
+                };
+                // A step looks before it takes an entry: one that waits for its turn goes on
+                // from the same entry.
+                loop {
+                    steps.go_on(&prefix)?;
+                    let Some(entry) = entries.next() else {
+                        break;
+                    };
+                    walk.visits += 1;
+                    if walk.visits > max_visits {
+                        return Err(ObjectError::TooManyEntries(max_visits as u64).into());
+                    }
+                    let entry = entry.map_err(|e| map(path, e))?;
                     let Ok(name) = entry.file_name().into_string() else {
                         continue; // not UTF-8: not a key anyone can ask for
                     };
@@ -287,7 +367,7 @@ impl Local {
                     } else {
                         // Its exact size: a string grown by `format!` may hold twice its length.
                         let mut key = String::with_capacity(path.len() + 1 + name.len());
-                        key.push_str(&path);
+                        key.push_str(path);
                         key.push('/');
                         key.push_str(&name);
                         key
@@ -300,8 +380,8 @@ impl Local {
                         if key.len() < MAX_KEY_BYTES
                             && (key.starts_with(&prefix) || prefix.starts_with(&format!("{key}/")))
                         {
-                            to_walk.grow(string_bytes(&key))?;
-                            stack.push(key);
+                            walk.to_walk.grow(string_bytes(&key))?;
+                            walk.stack.push(key);
                         }
                     } else if ft.is_file() && key.starts_with(&prefix) && keep(&key) {
                         let meta = entry.metadata().map_err(|e| map(&key, e))?;
@@ -313,11 +393,29 @@ impl Local {
                         })?;
                     }
                 }
+                walk.current = None;
             }
-            Ok(kept.into_sorted())
+            match walk.kept.take() {
+                Some(kept) => Ok(kept.into_sorted()),
+                None => Err(ObjectError::Io("a listing went on after its end".into()).into()),
+            }
         })
         .await
     }
+}
+
+/// A listing's walk, kept between its steps.
+struct Walk {
+    /// The bucket, opened at the first step.
+    bucket: Option<Dir>,
+    /// The directory being read (its path) and its entries still to come.
+    current: Option<(String, cap_std::fs::ReadDir)>,
+    /// The directories still to walk.
+    stack: Vec<String>,
+    to_walk: Held,
+    /// The smallest keys found so far (taken at the end).
+    kept: Option<Smallest>,
+    visits: usize,
 }
 
 #[cfg(test)]
@@ -330,7 +428,10 @@ mod tests {
         let (looks, looked) = std::sync::mpsc::channel::<Result<(), ObjectError>>();
         let job = blocking(None, move |steps| {
             loop {
-                let look = steps.go_on("big/prefix");
+                let look = steps.go_on("big/prefix").map_err(|halt| match halt {
+                    Halt::Stop(e) => e,
+                    Halt::Wait(key) => ObjectError::Io(format!("told to wait, unpaced: {key}")),
+                });
                 let stop = look.is_err();
                 looks.send(look).ok();
                 if stop {

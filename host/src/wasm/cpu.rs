@@ -429,8 +429,9 @@ impl Drop for Turn {
 
 /// The local store's work for an invocation (a walk's entries, a read's chunks, on a blocking
 /// thread) runs on the invocation's slot, held for it by [`Turn::hold`], and at each tick lets
-/// the tenant's share decide as a guest's epoch tick does: the blocking thread goes on, or
-/// waits for its turn; past the invocation's deadline it stops.
+/// the tenant's share decide as a guest's epoch tick does: the job goes on, or gives its
+/// blocking thread back and waits for its turn as the invocation's task would; past the
+/// invocation's deadline it stops.
 impl Pace for Turn {
     fn pace(&self) -> bool {
         // Past the deadline the work stops: the invocation is stopped within its guard's grace,
@@ -438,12 +439,32 @@ impl Pace for Turn {
         if Instant::now() >= self.until {
             return false;
         }
-        // Called on a blocking thread of the workers' runtime (the local store's jobs), where
-        // a thread may wait on the runtime's futures.
+        // Called on a blocking thread of the workers' runtime (a profile's layers), where a
+        // thread may wait on the runtime's futures.
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             rt.block_on(self.tick());
         }
         *self.held()
+    }
+
+    fn try_pace(&self) -> Option<bool> {
+        if Instant::now() >= self.until {
+            return Some(false);
+        }
+        if !*self.held() {
+            return None;
+        }
+        // As at a guest's tick: it keeps the slot if it may, else gives it back and waits
+        // behind its tenant's waiting invocations ([`Pace::turn`]).
+        if self.cpu.keep(&self.tenant) {
+            return Some(true);
+        }
+        *self.held() = false;
+        None
+    }
+
+    fn turn(&self) -> std::pin::Pin<Box<dyn Future<Output = bool> + Send + '_>> {
+        Box::pin(self.take())
     }
 }
 
@@ -705,10 +726,12 @@ mod tests {
         });
     }
 
-    /// A runtime with blocking threads beside two workers, as the invocation workers' is.
+    /// A runtime with blocking threads beside two workers, as the invocation workers' is; one
+    /// blocking thread, which a job waiting on it would hold.
     fn multi_thread() -> tokio::runtime::Runtime {
         tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
+            .max_blocking_threads(1)
             .enable_all()
             .build()
             .expect("runtime")
@@ -728,7 +751,7 @@ mod tests {
     }
 
     #[test]
-    fn the_local_stores_work_holds_the_slot_and_gives_it_up_at_a_tick() {
+    fn the_local_stores_work_holds_the_slot_and_gives_it_and_its_thread_up_at_a_tick() {
         multi_thread().block_on(async {
             let (_dir, store) = thousand_objects();
             let store = Arc::new(store);
@@ -770,6 +793,14 @@ mod tests {
                 cpu.load("heavy")
             );
             assert!(!walk.is_finished(), "while it still had work");
+            // It waits off the blocking thread: other blocking work runs meanwhile.
+            let shares = Arc::clone(&cpu);
+            let other = tokio::task::spawn_blocking(move || shares.load("heavy"));
+            let other = tokio::time::timeout(Duration::from_secs(5), other).await;
+            assert!(
+                matches!(other, Ok(Ok((1, 1)))),
+                "the walk held the blocking thread while it waited for its turn: {other:?}"
+            );
             light.give();
             let listed = walk.await.expect("walk").expect("list");
             assert_eq!(listed.len(), 1000);

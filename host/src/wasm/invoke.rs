@@ -65,12 +65,11 @@ impl WasiView for State {
 }
 
 /// Blocking threads of the invocation workers' runtime for a pool of `instances`: the local
-/// store's jobs and models' loads run there, and a job waits on its thread for its tenant's
-/// turn at each tick (`Pace`). Every invocation may have one job in flight, and one more may
-/// still be ending after its invocation was dropped (a client that hung up); so twice the
-/// pool, and room for loads. With tokio's default of 512, tenants whose jobs waited for their
-/// turns could hold every thread, and another tenant's read, holding its own turn, waited in
-/// tokio's queue until one of theirs reached its deadline. Threads are made only as needed.
+/// store's jobs and models' loads run there (a job told to wait for its tenant's turn gives its
+/// thread back and waits off it: `Pace::try_pace`). Every invocation may have one job in
+/// flight, and one more may still be ending after its invocation was dropped (a client that
+/// hung up); so twice the pool, and room for loads and profiles (whose layers wait for their
+/// turn on their thread). Threads are made only as needed.
 fn blocking_threads(instances: u32) -> usize {
     usize::try_from(instances)
         .unwrap_or(usize::MAX)

@@ -75,6 +75,9 @@ pub struct Host {
     pub metrics: Arc<Metrics>,
     /// The engine's instance pool (see [`wasm::engine::instances_for`]).
     instances: u32,
+    /// Frees invocations' large outputs once their responses are written, off the HTTP
+    /// runtime's threads, which serve every tenant.
+    pub outputs: account::Reaper,
 }
 
 impl Host {
@@ -138,6 +141,7 @@ impl Host {
             undeploys: Arc::new(tokio::sync::Semaphore::new(UNDEPLOYS_AT_ONCE)),
             metrics: Arc::default(),
             instances,
+            outputs: account::Reaper::start("output-reaper"),
         }))
     }
 

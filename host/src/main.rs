@@ -67,17 +67,23 @@ fn raise_fd_limit() -> u64 {
 
 /// Every few seconds, hands memory that invocations freed back to the kernel. Tenants'
 /// allocations come and go in many sizes on many threads; without this, glibc keeps freed
-/// pages in its arenas and the resident set creeps up over hours of mixed load.
+/// pages in its arenas and the resident set creeps up over hours of mixed load. On a thread of
+/// its own: trimming unmaps what it returns, which held one of the HTTP runtime's threads (and
+/// the requests on it) while it ran.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
-async fn return_freed_memory() {
-    let mut tick = tokio::time::interval(std::time::Duration::from_secs(5));
-    loop {
-        tick.tick().await;
-        // SAFETY: malloc_trim takes no pointers and is safe to call from any thread.
-        unsafe {
-            libc::malloc_trim(0);
-        }
-    }
+fn return_freed_memory() -> std::io::Result<()> {
+    std::thread::Builder::new()
+        .name("malloc-trim".into())
+        .spawn(|| {
+            loop {
+                std::thread::sleep(std::time::Duration::from_secs(5));
+                // SAFETY: malloc_trim takes no pointers and is safe to call from any thread.
+                unsafe {
+                    libc::malloc_trim(0);
+                }
+            }
+        })
+        .map(drop)
 }
 
 /// A line on stdout, if anyone reads it.
@@ -207,7 +213,7 @@ async fn run() -> anyhow::Result<()> {
                 .then(|| http_settings.split_for_metrics(room));
             let host = tokio::task::spawn_blocking(move || Host::start(policy)).await??;
             #[cfg(all(target_os = "linux", target_env = "gnu"))]
-            tokio::spawn(return_freed_memory());
+            return_freed_memory()?;
             // Tests and scripts read the bound address from this line.
             // Written, not printed: `println!` panics when stdout is gone (a reader that took
             // the first line and closed its pipe), which stopped the host.

@@ -321,6 +321,54 @@ impl Packages {
 const RESIDENT_FOR: Duration = Duration::from_secs(600);
 const LONG: Duration = Duration::from_secs(300);
 
+/// A pin taken and dropped while nobody looked at the room leaves the room as it was (or
+/// smaller: the model was used since), so it wakes none of the waiters; one dropped after a
+/// waiter looked does. A guest calling `load-by-name` on a loaded model in a loop (a pin and
+/// its drop each) woke every waiting load and reservation, and the dispatcher, on each call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pins_taken_and_dropped_while_nobody_looks_wake_nobody() {
+    let _one = serial().lock().await;
+    let p = Packages::open();
+    let model = "efficientnet_lite0";
+    // The attacker's model, in use, is within its half and kept for it: a reservation of the
+    // whole budget waits.
+    let budget = Budget::new(2 * p.weights(model) + (1 << 20), RESIDENT_FOR);
+    p.use_model(&budget, model, "attacker").await;
+    let reserve = || {
+        let budget = Arc::clone(&budget);
+        tokio::spawn(async move {
+            let deadline = Deadline::new(LONG);
+            budget
+                .reserve(budget.total(), "waiter", &deadline, "a test's reservation")
+                .await
+        })
+    };
+    let waiting = reserve();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!waiting.is_finished(), "the reservation waits");
+    let before = budget.snapshot().wakes;
+    for _ in 0..1000 {
+        p.use_model(&budget, model, "attacker").await;
+    }
+    let woken = budget.snapshot().wakes - before;
+    assert!(woken <= 2, "{woken} wakes for 1,000 pins taken and dropped");
+    // A waiter that looks while the model is pinned is woken when the pin goes.
+    let pin = p.pin(&budget, model, "attacker", LONG).await.expect(model);
+    let second = reserve();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let before = budget.snapshot().wakes;
+    drop(pin);
+    assert_eq!(
+        budget.snapshot().wakes - before,
+        1,
+        "the pin's drop woke them"
+    );
+    for w in [waiting, second] {
+        assert!(!w.is_finished(), "still no room");
+        w.abort();
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reservation_that_cannot_fit_unloads_no_model() {
     let _one = serial().lock().await;

@@ -151,6 +151,10 @@ struct State {
     /// Weights of unloaded models still being freed, beyond the claims that unloaded them
     /// (see [`Unloaded`]).
     freeing: u64,
+    /// Looks at the room that found too little and wait for a change (a load or a
+    /// reservation refused, the dispatcher's wait): a pin dropped with no look since it was
+    /// taken wakes nobody (see [`Pin`]'s drop).
+    looked: u64,
 }
 
 impl State {
@@ -353,6 +357,8 @@ pub struct Budget {
     state: Mutex<State>,
     changed: Condvar,
     notify: tokio::sync::Notify,
+    /// Times the waiters were woken.
+    wakes: std::sync::atomic::AtomicU64,
 }
 
 /// A loaded model held in use: it cannot be unloaded until every pin is dropped.
@@ -363,8 +369,16 @@ pub struct Pin {
     tenant: Arc<str>,
     pub model: Arc<ModelPackage>,
     pub memory: Arc<ModelMemory>,
+    /// [`State::looked`] when it was taken.
+    looked: u64,
 }
 
+/// A pin dropped makes its model unloadable again, the room others waited for, so it wakes
+/// them; but only if one of them looked at the room while it was held. Between a pin and its
+/// drop with no look, the room is as it was or smaller (the model used since), so nobody's
+/// wait was decided by it: a guest calling `load-by-name` on a loaded model in a loop (a pin
+/// and its drop each) woke every waiting load and reservation, and the dispatcher, on each
+/// call.
 impl Drop for Pin {
     fn drop(&mut self) {
         let mut s = lock(&self.budget.state);
@@ -374,8 +388,11 @@ impl Drop for Pin {
             l.unpin(&self.tenant, Instant::now());
             l.last_used = tick;
         }
+        let looked = s.looked != self.looked;
         drop(s);
-        self.budget.wake();
+        if looked {
+            self.budget.wake();
+        }
     }
 }
 
@@ -411,6 +428,8 @@ pub struct BudgetSnapshot {
     pub evictions: u64,
     pub loads: u64,
     pub deferred: u64,
+    /// Times the budget's waiters were woken.
+    pub wakes: u64,
 }
 
 impl Budget {
@@ -425,6 +444,7 @@ impl Budget {
             }),
             changed: Condvar::new(),
             notify: tokio::sync::Notify::new(),
+            wakes: std::sync::atomic::AtomicU64::new(0),
         })
     }
 
@@ -447,6 +467,8 @@ impl Budget {
     }
 
     fn wake(&self) {
+        self.wakes
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.changed.notify_all();
         self.notify.notify_waiters();
     }
@@ -466,6 +488,7 @@ impl Budget {
             evictions: s.evictions,
             loads: s.loads,
             deferred: s.deferred,
+            wakes: self.wakes.load(std::sync::atomic::Ordering::Relaxed),
         }
     }
 
@@ -573,18 +596,20 @@ impl Budget {
     fn try_pin(self: &Arc<Self>, name: &str, weights: u64, tenant: &Arc<str>) -> Attempt {
         let mut s = lock(&self.state);
         s.clock += 1;
-        let (tick, window, now) = (s.clock, s.resident_for, Instant::now());
+        let (tick, window, now, looked) = (s.clock, s.resident_for, Instant::now(), s.looked);
         match s.models.get_mut(name) {
             Some(Slot::Loaded(l)) => {
                 l.pin(tenant, now, window);
                 l.last_used = tick;
-                Attempt::Pinned(Pin {
+                let pin = Pin {
                     budget: Arc::clone(self),
                     name: name.to_string(),
                     tenant: Arc::clone(tenant),
                     model: Arc::clone(&l.package),
                     memory: Arc::clone(&l.memory),
-                })
+                    looked,
+                };
+                Attempt::Pinned(pin)
             }
             Some(Slot::Loading { .. }) => Attempt::Loading,
             None => {
@@ -613,6 +638,8 @@ impl Budget {
                     self.free(unloaded);
                     Attempt::Load
                 } else {
+                    // The caller waits for a change.
+                    s.looked += 1;
                     Attempt::NoRoom {
                         kept: s.kept_for_others(self.total, weights, now),
                     }
@@ -717,6 +744,7 @@ impl Budget {
                     tenant: Arc::clone(tenant),
                     model: Arc::clone(&package),
                     memory: Arc::clone(&memory),
+                    looked: s.looked,
                 };
                 let mut loaded = Loaded {
                     package,
@@ -811,7 +839,11 @@ impl Budget {
     fn reserve_held(self: &Arc<Self>, need: u64, tenant: &str, batch: bool) -> Option<Reservation> {
         let mut s = lock(&self.state);
         let now = Instant::now();
-        let unloaded = s.make_room(self.total, need, Claim::For(tenant), now)?;
+        let Some(unloaded) = s.make_room(self.total, need, Claim::For(tenant), now) else {
+            // The caller waits for a change, or looks again at its next pass.
+            s.looked += 1;
+            return None;
+        };
         s.reserved += need;
         if batch {
             s.batches += need;
@@ -880,7 +912,8 @@ impl Budget {
 
     /// Waits (blocking) until the budget changes or `timeout` passes.
     pub fn wait_changed(&self, timeout: Duration) {
-        let s = lock(&self.state);
+        let mut s = lock(&self.state);
+        s.looked += 1;
         let _ = self
             .changed
             .wait_timeout(s, timeout)

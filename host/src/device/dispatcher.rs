@@ -27,7 +27,7 @@
 //! and after any batch they were part of; their memory goes with them. A panic or a libtorch
 //! error fails the calls of the batch it happened in and the dispatcher serves on.
 
-use crate::account::{Charge, Deadline};
+use crate::account::{Charge, Deadline, Reaper};
 use crate::device::batch::{self, Dest};
 use crate::device::budget::{Budget, Pin, Reservation};
 use crate::device::job::{Input, Ran, WireDtype};
@@ -309,46 +309,6 @@ impl Shared {
     }
 }
 
-/// Frees what calls leave behind on a thread of its own. A call's input, and an output nobody
-/// took, are up to their tenant's memory limit each, and freeing a large buffer unmaps it
-/// (tens of ms for hundreds of MiB): on the dispatcher that time held up every tenant's next
-/// batch, charged to nobody. Their charges and slots go with them.
-struct Reaper(Option<Sender<Box<dyn Send>>>);
-
-impl Reaper {
-    fn start() -> Self {
-        let (tx, rx) = channel::<Box<dyn Send>>();
-        let started = std::thread::Builder::new()
-            .name("device-reaper".into())
-            .spawn(move || rx.into_iter().for_each(drop));
-        // Without its thread, things are freed where they are let go.
-        Self(started.ok().map(|_| tx))
-    }
-
-    fn free(&self, what: impl Send + 'static) {
-        if let Some(tx) = &self.0 {
-            let _ = tx.send(Box::new(what));
-        }
-    }
-
-    /// Frees `what`, which holds `bytes` of buffers: here if they are small (below
-    /// [`FREE_HERE`]), which costs less than the hand-over; else on the reaper. Everything went
-    /// to the reaper, in one queue: a light tenant's finished call gave its slot back only after
-    /// every large buffer a heavy tenant's calls had queued before it was unmapped, and its next
-    /// call found its own slot still held.
-    fn free_sized(&self, bytes: usize, what: impl Send + 'static) {
-        if bytes < FREE_HERE {
-            drop(what);
-        } else {
-            self.free(what);
-        }
-    }
-}
-
-/// Buffers smaller than this are freed by the dispatcher itself (a few µs: the allocator keeps
-/// them, or unmaps one small mapping).
-const FREE_HERE: usize = 1 << 20;
-
 /// The dispatcher's own state.
 struct Dispatcher {
     shared: Arc<Shared>,
@@ -376,7 +336,7 @@ impl Dispatcher {
             queues: BTreeMap::new(),
             fair: Fair::default(),
             recent: HashMap::new(),
-            reaper: Reaper::start(),
+            reaper: Reaper::start("device-reaper"),
             next_id: 0,
             long_running: 0,
             jobs,

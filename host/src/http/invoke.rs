@@ -2,7 +2,7 @@
 //! `Server-Timing`.
 
 use crate::Host;
-use crate::account::Usage;
+use crate::account::{Reaper, Usage};
 use crate::http::conns::Held;
 use crate::http::errors::ApiError;
 use crate::http::extract::{self, Authed, Name};
@@ -114,7 +114,7 @@ pub async fn invoke(
     let out = result?;
     let encode = Instant::now();
     let len = out.len();
-    let body = sending(out.header, out.data, permit);
+    let body = sending(out.header, out.data, permit, &host.outputs);
     let mut timing = ServerTiming::default();
     timing.set(Stage::Instantiate, t.instantiate);
     timing.set(Stage::Read, t.read);
@@ -143,11 +143,46 @@ pub async fn invoke(
 /// once less than its write buffer (64 KiB) of it was left to write, while the chunk being
 /// written still held the whole output, so a client reading all but the last bytes of each
 /// response kept every output on no slot.
-fn sending<S: Send + Sync + 'static>(header: Vec<u8>, data: Vec<u8>, slot: Arc<S>) -> Body {
-    let held = |bytes| Held::bytes(bytes, Arc::clone(&slot));
+///
+/// A large output is freed on `reaper` rather than on the HTTP runtime's thread that lets go of
+/// it: unmapping hundreds of MiB held that thread, and every tenant's requests on it, for tens
+/// of ms. Its slot is given back there and then, not behind other tenants' outputs in the
+/// reaper's queue (what a tenant has handed to the reaper is gone within its turn there).
+fn sending<S, D>(header: Vec<u8>, data: D, slot: Arc<S>, reaper: &Reaper) -> Body
+where
+    S: Send + Sync + 'static,
+    D: AsRef<[u8]> + Send + 'static,
+{
+    let header = Held::bytes(header, Arc::clone(&slot));
+    let data = Bytes::from_owner(Reaped {
+        held: Some((data, slot)),
+        reaper: reaper.clone(),
+    });
     Body::from_stream(Sending {
-        chunks: vec![held(header), held(data)].into_iter(),
+        chunks: vec![header, data].into_iter(),
     })
+}
+
+/// An output's bytes and the slot they hold: the bytes handed to a reaper when let go, then
+/// the slot given back.
+struct Reaped<D: AsRef<[u8]> + Send + 'static, S> {
+    held: Option<(D, Arc<S>)>,
+    reaper: Reaper,
+}
+
+impl<D: AsRef<[u8]> + Send + 'static, S> AsRef<[u8]> for Reaped<D, S> {
+    fn as_ref(&self) -> &[u8] {
+        self.held.as_ref().map_or(&[], |(bytes, _)| bytes.as_ref())
+    }
+}
+
+impl<D: AsRef<[u8]> + Send + 'static, S> Drop for Reaped<D, S> {
+    fn drop(&mut self) {
+        if let Some((bytes, slot)) = self.held.take() {
+            self.reaper.free_sized(bytes.as_ref().len(), bytes);
+            drop(slot);
+        }
+    }
 }
 
 struct Sending {
@@ -210,27 +245,70 @@ mod tests {
     use super::*;
     use http_body_util::BodyExt;
 
+    /// An output's bytes, which say on which thread they were freed.
+    struct Output(Vec<u8>, Arc<std::sync::Mutex<Option<String>>>);
+
+    impl AsRef<[u8]> for Output {
+        fn as_ref(&self) -> &[u8] {
+            &self.0
+        }
+    }
+
+    impl Drop for Output {
+        fn drop(&mut self) {
+            let here = std::thread::current()
+                .name()
+                .unwrap_or("unnamed")
+                .to_string();
+            *self.1.lock().expect("record") = Some(here);
+        }
+    }
+
+    /// Waits (up to 5 s) for the output to be freed; the thread that freed it.
+    async fn freed(on: &std::sync::Mutex<Option<String>>) -> Option<String> {
+        for _ in 0..500 {
+            if let Some(thread) = on.lock().expect("record").clone() {
+                return Some(thread);
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        None
+    }
+
     #[tokio::test]
     async fn the_slot_goes_with_the_last_of_the_outputs_bytes() {
-        let slot = Arc::new(());
-        let mut body = sending(vec![1; 8], vec![2; 1 << 20], Arc::clone(&slot));
-        let mut chunks = Vec::new();
-        while let Some(frame) = body.frame().await {
-            chunks.push(frame.expect("frame").into_data().expect("data"));
+        let reaper = Reaper::start("test-output-reaper");
+        let here = std::thread::current()
+            .name()
+            .unwrap_or("unnamed")
+            .to_string();
+        for (size, freed_on) in [(1 << 20, "test-output-reaper"), (1000, here.as_str())] {
+            let slot = Arc::new(());
+            let on = Arc::new(std::sync::Mutex::new(None));
+            let data = Output(vec![2; size], Arc::clone(&on));
+            let mut body = sending(vec![1; 8], data, Arc::clone(&slot), &reaper);
+            let mut chunks = Vec::new();
+            while let Some(frame) = body.frame().await {
+                chunks.push(frame.expect("frame").into_data().expect("data"));
+            }
+            // The body has ended and is gone (hyper drops it once the rest is queued to write);
+            // the output's bytes are still held, and so is the slot.
+            drop(body);
+            assert_eq!(chunks.len(), 2);
+            assert!(Arc::strong_count(&slot) > 1, "the slot went with the body");
+            let data = chunks.pop().expect("data");
+            let written = data.slice(0..100); // a part hyper has yet to write
+            drop((chunks, data));
+            assert!(
+                Arc::strong_count(&slot) > 1,
+                "a part of the output still holds it"
+            );
+            drop(written);
+            assert_eq!(Arc::strong_count(&slot), 1, "given back with the last byte");
+            // A large output is freed on the reaper, off the thread that served the response;
+            // a small one where it was let go.
+            let thread = freed(&on).await;
+            assert_eq!(thread.as_deref(), Some(freed_on), "{size} bytes");
         }
-        // The body has ended and is gone (hyper drops it once the rest is queued to write);
-        // the output's bytes are still held, and so is the slot.
-        drop(body);
-        assert_eq!(chunks.len(), 2);
-        assert!(Arc::strong_count(&slot) > 1, "the slot went with the body");
-        let data = chunks.pop().expect("data");
-        let written = data.slice(0..1000); // a part hyper has yet to write
-        drop((chunks, data));
-        assert!(
-            Arc::strong_count(&slot) > 1,
-            "a part of the output still holds it"
-        );
-        drop(written);
-        assert_eq!(Arc::strong_count(&slot), 1, "given back with the last byte");
     }
 }

@@ -33,8 +33,10 @@ use tokio::time::{Instant, Sleep};
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(20);
 
 /// Largest request head a connection buffers (hyper's read buffer, and its write queue's
-/// threshold): every request of the API has a head of well under 1 KiB and a token.
-pub const MAX_HEAD: usize = 64 << 10;
+/// threshold; hyper's least is 8 KiB): every request of the API has a head of well under 1 KiB
+/// and a token. Every connection, before anyone is known, may hold this much for its header
+/// timeout: at 64 KiB, a host's 1,024 connections held 64 MiB of unfinished heads.
+pub const MAX_HEAD: usize = 16 << 10;
 
 /// The router for one connection: each request carries the connection ([`Carried`]), which
 /// its authentication makes busy until its response is sent (`http/conns.rs`).

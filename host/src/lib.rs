@@ -54,6 +54,11 @@ use std::time::{Duration, Instant};
 /// Longest a profile request waits for its model to be loaded and for room to measure it
 /// (and no longer than its tenant's time limit).
 pub const PROFILE_TIMEOUT: Duration = Duration::from_secs(600);
+/// Bytes of invocations' outputs the outputs' reaper holds at most while it frees them: a
+/// tenant's outputs are bounded by its `concurrency` until they are let go, and those let go
+/// faster than one thread frees them are freed where they are let go past this.
+const OUTPUTS_FREEING: usize = 256 << 20;
+
 /// Function removals that may wait on a blocking thread at once, host-wide.
 pub const UNDEPLOYS_AT_ONCE: usize = 2;
 
@@ -141,7 +146,7 @@ impl Host {
             undeploys: Arc::new(tokio::sync::Semaphore::new(UNDEPLOYS_AT_ONCE)),
             metrics: Arc::default(),
             instances,
-            outputs: account::Reaper::start("output-reaper"),
+            outputs: account::Reaper::bounded("output-reaper", OUTPUTS_FREEING),
         }))
     }
 

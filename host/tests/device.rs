@@ -348,7 +348,12 @@ async fn pins_taken_and_dropped_while_nobody_looks_wake_nobody() {
     assert!(!waiting.is_finished(), "the reservation waits");
     let before = budget.snapshot().wakes;
     for _ in 0..1000 {
-        p.use_model(&budget, model, "attacker").await;
+        let pin = p.pin(&budget, model, "attacker", LONG).await.expect(model);
+        // A reservation refused while the pin is held, by a caller that does not wait for a
+        // change (a call refused with adaptation off, the dispatcher's next batch): a look
+        // at the room that waits for nothing.
+        assert!(budget.reserve_now(budget.total(), "attacker").is_none());
+        drop(pin);
     }
     let woken = budget.snapshot().wakes - before;
     assert!(woken <= 2, "{woken} wakes for 1,000 pins taken and dropped");
@@ -367,6 +372,54 @@ async fn pins_taken_and_dropped_while_nobody_looks_wake_nobody() {
         assert!(!w.is_finished(), "still no room");
         w.abort();
     }
+}
+
+/// A pin that makes its tenant one of a model's owners shrinks every owner's share: another
+/// owner may be over its own now, its idle model room a waiter may take. Its drop wakes the
+/// waiters, though none looked while it was held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pin_that_makes_its_tenant_an_owner_wakes_the_waiters() {
+    let _one = serial().lock().await;
+    let p = Packages::open();
+    let (kept, stale) = ("resnet18", "efficientnet_lite0");
+    // Room for both and as much again as the difference: the budget is twice the kept model,
+    // so that it is within its half beside a claimant (its share: the budget over its owners
+    // and the claimant), and over its third beside one more owner.
+    let free = p.weights(kept) - p.weights(stale);
+    let resident_for = Duration::from_secs(1);
+    let budget = Budget::new(p.weights(kept) + p.weights(stale) + free, resident_for);
+    p.use_model(&budget, kept, "a").await;
+    p.use_model(&budget, stale, "old").await;
+    tokio::time::sleep(resident_for + Duration::from_millis(200)).await;
+    // `a` uses its model again; the other is nobody's now.
+    p.use_model(&budget, kept, "a").await;
+    assert_eq!(budget.snapshot().loaded, 2);
+    // The free bytes and the stale model are too little (the kept model's size); `a`'s
+    // model is within its share and kept.
+    let waiting = {
+        let budget = Arc::clone(&budget);
+        let need = p.weights(kept) + (1 << 20);
+        tokio::spawn(async move {
+            let deadline = Deadline::new(LONG);
+            budget
+                .reserve(need, "waiter", &deadline, "a test's reservation")
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!waiting.is_finished(), "the reservation waits");
+    let before = budget.snapshot().wakes;
+    drop(p.pin(&budget, stale, "b", LONG).await.expect(stale));
+    assert_eq!(
+        budget.snapshot().wakes - before,
+        1,
+        "the new owner's pin woke the waiters"
+    );
+    let reserved = tokio::time::timeout(LONG, waiting).await;
+    assert!(
+        matches!(reserved, Ok(Ok(Ok(_)))),
+        "`a`, over its share beside `b`, gave up its idle model's room: {reserved:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -152,8 +152,10 @@ struct State {
     /// (see [`Unloaded`]).
     freeing: u64,
     /// Looks at the room that found too little and wait for a change (a load or a
-    /// reservation refused, the dispatcher's wait): a pin dropped with no look since it was
-    /// taken wakes nobody (see [`Pin`]'s drop).
+    /// reservation that waits, the dispatcher's wait): a pin dropped with no look since it was
+    /// taken wakes nobody (see [`Pin`]'s drop). Looks that do not wait (a batch or a call
+    /// refused, tried again at the dispatcher's next pass) are not counted: under contention
+    /// they came every pass, and every pin's drop woke every waiter again.
     looked: u64,
 }
 
@@ -371,14 +373,20 @@ pub struct Pin {
     pub memory: Arc<ModelMemory>,
     /// [`State::looked`] when it was taken.
     looked: u64,
+    /// Its tenant did not own the model when it was taken (see [`Pin`]'s drop).
+    new_owner: bool,
 }
 
 /// A pin dropped makes its model unloadable again, the room others waited for, so it wakes
-/// them; but only if one of them looked at the room while it was held. Between a pin and its
-/// drop with no look, the room is as it was or smaller (the model used since), so nobody's
-/// wait was decided by it: a guest calling `load-by-name` on a loaded model in a loop (a pin
-/// and its drop each) woke every waiting load and reservation, and the dispatcher, on each
-/// call.
+/// them; but only if one of them looked at the room while it was held, or the pin made its
+/// tenant one of the model's owners. Between a pin by an owner and its drop with no look, the
+/// room is as it was or smaller (the model used since), so nobody's wait was decided by it: a
+/// guest calling `load-by-name` on a loaded model in a loop (a pin and its drop each) woke
+/// every waiting load and reservation, and the dispatcher, on each call. A new owner shrinks
+/// every owner's share, which may put another owner over its own and make its idle models
+/// unloadable: room a waiter may take. (The dispatcher counts a look only when it waits, not
+/// when its batch's reservation fails: a drop between the two is missed, and its wait, at most
+/// `MEMORY_POLL`, 2 ms, ends without it.)
 impl Drop for Pin {
     fn drop(&mut self) {
         let mut s = lock(&self.budget.state);
@@ -388,9 +396,9 @@ impl Drop for Pin {
             l.unpin(&self.tenant, Instant::now());
             l.last_used = tick;
         }
-        let looked = s.looked != self.looked;
+        let changed = s.looked != self.looked || self.new_owner;
         drop(s);
-        if looked {
+        if changed {
             self.budget.wake();
         }
     }
@@ -599,6 +607,10 @@ impl Budget {
         let (tick, window, now, looked) = (s.clock, s.resident_for, Instant::now(), s.looked);
         match s.models.get_mut(name) {
             Some(Slot::Loaded(l)) => {
+                let new_owner = !l
+                    .users
+                    .iter()
+                    .any(|u| u.tenant == *tenant && u.owns(now, window));
                 l.pin(tenant, now, window);
                 l.last_used = tick;
                 let pin = Pin {
@@ -608,6 +620,7 @@ impl Budget {
                     model: Arc::clone(&l.package),
                     memory: Arc::clone(&l.memory),
                     looked,
+                    new_owner,
                 };
                 Attempt::Pinned(pin)
             }
@@ -745,6 +758,8 @@ impl Budget {
                     model: Arc::clone(&package),
                     memory: Arc::clone(&memory),
                     looked: s.looked,
+                    // Its loader's while it loaded.
+                    new_owner: false,
                 };
                 let mut loaded = Loaded {
                     package,
@@ -827,21 +842,30 @@ impl Budget {
     /// `tenant` allows (those nobody owns first: their last use is older than any owned one's);
     /// or `None`.
     pub fn reserve_now(self: &Arc<Self>, need: u64, tenant: &str) -> Option<Reservation> {
-        self.reserve_held(need, tenant, false)
+        self.reserve_held(need, tenant, false, false)
     }
 
     /// [`Self::reserve_now`] for a batch the dispatcher runs (see
     /// [`Self::room_once_reservations_end`]).
     pub fn reserve_batch(self: &Arc<Self>, need: u64, tenant: &str) -> Option<Reservation> {
-        self.reserve_held(need, tenant, true)
+        self.reserve_held(need, tenant, true, false)
     }
 
-    fn reserve_held(self: &Arc<Self>, need: u64, tenant: &str, batch: bool) -> Option<Reservation> {
+    /// [`Self::reserve_now`]; `waits`: the caller waits for a change if it fails
+    /// ([`State::looked`]).
+    fn reserve_held(
+        self: &Arc<Self>,
+        need: u64,
+        tenant: &str,
+        batch: bool,
+        waits: bool,
+    ) -> Option<Reservation> {
         let mut s = lock(&self.state);
         let now = Instant::now();
         let Some(unloaded) = s.make_room(self.total, need, Claim::For(tenant), now) else {
-            // The caller waits for a change, or looks again at its next pass.
-            s.looked += 1;
+            if waits {
+                s.looked += 1;
+            }
             return None;
         };
         s.reserved += need;
@@ -878,7 +902,7 @@ impl Budget {
             let notified = self.notify.notified();
             let mut notified = std::pin::pin!(notified);
             notified.as_mut().enable();
-            if let Some(r) = self.reserve_now(need, tenant) {
+            if let Some(r) = self.reserve_held(need, tenant, false, true) {
                 return Ok(r);
             }
             let kept = {

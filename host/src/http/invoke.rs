@@ -140,14 +140,15 @@ pub async fn invoke(
 /// The output is host memory held for the tenant, so a client that reads none of its responses
 /// keeps at most `concurrency` of them, and its next calls wait in its queue, not beside them.
 /// The slot is the chunks', not the body's: hyper ends a body (and dropped it, with the slot)
-/// once less than its write buffer (64 KiB) of it was left to write, while the chunk being
+/// once less than its write buffer (`MAX_HEAD`) of it was left to write, while the chunk being
 /// written still held the whole output, so a client reading all but the last bytes of each
 /// response kept every output on no slot.
 ///
 /// A large output is freed on `reaper` rather than on the HTTP runtime's thread that lets go of
 /// it: unmapping hundreds of MiB held that thread, and every tenant's requests on it, for tens
 /// of ms. Its slot is given back there and then, not behind other tenants' outputs in the
-/// reaper's queue (what a tenant has handed to the reaper is gone within its turn there).
+/// reaper's queue; the reaper holds at most a bound of outputs being freed, and frees past it
+/// where they are let go.
 fn sending<S, D>(header: Vec<u8>, data: D, slot: Arc<S>, reaper: &Reaper) -> Body
 where
     S: Send + Sync + 'static,

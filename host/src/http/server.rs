@@ -35,7 +35,8 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(20);
 /// Largest request head a connection buffers (hyper's read buffer, and its write queue's
 /// threshold; hyper's least is 8 KiB): every request of the API has a head of well under 1 KiB
 /// and a token. Every connection, before anyone is known, may hold this much for its header
-/// timeout: at 64 KiB, a host's 1,024 connections held 64 MiB of unfinished heads.
+/// timeout: at 64 KiB, a host's 1,024 connections held 64 MiB of unfinished heads. (It also
+/// bounds hyper's reads of a body: a 4 MiB invoke body is read 16 KiB at a time.)
 pub const MAX_HEAD: usize = 16 << 10;
 
 /// The router for one connection: each request carries the connection ([`Carried`]), which

@@ -462,6 +462,91 @@ mod tests {
         );
     }
 
+    /// A pace that has the job wait for its turn at every other look, and counts the waits;
+    /// or (`never`) whose turn never comes.
+    #[derive(Debug, Default)]
+    struct EveryOther {
+        looks: std::sync::atomic::AtomicUsize,
+        waits: std::sync::atomic::AtomicUsize,
+        never: bool,
+    }
+
+    impl Pace for EveryOther {
+        fn pace(&self) -> bool {
+            true
+        }
+
+        fn try_pace(&self) -> Option<bool> {
+            use std::sync::atomic::Ordering::Relaxed;
+            if self.looks.fetch_add(1, Relaxed).is_multiple_of(2) {
+                self.waits.fetch_add(1, Relaxed);
+                None
+            } else {
+                Some(true)
+            }
+        }
+
+        fn turn(&self) -> std::pin::Pin<Box<dyn Future<Output = bool> + Send + '_>> {
+            let never = self.never;
+            Box::pin(async move {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                !never
+            })
+        }
+    }
+
+    /// A job that waits for its turn goes on where it stopped: a read gives every byte once, a
+    /// walk every entry once; one whose turn never comes stops, its caller's time up.
+    #[tokio::test]
+    async fn a_job_that_waits_for_its_turn_goes_on_where_it_stopped() {
+        use std::sync::atomic::Ordering::Relaxed;
+        let dir = tempfile::tempdir().expect("tmp");
+        let b = dir.path().join("b");
+        std::fs::create_dir_all(b.join("many")).expect("bucket");
+        let bytes: Vec<u8> = (0..(48 * READ_CHUNK)).map(|i| (i % 251) as u8).collect();
+        std::fs::write(b.join("big"), &bytes).expect("object");
+        for i in 0..300 {
+            std::fs::write(b.join(format!("many/{i:03}")), b"x").expect("object");
+        }
+        let store = Local::open(dir.path()).expect("store");
+        let every_other = Arc::new(EveryOther::default());
+        let pace = Arc::clone(&every_other) as Arc<dyn Pace>;
+        // The first look waits (the file open); later ones, once every other tick, within the
+        // read (three times in all here).
+        let length = bytes.len() as u64 - 5;
+        let read = store
+            .read("b", "big", 5, length, Some(&pace))
+            .await
+            .expect("read");
+        assert!(read == bytes[5..], "the bytes read, each once, in order");
+        let waits = every_other.waits.load(Relaxed);
+        assert!(waits >= 1, "the read waited for its turn");
+        // A walk of at least 300 ms (1 ms an object): about 15 waits at one every other tick.
+        let keep = Arc::new(|_: &str| {
+            std::thread::sleep(Duration::from_millis(1));
+            true
+        });
+        let listed = store
+            .list("b", "many/", 10_000, 100_000, keep, (Some(&pace), None))
+            .await
+            .expect("list");
+        let keys: Vec<String> = listed.into_iter().map(|m| m.key).collect();
+        let expected: Vec<String> = (0..300).map(|i| format!("many/{i:03}")).collect();
+        assert_eq!(keys, expected, "every entry once");
+        let walk_waits = every_other.waits.load(Relaxed) - waits;
+        assert!(walk_waits >= 3, "the walk waited {walk_waits} times");
+        // A turn that never comes: the job stops there.
+        let never = Arc::new(EveryOther {
+            never: true,
+            ..EveryOther::default()
+        }) as Arc<dyn Pace>;
+        let stopped = store.read("b", "big", 0, 10, Some(&never)).await;
+        assert!(
+            matches!(&stopped, Err(ObjectError::Stopped(m)) if m.contains("big") && m.contains("time is up")),
+            "{stopped:?}"
+        );
+    }
+
     /// Descriptors the process has open now.
     fn open_descriptors() -> usize {
         std::fs::read_dir("/proc/self/fd").map_or(0, Iterator::count)

@@ -375,8 +375,9 @@ async fn pins_taken_and_dropped_while_nobody_looks_wake_nobody() {
 }
 
 /// A pin that makes its tenant one of a model's owners shrinks every owner's share: another
-/// owner may be over its own now, its idle model room a waiter may take. Its drop wakes the
-/// waiters, though none looked while it was held.
+/// owner may be over its own now, its idle model room a waiter may take. Taking it wakes the
+/// waiters (its drop may come seconds later). The waiter slept until the first owner's use went
+/// stale.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pin_that_makes_its_tenant_an_owner_wakes_the_waiters() {
     let _one = serial().lock().await;
@@ -409,17 +410,19 @@ async fn a_pin_that_makes_its_tenant_an_owner_wakes_the_waiters() {
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(!waiting.is_finished(), "the reservation waits");
     let before = budget.snapshot().wakes;
-    drop(p.pin(&budget, stale, "b", LONG).await.expect(stale));
+    // `b` holds its pin (a call of seconds): the room is there from the pin on.
+    let pin = p.pin(&budget, stale, "b", LONG).await.expect(stale);
     assert_eq!(
         budget.snapshot().wakes - before,
         1,
-        "the new owner's pin woke the waiters"
+        "the new owner's pin woke the waiters when taken"
     );
     let reserved = tokio::time::timeout(LONG, waiting).await;
     assert!(
         matches!(reserved, Ok(Ok(Ok(_)))),
         "`a`, over its share beside `b`, gave up its idle model's room: {reserved:?}"
     );
+    drop(pin);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

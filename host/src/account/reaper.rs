@@ -52,14 +52,16 @@ impl Reaper {
         }
     }
 
-    /// Frees `what` on the reaper's thread.
+    /// Frees `what` on the reaper's thread, whatever the reaper holds already (what only the
+    /// unbounded device reaper is handed: an output nobody took).
     pub fn free(&self, what: impl Send + 'static) {
         self.hand(0, Box::new(what));
     }
 
     /// Frees `what`, which holds `bytes` of buffers: here if they are small (below
-    /// [`FREE_HERE`]), which costs less than the hand-over, or if the reaper holds its most
-    /// already; else on the reaper. Everything went to the device's reaper, in one queue: a
+    /// [`FREE_HERE`]), which costs less than the hand-over, or if it would take the reaper past
+    /// its most while it holds anything (one larger than the bound goes to an idle reaper: the
+    /// reaper holds at most its bound and one more); else on the reaper. Everything went to the device's reaper, in one queue: a
     /// light tenant's finished call gave its slot back only after every large buffer a heavy
     /// tenant's calls had queued before it was unmapped, and its next call found its own slot
     /// still held.
@@ -68,7 +70,7 @@ impl Reaper {
             return drop(what);
         }
         let before = self.queued.fetch_add(bytes, Ordering::Relaxed);
-        if before.saturating_add(bytes) > self.most {
+        if before > 0 && before.saturating_add(bytes) > self.most {
             self.queued.fetch_sub(bytes, Ordering::Relaxed);
             return drop(what);
         }
@@ -140,17 +142,23 @@ mod tests {
             "past the bound, and small: freed here at once"
         );
         go.send(()).expect("go");
-        for _ in 0..500 {
-            if on.lock().expect("record").len() == 4 {
-                break;
+        let idle = || {
+            for _ in 0..500 {
+                if reaper.queued.load(Ordering::Relaxed) == 0 {
+                    return true;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(10));
             }
-            std::thread::sleep(std::time::Duration::from_millis(10));
-        }
-        let on = on.lock().expect("record");
+            false
+        };
+        assert!(idle(), "all freed");
         assert_eq!(
-            on[2..],
+            on.lock().expect("record")[2..],
             [(1, "test-reaper".into()), (2, "test-reaper".into())]
         );
-        assert_eq!(reaper.queued.load(Ordering::Relaxed), 0, "all freed");
+        // One larger than the bound goes to an idle reaper all the same.
+        reaper.free_sized(4 * FREE_HERE, freed(5, None));
+        assert!(idle(), "freed");
+        assert_eq!(on.lock().expect("record")[4..], [(5, "test-reaper".into())]);
     }
 }

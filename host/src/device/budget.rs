@@ -152,10 +152,10 @@ struct State {
     /// (see [`Unloaded`]).
     freeing: u64,
     /// Looks at the room that found too little and wait for a change (a load or a
-    /// reservation that waits, the dispatcher's wait): a pin dropped with no look since it was
-    /// taken wakes nobody (see [`Pin`]'s drop). Looks that do not wait (a batch or a call
-    /// refused, tried again at the dispatcher's next pass) are not counted: under contention
-    /// they came every pass, and every pin's drop woke every waiter again.
+    /// reservation that waits, a batch the dispatcher waits for): a pin dropped with no look
+    /// since it was taken wakes nobody (see [`Pin`]'s drop). A call refused with adaptation
+    /// off waits for nothing and is not counted: each such refusal made the pin it was
+    /// refused beside wake every waiter when dropped.
     looked: u64,
 }
 
@@ -378,15 +378,17 @@ pub struct Pin {
 }
 
 /// A pin dropped makes its model unloadable again, the room others waited for, so it wakes
-/// them; but only if one of them looked at the room while it was held, or the pin made its
-/// tenant one of the model's owners. Between a pin by an owner and its drop with no look, the
-/// room is as it was or smaller (the model used since), so nobody's wait was decided by it: a
+/// them; but only if one of them looked at the room while it was held. Between a pin and its
+/// drop with no look, the room is as it was (the model used since may be picked later among
+/// idle models, which the next wake or expiry settles), so nobody's wait was decided by it: a
 /// guest calling `load-by-name` on a loaded model in a loop (a pin and its drop each) woke
-/// every waiting load and reservation, and the dispatcher, on each call. A new owner shrinks
-/// every owner's share, which may put another owner over its own and make its idle models
-/// unloadable: room a waiter may take. (The dispatcher counts a look only when it waits, not
-/// when its batch's reservation fails: a drop between the two is missed, and its wait, at most
-/// `MEMORY_POLL`, 2 ms, ends without it.)
+/// every waiting load and reservation, and the dispatcher, on each call. A pin that makes its
+/// tenant one of the model's owners shrinks every owner's share, which may put another owner
+/// over its own and make its idle models unloadable, room a waiter may take: the waiters are
+/// woken when it is taken ([`Budget::acquire`]), not when it is dropped, which may be seconds
+/// later. (The dispatcher's wait after a pass that found no room, at most 2 ms, or 5 ms with
+/// pooling off, counts as a look only once it begins: a drop just before it is missed, and the
+/// wait ends without it.)
 impl Drop for Pin {
     fn drop(&mut self) {
         let mut s = lock(&self.budget.state);
@@ -396,9 +398,9 @@ impl Drop for Pin {
             l.unpin(&self.tenant, Instant::now());
             l.last_used = tick;
         }
-        let changed = s.looked != self.looked || self.new_owner;
+        let looked = s.looked != self.looked;
         drop(s);
-        if changed {
+        if looked {
             self.budget.wake();
         }
     }
@@ -545,8 +547,16 @@ impl Budget {
                 ))
             };
             match self.try_pin(name, weights, tenant) {
-                Attempt::Pinned(pin) => return Ok(pin),
+                Attempt::Pinned(pin) => {
+                    if pin.new_owner {
+                        self.wake();
+                    }
+                    return Ok(pin);
+                }
                 Attempt::Load => {
+                    // Its `Loading` slot makes the tenant one of its owners, as a new owner's
+                    // pin does (see [`Pin`]'s drop): loads are few, each paced and charged.
+                    self.wake();
                     // The load finishes (and its slot is settled) even if this caller gives up
                     // at its deadline; a later call finds the model loaded. It comes pinned
                     // for this caller (the pin is dropped with the result if the caller is
@@ -607,10 +617,13 @@ impl Budget {
         let (tick, window, now, looked) = (s.clock, s.resident_for, Instant::now(), s.looked);
         match s.models.get_mut(name) {
             Some(Slot::Loaded(l)) => {
-                let new_owner = !l
-                    .users
-                    .iter()
-                    .any(|u| u.tenant == *tenant && u.owns(now, window));
+                // With no window, a use owns nothing once its pin is dropped: a pin's ownership
+                // lasts only while it is held, and every pin of a loop would wake the waiters.
+                let new_owner = !window.is_zero()
+                    && !l
+                        .users
+                        .iter()
+                        .any(|u| u.tenant == *tenant && u.owns(now, window));
                 l.pin(tenant, now, window);
                 l.last_used = tick;
                 let pin = Pin {
@@ -846,9 +859,10 @@ impl Budget {
     }
 
     /// [`Self::reserve_now`] for a batch the dispatcher runs (see
-    /// [`Self::room_once_reservations_end`]).
+    /// [`Self::room_once_reservations_end`]); a refusal counts as a look ([`State::looked`]):
+    /// the dispatcher waits for a change after it.
     pub fn reserve_batch(self: &Arc<Self>, need: u64, tenant: &str) -> Option<Reservation> {
-        self.reserve_held(need, tenant, true, false)
+        self.reserve_held(need, tenant, true, true)
     }
 
     /// [`Self::reserve_now`]; `waits`: the caller waits for a change if it fails

@@ -61,10 +61,10 @@ impl Reaper {
     /// Frees `what`, which holds `bytes` of buffers: here if they are small (below
     /// [`FREE_HERE`]), which costs less than the hand-over, or if it would take the reaper past
     /// its most while it holds anything (one larger than the bound goes to an idle reaper: the
-    /// reaper holds at most its bound and one more); else on the reaper. Everything went to the device's reaper, in one queue: a
-    /// light tenant's finished call gave its slot back only after every large buffer a heavy
-    /// tenant's calls had queued before it was unmapped, and its next call found its own slot
-    /// still held.
+    /// reaper holds at most its bound and one more); else on the reaper. Everything went to
+    /// the device's reaper, in one queue: a light tenant's finished call gave its slot back
+    /// only after every large buffer a heavy tenant's calls had queued before it was
+    /// unmapped, and its next call found its own slot still held.
     pub fn free_sized(&self, bytes: usize, what: impl Send + 'static) {
         if bytes < FREE_HERE {
             return drop(what);

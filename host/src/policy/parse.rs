@@ -408,11 +408,7 @@ fn separate_directories(
             .map(|m| ("host.models".into(), m.as_path(), raw.host.models.span())),
     );
     for (name, t) in tenants {
-        let span = raw.tenants[name]
-            .get_ref()
-            .private_models
-            .as_ref()
-            .map_or_else(|| raw.tenants[name].span(), Spanned::span);
+        let span = private_models_span(raw, name);
         for dir in &t.private_models {
             own.push((format!("tenants.{name}.private_models"), dir, span.clone()));
         }
@@ -448,13 +444,8 @@ fn private_apart_from_shared(
     for (name, t) in tenants {
         for dir in &t.private_models {
             if shared.contains(&resolved(dir)) {
-                let span = raw.tenants[name]
-                    .get_ref()
-                    .private_models
-                    .as_ref()
-                    .map_or_else(|| raw.tenants[name].span(), Spanned::span);
                 return ctx.err(
-                    span,
+                    private_models_span(raw, name),
                     format!(
                         "tenants.{name}.private_models = {:?} is a host.models directory: every \
                          shared package in it would be this tenant's own, whatever its models \
@@ -466,6 +457,17 @@ fn private_apart_from_shared(
         }
     }
     Ok(())
+}
+
+/// Where tenant `name`'s `private_models` is written in the policy (its table, where it has
+/// none).
+fn private_models_span(raw: &RawPolicy, name: &str) -> std::ops::Range<usize> {
+    let tenant = &raw.tenants[name];
+    tenant
+        .get_ref()
+        .private_models
+        .as_ref()
+        .map_or_else(|| tenant.span(), Spanned::span)
 }
 
 /// `p` as the file system resolves it: made absolute, its longest existing part with links

@@ -150,8 +150,13 @@ impl Smallest {
     }
 
     /// The kept entries in key order.
-    pub fn into_sorted(self) -> Vec<ObjectMeta> {
-        self.heap
+    pub fn into_sorted(mut self) -> Vec<ObjectMeta> {
+        self.take_sorted()
+    }
+
+    /// The kept entries in key order, taken out (their charge given back when `self` goes).
+    pub fn take_sorted(&mut self) -> Vec<ObjectMeta> {
+        std::mem::take(&mut self.heap)
             .into_sorted_vec()
             .into_iter()
             .map(|e| e.0)

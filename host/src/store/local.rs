@@ -313,16 +313,13 @@ impl Local {
             // The directories still to walk are the caller's too: a wide tree of long names
             // held hundreds of MiB of paths at once, charged to nobody.
             to_walk: Held::new(account.as_ref(), "a listing's directories to walk"),
-            kept: Some(Smallest::new(limit, account.as_ref())),
+            kept: Smallest::new(limit, account.as_ref()),
             visits: 0,
         };
         blocking(pace, move |steps| {
             let dir = match &walk.bucket {
                 Some(dir) => dir,
                 None => walk.bucket.insert(Self::bucket(&root, &bucket)?),
-            };
-            let Some(kept) = walk.kept.as_mut() else {
-                return Err(ObjectError::Io("a listing went on after its end".into()).into());
             };
             loop {
                 let (path, entries) = match &mut walk.current {
@@ -385,7 +382,7 @@ impl Local {
                         }
                     } else if ft.is_file() && key.starts_with(&prefix) && keep(&key) {
                         let meta = entry.metadata().map_err(|e| map(&key, e))?;
-                        kept.push(ObjectMeta {
+                        walk.kept.push(ObjectMeta {
                             key,
                             size: meta.len(),
                             last_modified_ms: modified_ms(&meta),
@@ -395,10 +392,7 @@ impl Local {
                 }
                 walk.current = None;
             }
-            match walk.kept.take() {
-                Some(kept) => Ok(kept.into_sorted()),
-                None => Err(ObjectError::Io("a listing went on after its end".into()).into()),
-            }
+            Ok(walk.kept.take_sorted())
         })
         .await
     }
@@ -413,8 +407,8 @@ struct Walk {
     /// The directories still to walk.
     stack: Vec<String>,
     to_walk: Held,
-    /// The smallest keys found so far (taken at the end).
-    kept: Option<Smallest>,
+    /// The smallest keys found so far.
+    kept: Smallest,
     visits: usize,
 }
 

@@ -371,14 +371,22 @@ impl Turn {
     /// slot has shrunk the share.
     pub async fn tick(&self) {
         tokio::task::yield_now().await;
+        if !self.keeps() {
+            self.take().await;
+        }
+    }
+
+    /// Whether the invocation holds a slot and keeps it, as at a tick; one it may not keep is
+    /// given back, and it must wait for its turn ([`Turn::take`]).
+    fn keeps(&self) -> bool {
         if !*self.held() {
-            self.take().await;
-            return;
+            return false;
         }
-        if !self.cpu.keep(&self.tenant) {
-            *self.held() = false;
-            self.take().await;
+        if self.cpu.keep(&self.tenant) {
+            return true;
         }
+        *self.held() = false;
+        false
     }
 
     /// Runs `work`, a host call whose work is done for the tenant on another thread (the local
@@ -451,16 +459,9 @@ impl Pace for Turn {
         if Instant::now() >= self.until {
             return Some(false);
         }
-        if !*self.held() {
-            return None;
-        }
         // As at a guest's tick: it keeps the slot if it may, else gives it back and waits
         // behind its tenant's waiting invocations ([`Pace::turn`]).
-        if self.cpu.keep(&self.tenant) {
-            return Some(true);
-        }
-        *self.held() = false;
-        None
+        self.keeps().then_some(true)
     }
 
     fn turn(&self) -> std::pin::Pin<Box<dyn Future<Output = bool> + Send + '_>> {

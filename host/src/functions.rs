@@ -493,6 +493,20 @@ impl Functions {
     pub fn load_all(&self, runtime: &Runtime, policy: &Policy) -> anyhow::Result<()> {
         let mut writers = lock(&self.writers);
         let mut table = Table::new();
+        // Each function the table has, of the same bytes, kind and capabilities, is kept as it
+        // is: see [`Self::unchanged`].
+        let build = |tenant: &Tenant,
+                     name: &str,
+                     bytes: &[u8],
+                     managed: bool,
+                     fns: &BTreeMap<String, Arc<Function>>| {
+            match self.unchanged(writers.get(&tenant.name), tenant, name, bytes, managed) {
+                Some(f) => Ok(f),
+                None => self
+                    .build(runtime, tenant, name, bytes, managed, fns)
+                    .map(Arc::new),
+            }
+        };
         for tenant in policy.tenants.values() {
             let mut fns = BTreeMap::new();
             let dir = format!("functions/{}", tenant.name);
@@ -515,10 +529,10 @@ impl Functions {
                         .state
                         .read(format!("{dir}/{file}"))
                         .map_err(|e| FunctionError::Host(e.to_string()))
-                        .and_then(|bytes| self.build(runtime, tenant, name, &bytes, false, &fns));
+                        .and_then(|bytes| build(tenant, name, &bytes, false, &fns));
                     match built {
                         Ok(f) => {
-                            fns.insert(name.to_string(), Arc::new(f));
+                            fns.insert(name.to_string(), f);
                         }
                         Err(e) => tracing::warn!(
                             "tenant `{}`: not loading uploaded function `{name}`: {e}",
@@ -535,16 +549,14 @@ impl Functions {
                         path.display()
                     )
                 })?;
-                let f = self
-                    .build(runtime, tenant, name, &bytes, true, &fns)
-                    .map_err(|e| {
-                        anyhow::anyhow!(
-                            "tenant `{}` function `{name}` ({}): {e}",
-                            tenant.name,
-                            path.display()
-                        )
-                    })?;
-                fns.insert(name.clone(), Arc::new(f));
+                let f = build(tenant, name, &bytes, true, &fns).map_err(|e| {
+                    anyhow::anyhow!(
+                        "tenant `{}` function `{name}` ({}): {e}",
+                        tenant.name,
+                        path.display()
+                    )
+                })?;
+                fns.insert(name.clone(), f);
             }
             let (count, wasm, compiled) =
                 footprint(fns.values().map(Arc::as_ref), std::iter::empty(), None);
@@ -560,9 +572,58 @@ impl Functions {
             }
             table.insert(tenant.name.clone(), fns);
         }
+        // Uploads the new table does not keep as they were (replaced on disk, their tenant's
+        // capabilities changed, their tenant removed) are retired like a replaced upload:
+        // calls running on them hold their code, which counts against the quota until they
+        // end. Without this a reload took that code out of every count.
+        let gone: Vec<(String, Arc<Function>)> = {
+            let old = self.table.read().unwrap_or_else(PoisonError::into_inner);
+            old.iter()
+                .flat_map(|(tenant, fns)| fns.values().map(move |f| (tenant, f)))
+                .filter(|(tenant, f)| {
+                    !table
+                        .get(*tenant)
+                        .and_then(|now| now.get(&f.name))
+                        .is_some_and(|now| Arc::ptr_eq(now, f))
+                })
+                .map(|(tenant, f)| (tenant.clone(), Arc::clone(f)))
+                .collect()
+        };
         *self.table.write().unwrap_or_else(PoisonError::into_inner) = table;
+        for (tenant, f) in &gone {
+            self.retire(tenant, f);
+        }
         writers.clone_from(&policy.tenants);
         Ok(())
+    }
+
+    /// The function `name` of `tenant` in the table now, if a reload may keep it as it is: the
+    /// same bytes, deployed the same way (by the policy or uploaded), and the tenant's
+    /// capabilities, linked into it, as they were (`was`). Keeping it keeps its identity:
+    /// calls running on it hold it, and a later replacement retires it, counted in the quota
+    /// while they run; a reload had put a new copy of every function in the table, and the
+    /// one calls held was counted by nobody. It also spares checking every upload again.
+    fn unchanged(
+        &self,
+        was: Option<&Arc<Tenant>>,
+        tenant: &Tenant,
+        name: &str,
+        bytes: &[u8],
+        managed: bool,
+    ) -> Option<Arc<Function>> {
+        let was = was.filter(|w| w.capabilities == tenant.capabilities)?;
+        let f = self.get(&was.name, name)?;
+        (f.managed == managed && f.size == bytes.len() && f.sha256 == hash_bytes(bytes))
+            .then_some(f)
+    }
+
+    /// After a reload that could not load the new policy's functions, the tenants as the host
+    /// serves them instead (the old policy less what the new one revokes) are those deploys
+    /// and removals are held to. They had stayed the old ones: a tenant whose token the reload
+    /// changed had its uploads refused once compiled (401) and could remove nothing, and its
+    /// quota was checked at the old limits.
+    pub fn narrow(&self, tenants: &BTreeMap<String, Arc<Tenant>>) {
+        lock(&self.writers).clone_from(tenants);
     }
 
     /// Reserves the tenant's one upload in progress for function `name`, before its bytes are

@@ -184,6 +184,7 @@ impl Host {
         if let Err(e) = self.functions.load_all(&self.runtime, &policy) {
             let (narrowed, changed) = old.revoked_by(&policy);
             let narrowed = Arc::new(narrowed);
+            self.functions.narrow(&narrowed.tenants);
             self.set_policy(Arc::clone(&narrowed));
             self.admissions.reload(&narrowed);
             let kept = match changed.is_empty() {

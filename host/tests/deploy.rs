@@ -668,8 +668,9 @@ async fn function_quotas_obeyed_and_violated() {
 }
 
 /// An upload replaced while a call runs on it keeps its compiled code in memory until the call
-/// ends, and that code counts against the quota until then: with a slot per version, a tenant
-/// kept one copy of its largest upload in memory per slot, all but one outside the quota.
+/// ends, and that code counts against the quota until then, a reload between included: with a
+/// slot per version, a tenant kept one copy of its largest upload in memory per slot, all but
+/// one outside the quota (and one more per reload).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replaced_code_that_calls_still_run_on_counts_against_the_quota() {
     let h = start_tenants(|store, state| {
@@ -693,13 +694,12 @@ async fn replaced_code_that_calls_still_run_on_counts_against_the_quota() {
     // Room for one upload and half another's code.
     let quota = wasm + code + code / 2;
     let policy = std::fs::read_to_string(&h.policy_path).expect("policy");
-    h.reload(&policy.replacen(
+    let policy = policy.replacen(
         "max_function_bytes = \"5MiB\"",
         &format!("max_function_bytes = \"{quota}B\""),
         1,
-    ))
-    .await
-    .expect("reloaded");
+    );
+    h.reload(&policy).await.expect("reloaded");
     let t = h.host.policy().tenants["t0"].clone();
     let admission = h.host.admission(&t);
     let image_of_v1 = h
@@ -719,6 +719,9 @@ async fn replaced_code_that_calls_still_run_on_counts_against_the_quota() {
         assert!(Instant::now() < until, "{:?}", admission.load());
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
+    // A reload meanwhile (the same policy) keeps v1 as the call holds it: it had put a new
+    // copy in the table, and the one the call ran on was counted by nobody once replaced.
+    h.reload(&policy).await.expect("reloaded");
     // v1 runs: replacing it is within the quota (v1 is not counted as the table's)...
     assert_eq!(
         h.put_function(&t0, "mine", hostile("v2")).await.status(),

@@ -373,6 +373,57 @@ async fn a_reload_that_fails_on_a_function_still_revokes() {
     assert!(h.host.function("alice", "mine").is_some());
 }
 
+/// A reload that fails on a function and changes a tenant's token and grant: the tenant deploys
+/// and removes with its new token (its uploads were refused once compiled, 401, and it could
+/// remove nothing, until a reload succeeded), and its grant is what both policies grant, by
+/// directory: `fashion` grants `fashion/...`, none of `fashion-mnist/` (which was kept, as it
+/// starts with `fashion`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_that_fails_narrows_what_deploys_are_held_to() {
+    const ROTATED: &str = "alice-rotated-token";
+    let h = TestHost::start().await;
+    let original = std::fs::read_to_string(&h.policy_path).expect("policy");
+    let broken = h.policy_path.with_file_name("broken.wasm");
+    std::fs::write(&broken, b"not a component").expect("write");
+    let changed = original
+        .replacen(&hash_token(ALICE), &hash_token(ROTATED), 1)
+        .replacen("prefix = \"fashion-mnist/\"", "prefix = \"fashion\"", 1)
+        .replacen(
+            "[tenants.alice.functions]\n",
+            &format!(
+                "[tenants.alice.functions]\nbroken = \"{}\"\n",
+                broken.display()
+            ),
+            1,
+        );
+    let e = h
+        .reload(&changed)
+        .await
+        .expect_err("alice's new function does not build");
+    let e = format!("{e:#}");
+    assert!(
+        e.contains("tenant `alice`'s new token, tenant `alice`'s grants narrowed"),
+        "{e}"
+    );
+    let small = read("datasets", &["fashion-mnist/small.bin"]);
+    let (code, message) = error_code(h.invoke(ROTATED, "hostile", small).await, 403).await;
+    assert_eq!(code, "object_denied", "{message}");
+    let wasm = std::fs::read(common::guest("hostile")).expect("wasm");
+    assert_eq!(h.put_function(ROTATED, "mine", wasm).await.status(), 201);
+    let removed = h
+        .client
+        .delete(format!("{}/v1/functions/mine", h.url))
+        .bearer_auth(ROTATED)
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(removed.status(), 204);
+    assert!(h.host.function("alice", "mine").is_none());
+    let (code, message) =
+        error_code(h.put_function(ALICE, "mine", b"\0asm".to_vec()).await, 401).await;
+    assert_eq!(code, "bad_token", "{message}");
+}
+
 /// A reload reaches a running invocation at its next host call that uses a grant: one reading
 /// an object over and over stops being served once the grant is taken away (the guest sees
 /// `denied`) or the tenant's token changes (the invocation stops, 401). It read under the

@@ -321,6 +321,18 @@ pub struct Grant {
     pub prefix: String,
 }
 
+impl Grant {
+    /// The keys it grants, as a prefix: a prefix names a directory, so `data` grants
+    /// `data/...`, not `data-secret/...`; empty grants the whole bucket.
+    pub fn dir(&self) -> String {
+        if self.prefix.is_empty() || self.prefix.ends_with('/') {
+            self.prefix.clone()
+        } else {
+            format!("{}/", self.prefix)
+        }
+    }
+}
+
 /// Per-invocation limits, enforced by the host.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Limits {
@@ -551,14 +563,17 @@ impl Policy {
 }
 
 /// The grants of keys that both `a` and `b` grant: of two grants on one bucket, the one whose
-/// prefix starts with the other's (a key is granted when it starts with a grant's prefix).
+/// directory is in the other's ([`Grant::dir`]: a key is granted when it starts with it). The
+/// prefixes as written compared wrongly: `data-public/` starts with `data`, which grants
+/// `data/...` only, so a failed reload that narrowed one to the other kept `data-public/`.
 fn common_grants(a: &[Grant], b: &[Grant]) -> Vec<Grant> {
     let mut out: Vec<Grant> = Vec::new();
     for x in a {
         for y in b.iter().filter(|y| y.bucket == x.bucket) {
-            let inner = if x.prefix.starts_with(&y.prefix) {
+            let (dx, dy) = (x.dir(), y.dir());
+            let inner = if dx.starts_with(&dy) {
                 x
-            } else if y.prefix.starts_with(&x.prefix) {
+            } else if dy.starts_with(&dx) {
                 y
             } else {
                 continue;
@@ -590,4 +605,33 @@ pub fn hash_bytes(bytes: &[u8]) -> String {
 
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn grant(bucket: &str, prefix: &str) -> Grant {
+        Grant {
+            bucket: bucket.into(),
+            prefix: prefix.into(),
+        }
+    }
+
+    /// Keys both grant, by directory: `data` grants `data/...` and nothing of `data-public/`,
+    /// whichever of the two policies has which.
+    #[test]
+    fn common_grants_compare_directories() {
+        let public = [grant("d", "data-public/")];
+        let data = [grant("d", "data")];
+        assert_eq!(common_grants(&public, &data), []);
+        assert_eq!(common_grants(&data, &public), []);
+        // Within each other: the inner one, as written.
+        let inner = [grant("d", "data/train")];
+        assert_eq!(common_grants(&data, &inner), inner);
+        assert_eq!(common_grants(&inner, &data), inner);
+        assert_eq!(common_grants(&[grant("d", "")], &public), public);
+        assert_eq!(common_grants(&data, &[grant("d", "data/")]), data);
+        assert_eq!(common_grants(&data, &[grant("e", "data")]), []);
+    }
 }

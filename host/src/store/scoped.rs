@@ -6,7 +6,7 @@ use super::keys::{check_key, check_prefix};
 use super::{MAX_LIST, MAX_LIST_VISITS, Store};
 use crate::account::text::quote;
 use crate::account::{Account, Pace};
-use crate::policy::{Grant, Tenant};
+use crate::policy::Tenant;
 use std::sync::Arc;
 
 /// A read that passed every check and was charged to the invocation's read cap.
@@ -34,19 +34,10 @@ pub struct Scoped {
     pub bytes_read: u64,
 }
 
-fn grant_prefix(g: &Grant) -> String {
-    if g.prefix.is_empty() || g.prefix.ends_with('/') {
-        g.prefix.clone()
-    } else {
-        // A prefix names a directory: `data` grants `data/...`, not `data-secret/...`.
-        format!("{}/", g.prefix)
-    }
-}
-
 /// Whether `tenant` may read `bucket`/`key` (or, with `is_prefix`, list under it).
 pub fn granted(tenant: &Tenant, bucket: &str, key: &str, is_prefix: bool) -> bool {
     tenant.grants.iter().any(|g| {
-        let p = grant_prefix(g);
+        let p = g.dir();
         g.bucket == bucket && (key.starts_with(&p) || (is_prefix && p.starts_with(key)))
     })
 }
@@ -228,7 +219,7 @@ impl Scoped {
     fn walks(&self, bucket: &str, prefix: &str) -> Vec<String> {
         let mut walks = Vec::new();
         for g in self.grants.grants.iter().filter(|g| g.bucket == bucket) {
-            let p = grant_prefix(g);
+            let p = g.dir();
             if prefix.starts_with(&p) {
                 return vec![prefix.to_string()];
             }

@@ -338,6 +338,9 @@ impl inference::HostGraphExecutionContext for NnView<'_> {
                 );
             }
         };
+        // The input's name is a string of the guest's choosing, as long as its memory, that
+        // the host copied and uses for nothing else: not held through the device call.
+        drop(name);
         let caller = self.ctx.caller.clone();
         let tenant: Arc<str> = Arc::from(caller.tenant.name.as_str());
         let started = Instant::now();

@@ -382,6 +382,12 @@ impl Models {
             return None;
         }
         let catalog = self.catalog();
+        // Longer than every id, it is none of them: refused before it is copied into the
+        // private id (a guest's name may be as long as its memory, which the host already
+        // holds one copy of, lifted for the call).
+        if catalog.entries.keys().all(|id| id.len() < name.len()) {
+            return None;
+        }
         let private = private_id(&tenant.name, name);
         let id = if catalog.entries.contains_key(&private) {
             private

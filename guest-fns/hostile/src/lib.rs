@@ -16,7 +16,10 @@
 //! `bad-output` (dimensions that do not match the data), `long-error` (fail with a
 //! `bytes`-byte message), `wide-output` (a tensor of `rank` dimensions of 1 and one byte),
 //! `f32-output` (an f32 tensor `[n, 64, 32, 32]` of about `bytes`), `claim-io` (claim a store
-//! failure that did not happen), `recurse` (recurse `depth` calls deep). With option `hang`
+//! failure that did not happen), `recurse` (recurse `depth` calls deep), `graph-bytes` (call
+//! `graph.load` with `count` graph builders of one byte, all the same byte; return the answer's
+//! case, 1 for an error), `describe` (describe a model named by `bytes` bytes; return 1 if
+//! refused). With option `hang`
 //! (any value), the guest never returns after the mode's work: a caller that gives up on it
 //! still had that work done on its behalf.
 
@@ -30,8 +33,8 @@ mod bindings {
     });
 }
 
-use bindings::hapi::pushdown::objects;
 use bindings::hapi::pushdown::types::ElementType;
+use bindings::hapi::pushdown::{models, objects};
 use bindings::wasi::nn::{graph, tensor};
 use bindings::{Error, Guest, Invocation, TensorOut};
 
@@ -244,6 +247,30 @@ fn act(inv: &Invocation) -> Result<TensorOut, Error> {
                 .collect();
             Ok(bytes_out((kept.len() as u64).to_le_bytes().to_vec()))
         }
+        "graph-bytes" => {
+            let byte = 0u8;
+            let lists = vec![[&raw const byte as u32, 1u32]; number(inv, "count")? as usize];
+            // The result's case (u8) and its handle, at offsets 0 and 4.
+            let mut answer = [0u32; 2];
+            // SAFETY: `lists` is the canonical ABI's `list<list<u8>>` (pointer and length pairs
+            // into this memory), `answer` has room for `result<graph, error>`; the handle
+            // returned is left to the invocation's end.
+            unsafe {
+                raw_graph_load(
+                    lists.as_ptr(),
+                    lists.len(),
+                    0,
+                    0,
+                    answer.as_mut_ptr().cast(),
+                );
+            }
+            Ok(bytes_out(answer[0].to_le_bytes().to_vec()))
+        }
+        "describe" => {
+            let name = "a".repeat(number(inv, "bytes")? as usize);
+            let refused = u32::from(models::describe(&name).is_err());
+            Ok(bytes_out(refused.to_le_bytes().to_vec()))
+        }
         "panic" => panic!("hostile guest panics on request"),
         "bad-output" => Ok(TensorOut {
             dimensions: vec![1000, 1000],
@@ -252,6 +279,14 @@ fn act(inv: &Invocation) -> Result<TensorOut, Error> {
         }),
         other => Err(Error::BadRequest(format!("unknown mode `{other}`"))),
     }
+}
+
+#[link(wasm_import_module = "wasi:nn/graph@0.2.0-rc-2024-10-28")]
+unsafe extern "C" {
+    /// `graph.load` as the canonical ABI lowers it: the builders as a list of (pointer,
+    /// length) pairs of the guest's choosing, which the generated binding would copy first.
+    #[link_name = "load"]
+    fn raw_graph_load(lists: *const [u32; 2], len: usize, encoding: i32, target: i32, out: *mut u8);
 }
 
 /// Recursion the optimiser cannot turn into a loop: every call takes a frame of Wasm's own

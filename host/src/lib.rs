@@ -366,7 +366,8 @@ impl Host {
     ) -> Result<ModelProfile, DeviceError> {
         let limit = PROFILE_TIMEOUT.min(tenant.limits.timeout);
         let deadline = Deadline::new(limit);
-        let share = || -> Arc<dyn Pace> { self.runtime.share_for(tenant, deadline.at()) };
+        // The load's place: at the front of the tenant's queue (`Turn::sibling`).
+        let share = || -> Arc<dyn Pace> { self.runtime.share_for(tenant, deadline.at()).sibling() };
         let work = self.runtime.share_for(tenant, deadline.at());
         let weight = tenant.limits.weight;
         let tenant = tenant.name.as_str();

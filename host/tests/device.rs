@@ -694,6 +694,90 @@ async fn a_load_runs_on_a_slot_of_its_tenants_share_here() {
     drop(pin);
 }
 
+/// A tenant's load waits for a slot of its share ahead of the tenant's own invocations: another
+/// tenant that calls the model meanwhile finds it `Loading` and waits for that load. Behind
+/// the heavy tenant's queue (three invocations, each holding the one worker for 2 s, as guests
+/// in long host copies do) the load began only after them, and the light tenant's call ran
+/// into its time limit.
+#[test]
+fn a_load_waits_ahead_of_its_tenants_invocations() {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime")
+        .block_on(a_load_waits_ahead_of_its_tenants_invocations_here());
+}
+
+async fn a_load_waits_ahead_of_its_tenants_invocations_here() {
+    use hapi_host::account::Pace;
+    use hapi_host::wasm::cpu::{CpuShares, Turn};
+    let _one = serial().lock().await;
+    let p = Packages::open();
+    let budget = Budget::new(4 << 30, RESIDENT_FOR);
+    let cpu = CpuShares::new(1);
+    let (heavy, light): (Arc<str>, Arc<str>) = (Arc::from("heavy"), Arc::from("light"));
+    let until = std::time::Instant::now() + LONG;
+    let reach = |want: (usize, usize), what: &'static str| {
+        let (cpu, heavy) = (Arc::clone(&cpu), Arc::clone(&heavy));
+        async move {
+            let by = std::time::Instant::now() + Duration::from_secs(10);
+            while cpu.load(&heavy) != want {
+                assert!(
+                    std::time::Instant::now() < by,
+                    "{what}: {:?}",
+                    cpu.load(&heavy)
+                );
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        }
+    };
+    let guest = Turn::new(&cpu, &heavy, 1, until);
+    assert!(guest.take().await, "a slot");
+    let queued: Vec<_> = (0..3)
+        .map(|_| {
+            let t = Turn::new(&cpu, &heavy, 1, until);
+            tokio::spawn(async move {
+                assert!(t.take().await, "a slot in turn");
+                tokio::time::sleep(Duration::from_secs(2)).await;
+                t.give();
+            })
+        })
+        .collect();
+    reach((1, 3), "three invocations queued").await;
+    // The guest's invocation loads resnet18, then waits in its host call.
+    let pace = guest.sibling() as Arc<dyn Pace>;
+    let loading = {
+        let (budget, models, heavy) = (
+            Arc::clone(&budget),
+            Arc::clone(&p.models),
+            Arc::clone(&heavy),
+        );
+        tokio::spawn(async move {
+            let deadline = Deadline::new(LONG);
+            budget
+                .acquire(&models, "resnet18", &heavy, &deadline, Some(pace))
+                .await
+        })
+    };
+    reach((1, 4), "the load queued").await;
+    guest.give();
+    let deadline = Deadline::new(Duration::from_secs(4));
+    let pin = budget
+        .acquire(&p.models, "resnet18", &light, &deadline, None)
+        .await;
+    assert!(
+        pin.is_ok(),
+        "the light tenant waited for the heavy one's queue: {:?}",
+        pin.err()
+    );
+    drop(pin);
+    drop(loading.await.expect("load task").expect("resnet18 loads"));
+    for q in queued {
+        q.await.expect("queued invocation");
+    }
+}
+
 /// A pace that says the caller's time is up, or that panics.
 #[derive(Debug)]
 struct NoTime {

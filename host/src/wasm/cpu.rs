@@ -172,14 +172,20 @@ impl CpuShares {
     /// A slot for `tenant` now if it may hold one more and no invocation of its tenant waits
     /// ahead (`ticket`: this one's place in the queue, if it has one); else its place in the
     /// queue (a new one at the back if it had none), its wake, and whether it is first.
-    fn try_take(&self, tenant: &Arc<str>, weight: u32, ticket: Option<u64>) -> Result<(), Waiting> {
+    fn try_take(
+        &self,
+        tenant: &Arc<str>,
+        weight: u32,
+        ticket: Option<u64>,
+        ahead: bool,
+    ) -> Result<(), Waiting> {
         let mut g = self.lock();
         // Left wanting on either path below: it takes a slot or a place in the queue.
         let load = g.tenants.entry(Arc::clone(tenant)).or_default();
         load.weight = weight;
         let (weight, running) = (load.weight(), load.running);
         let first = match ticket {
-            None => load.queue.is_empty(),
+            None => ahead || load.queue.is_empty(),
             Some(t) => load.queue.front().is_some_and(|(q, _)| *q == t),
         };
         // A newcomer counts among the wanting: its own arrival shrinks the shares.
@@ -199,7 +205,11 @@ impl CpuShares {
         let ticket = ticket.unwrap_or_else(|| {
             let t = load.next;
             load.next += 1;
-            load.queue.push_back((t, Arc::new(Notify::new())));
+            let place = (t, Arc::new(Notify::new()));
+            match ahead {
+                true => load.queue.push_front(place),
+                false => load.queue.push_back(place),
+            }
             t
         });
         let (at, wake) = load
@@ -268,6 +278,8 @@ pub struct Turn {
     weight: u32,
     until: Instant,
     held: Mutex<bool>,
+    /// Waits at the front of its tenant's queue, not the back ([`Turn::sibling`]).
+    ahead: bool,
 }
 
 /// A wait for a slot; gives its place in the queue back if dropped before it got one (the
@@ -294,15 +306,26 @@ impl Turn {
             weight,
             until,
             held: Mutex::new(false),
+            ahead: false,
         })
     }
 
     /// Another place of the same invocation (tenant, weight, deadline), holding no slot: for
     /// host work on its behalf on another thread while the invocation itself waits (a model's
     /// load), which takes its own slot of the tenant's share ([`Pace`]) and gives it back when
-    /// dropped.
+    /// dropped. It waits at the front of its tenant's queue: a tenant loads one model at a
+    /// time, and other tenants may be waiting for that load (a shared model they found
+    /// `Loading`). Behind the tenant's own invocations, it began only once each had had a
+    /// slot, and a light tenant calling the model meanwhile ran into its time limit.
     pub fn sibling(&self) -> Arc<Self> {
-        Self::new(&self.cpu, &self.tenant, self.weight, self.until)
+        Arc::new(Self {
+            cpu: Arc::clone(&self.cpu),
+            tenant: Arc::clone(&self.tenant),
+            weight: self.weight,
+            until: self.until,
+            held: Mutex::new(false),
+            ahead: true,
+        })
     }
 
     fn held(&self) -> std::sync::MutexGuard<'_, bool> {
@@ -321,10 +344,14 @@ impl Turn {
             ticket: None,
         };
         loop {
-            let waiting = match self.cpu.try_take(&self.tenant, self.weight, queued.ticket) {
-                Ok(()) => break,
-                Err(w) => w,
-            };
+            let waiting =
+                match self
+                    .cpu
+                    .try_take(&self.tenant, self.weight, queued.ticket, self.ahead)
+                {
+                    Ok(()) => break,
+                    Err(w) => w,
+                };
             queued.ticket = Some(waiting.ticket);
             // Its own wake, which keeps a permit: one given between the look and the wait is
             // not lost.

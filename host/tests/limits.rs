@@ -907,6 +907,63 @@ fn metric(text: &str, name: &str, code: &str) -> Option<f64> {
         .map(|v| v.parse().expect("a number"))
 }
 
+/// An invocation stopped while it waits in a host call (here its client hangs up while the
+/// guest sleeps, holding 900 MB it wrote) frees its memory on a slot of its tenant's share. Its
+/// task was aborted, and the memory freed on a worker while the tenant held no slot: a tenant
+/// abandoning such calls had their teardown beside its whole share.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_invocations_memory_is_freed_on_its_tenants_share() {
+    let h = common::start_tenants(|store, state| {
+        common::policy_text(store, state).replacen(
+            "timeout = \"1s\"\ncapabilities",
+            "memory = \"1GiB\"\ntimeout = \"60s\"\ncapabilities",
+            1,
+        )
+    })
+    .await;
+    let clocky = Arc::clone(&h.host.policy().tenants["clocky"]);
+    let admission = h.host.admission(&clocky);
+    let cpu = Arc::clone(h.host.runtime().cpu());
+    let body = json!({"bucket": "datasets", "keys": [], "model": "resnet18", "split": 0,
+        "options": {"ms": "60000", "touch": "900000000"}});
+    let conn = send_raw(&h.url, CLOCKY, "sleeper", &body).await;
+    let until = Instant::now() + Duration::from_secs(30);
+    while admission.load() != (1, 0) {
+        assert!(Instant::now() < until, "the call did not start");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // Its memory written (well under a second), it sleeps: a host call's wait, on no slot.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(cpu.load("clocky"), (0, 0), "asleep, on no slot");
+    assert_eq!(admission.load(), (1, 0), "still running");
+    drop(conn);
+    // Until the call is gone and the tenant holds no slot: for how long it held one (the
+    // teardown's, given back once the memory is freed).
+    let watching = tokio::task::spawn_blocking(move || {
+        let until = Instant::now() + Duration::from_secs(30);
+        let (mut first, mut last) = (None, None);
+        loop {
+            let (running, _) = cpu.load("clocky");
+            let now = Instant::now();
+            if running > 0 {
+                first.get_or_insert(now);
+                last = Some(now);
+            } else if admission.load() == (0, 0) || now > until {
+                break;
+            }
+            std::thread::sleep(Duration::from_micros(100));
+        }
+        (first.zip(last).map(|(f, l)| l - f), admission.load())
+    });
+    let (held, left) = watching.await.expect("watch");
+    eprintln!("the teardown held a slot for {held:?}");
+    assert_eq!(left, (0, 0), "the call ended");
+    assert!(
+        held.is_some(),
+        "its memory was freed on no slot of its tenant's share"
+    );
+}
+
 /// A client that hangs up stops its invocation, and the tenant is still charged for what it
 /// used. Tenant `hangup` may run one call at once and queue none, with a 60 s limit: a guest
 /// that reads an object (or runs a model segment) and then never returns holds the slot until

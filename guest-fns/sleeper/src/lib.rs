@@ -1,7 +1,7 @@
 //! Test guest for the grantable WASI interfaces. With option `ms`, it sleeps that many
 //! milliseconds through `wasi:clocks` (std's `thread::sleep` subscribes to the monotonic clock
-//! and blocks on the pollable, a host call that waits), then returns how long it slept by its
-//! own clock. With option `random`, it asks `wasi:random` for that many bytes in one call and
+//! and blocks on the pollable, a host call that waits), holding `touch` bytes of memory it
+//! wrote (option `touch`, default 0), then returns how long it slept by its own clock. With option `random`, it asks `wasi:random` for that many bytes in one call and
 //! returns how many it got. It imports `wasi:clocks` and `wasi:random`, so only tenants granted
 //! both may run it.
 
@@ -57,8 +57,11 @@ impl Guest for Sleeper {
         let ms = number("ms").ok_or_else(|| {
             Error::BadRequest("option `ms` or `random` (a number) is required".into())
         })?;
+        // Memory it holds while it sleeps: `touch` bytes, each page written.
+        let held = vec![1u8; number("touch").unwrap_or(0) as usize];
         let started = Instant::now();
         std::thread::sleep(Duration::from_millis(ms));
+        std::hint::black_box(&held);
         let slept = started.elapsed().as_millis() as u64;
         Ok(TensorOut {
             dimensions: vec![8],

@@ -336,6 +336,11 @@ impl Turn {
     /// others of its invocations wait ahead of it; whether it holds one (not if its deadline
     /// came first: the guest is then stopped at its next epoch check).
     pub async fn take(&self) -> bool {
+        self.take_until(self.until).await
+    }
+
+    /// [`Turn::take`], waiting until `until` at most.
+    async fn take_until(&self, until: Instant) -> bool {
         if *self.held() {
             return true;
         }
@@ -357,21 +362,39 @@ impl Turn {
             // not lost.
             let notified = waiting.wake.notified();
             let now = Instant::now();
-            if now >= self.until {
+            if now >= until {
                 return false;
             }
             // The first looks again after a tick whatever happens (a backstop); those behind it
             // wait for their wake, which comes when they come first, or for their deadline.
             let wait = if waiting.first {
-                EPOCH_TICK.min(self.until - now)
+                EPOCH_TICK.min(until - now)
             } else {
-                self.until - now
+                until - now
             };
             let _ = tokio::time::timeout(wait, notified).await;
         }
         queued.ticket = None;
         *self.held() = true;
         true
+    }
+
+    /// Runs `f`, the invocation's own work after its deadline or after its caller went away
+    /// (freeing its memory: unmapping a guest's memory and the tensors it kept takes tens of
+    /// ms a GiB), on a slot of its tenant's share: the invocation's, if it holds one, else one
+    /// taken at the front of the tenant's queue within `wait`, or none past it (the memory is
+    /// never kept waiting long). An invocation stopped in a host call's wait holds none, and
+    /// its memory was freed on a worker while its tenant's other invocations held their whole
+    /// share.
+    pub async fn finally<T>(&self, wait: std::time::Duration, f: impl FnOnce() -> T) -> T {
+        if *self.held() {
+            return f();
+        }
+        let place = self.sibling();
+        place.take_until(Instant::now() + wait).await;
+        let out = f();
+        drop(place);
+        out
     }
 
     /// Whether other invocations of the tenant run or wait for a slot now: a wait for the

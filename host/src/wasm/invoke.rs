@@ -356,15 +356,6 @@ impl Drop for Runtime {
     }
 }
 
-/// Aborts a spawned invocation when the request waiting for it goes away.
-struct AbortOnDrop(tokio::task::AbortHandle);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
 impl Runtime {
     pub fn new(
         engine: Engine,
@@ -404,6 +395,11 @@ impl Runtime {
 
     pub fn engine(&self) -> &Engine {
         &self.engine
+    }
+
+    /// The invocation workers' shares.
+    pub fn cpu(&self) -> &Arc<CpuShares> {
+        &self.cpu
     }
 
     pub fn models(&self) -> &Arc<Models> {
@@ -466,6 +462,11 @@ impl Runtime {
             let stop = InvokeError::Stopped(Stop::Time { limit, during });
             return Finished::failed(stop, started);
         }
+        // When the request waiting for it goes away (`stop` dropped with this future), the
+        // invocation stops at its next poll and frees its memory on a slot of its tenant's
+        // share. Its task was aborted, and its memory freed where it stood: on a worker and no
+        // slot, when it waited in a host call.
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let job = run(
             Arc::clone(tenant),
             Arc::clone(&self.policy),
@@ -479,16 +480,18 @@ impl Runtime {
             Arc::clone(&self.device),
             turn,
             started,
+            stopped,
         );
         let Some(workers) = self.workers.as_ref() else {
             let stopped = InvokeError::HostFault("the invocation workers stopped".into());
             return Finished::failed(stopped, started);
         };
         let handle = workers.spawn(job);
-        let _abort = AbortOnDrop(handle.abort_handle());
+        let _stop = stop;
         match handle.await {
             Ok(f) => f,
-            // A panic or abort of the task: what it had measured went with it.
+            // A panic of the task (or the workers shutting down): what it had measured went
+            // with it.
             Err(e) => {
                 let fault = InvokeError::HostFault(format!("invocation task: {e}"));
                 Finished::failed(fault, started)
@@ -512,6 +515,7 @@ async fn run(
     device: Arc<Device>,
     turn: Arc<Turn>,
     started: Instant,
+    stopped: tokio::sync::oneshot::Receiver<()>,
 ) -> Finished {
     let limits = &tenant.limits;
     let deadline = Arc::new(Deadline::starting_at(started, limits.timeout));
@@ -565,16 +569,27 @@ async fn run(
         })
     });
     let mut instantiated = Duration::ZERO;
-    let called = deadline
-        .run_past(
-            async {
-                let instance = pre.instantiate_async(&mut store).await?;
-                instantiated = started.elapsed();
-                instance.call_run(&mut store, &invocation).await
-            },
-            GUARD_GRACE,
-        )
-        .await;
+    let call = deadline.run_past(
+        async {
+            let instance = pre.instantiate_async(&mut store).await?;
+            instantiated = started.elapsed();
+            instance.call_run(&mut store, &invocation).await
+        },
+        GUARD_GRACE,
+    );
+    let mut stopped = stopped;
+    // Nobody waits for this answer.
+    let gone = || InvokeError::HostFault("its request went away".into());
+    let called = tokio::select! {
+        biased;
+        // Its request went away (the sender is dropped, never used).
+        _ = &mut stopped => None,
+        called = call => Some(called),
+    };
+    let Some(called) = called else {
+        turn.finally(GUARD_GRACE, || drop(store)).await;
+        return Finished::failed(gone(), started);
+    };
     let data = store.data_mut();
     let witness = Witness {
         store_fault: data.objects.store_fault.take(),
@@ -582,8 +597,9 @@ async fn run(
     };
     let (read_time, queue_time) = (data.objects.read_time, data.nn.queue_time);
     // The guest's memory, and all the host held for it, goes before its output is encoded:
-    // only the output (lifted out of that memory) is held from here.
-    drop(store);
+    // only the output (lifted out of that memory) is held from here. Freed on a slot of the
+    // tenant's share, which a call stopped at its deadline in a host call's wait does not hold.
+    turn.finally(GUARD_GRACE, || drop(store)).await;
     let result = match called {
         Err(expired) => Err(InvokeError::Stopped(Stop::Time {
             limit: expired.limit,
@@ -602,7 +618,13 @@ async fn run(
             // It fits: the memory it was lifted from held it.
             match account.charge(out.data.len() as u64, "output") {
                 Ok(_held) => {
-                    encode(out, limits.max_output, &reply, &account, &deadline, &turn).await
+                    let encoding =
+                        encode(out, limits.max_output, &reply, &account, &deadline, &turn);
+                    tokio::select! {
+                        biased;
+                        _ = &mut stopped => Err(gone()),
+                        encoded = encoding => encoded,
+                    }
                 }
                 Err(e) => Err(InvokeError::Stopped(Stop::from(e))),
             }

@@ -1689,6 +1689,63 @@ async fn a_leader_waiting_for_batch_mates_does_not_hold_up_its_neighbours_due_ba
     assert!(trickle_ran.is_ok(), "{trickle_ran:?}");
 }
 
+/// With pooling and adaptation off, a call's device memory (reserved whole when it comes)
+/// stays reserved while its sub-batch runs, even once the call has stopped: it was given back
+/// when the call stopped, and the budget showed free what the running batch still used (on a
+/// GPU, room another tenant's batch would run out of memory in).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unpooled_calls_memory_stays_reserved_while_its_batch_runs() {
+    use hapi_host::device::DeviceError;
+    use hapi_host::device::executor::Device;
+    use hapi_host::device::types::DeviceConfig;
+    let _one = serial().lock().await;
+    let p = Packages::open();
+    let d = Device::start(
+        DeviceConfig {
+            budget: 4 << 30,
+            adapt: false,
+            pool: false,
+            window: Duration::ZERO,
+            max_batch: 128,
+            slice: Duration::from_secs(60),
+            batch_time: Duration::from_secs(60),
+            workers: 1,
+            resident_for: RESIDENT_FOR,
+        },
+        Arc::clone(&p.models),
+    )
+    .expect("device");
+    let t: Arc<str> = Arc::from("t");
+    let pin = d
+        .acquire("resnet18", &t, &Deadline::new(LONG), None)
+        .await
+        .expect("resnet18");
+    // One sub-batch of 128 samples through resnet18's first blocks (seconds here), stopped
+    // at 300 ms.
+    let mut call = common::device_job(&t, pin, 128, Duration::from_millis(300));
+    call.range = 0..5;
+    let ran = d.run(call).await;
+    assert!(matches!(ran, Err(DeviceError::Expired(_))), "{ran:?}");
+    let m = d.memory();
+    assert_eq!(
+        m.batches, 0,
+        "the sub-batch ended already: the test needs a longer one"
+    );
+    assert!(
+        m.reserved > 0,
+        "the running sub-batch's memory was given back with its call"
+    );
+    let until = std::time::Instant::now() + Duration::from_secs(120);
+    while d.memory().batches == 0 {
+        assert!(
+            std::time::Instant::now() < until,
+            "the sub-batch never ended"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(d.memory().reserved, 0, "given back once it ended");
+}
+
 /// A batch already running when its invocation stops (here its client hangs up) runs to its
 /// end, holding the call's input, output and model pin: the invocation's admission slot is
 /// held with them, so the tenant's next call waits for it instead of holding as much again

@@ -251,8 +251,10 @@ impl Device {
             let shared = Arc::clone(&self.shared);
             let d = Arc::clone(&deadline);
             let worker = tokio::task::spawn_blocking(move || {
-                // Held until the sub-batch running when the caller goes is done.
-                let _slot = slot;
+                // Held until the sub-batch running when the caller goes is done: its slot and,
+                // with adaptation off, the call's memory (reserved whole above), which it uses
+                // until then. Left with the caller, the budget showed it free while it ran.
+                let (_slot, _held) = (slot, held);
                 let mut output = output;
                 let timing = run_here(
                     &shared,

@@ -10,6 +10,8 @@
 //! that did, the longest idle first. A connection is busy from its request's authentication to
 //! the last byte of its response leaving hyper (its chunks are dropped once written), and is
 //! never closed for another meanwhile. A newcomer is refused when no connection may be closed.
+//! A client at its cap of connections (`max_connections_per_client`) closes one of its own in
+//! the same order, and is refused when none of its own may be closed.
 //!
 //! A tenant holds at most [`busy_cap`] connections busy (its invocations running and waiting,
 //! and a few more for its other requests); a request of its past that is answered 429 at once
@@ -47,6 +49,8 @@ struct State {
 
 #[derive(Debug)]
 struct Conn {
+    /// Its client's address.
+    ip: IpAddr,
     /// Its key in `idle`, while it is there.
     idle: Option<(bool, u64)>,
     /// Authenticated requests in flight (each until its response's last chunk is dropped).
@@ -76,6 +80,16 @@ impl State {
             if *n == 0 {
                 self.tenants.remove(&t);
             }
+        }
+    }
+
+    /// Closes connection `id`, taken out of `idle`, for a newcomer.
+    fn close(&mut self, id: u64) {
+        if let Some(c) = self.conns.get_mut(&id) {
+            c.idle = None;
+            c.closing = true;
+            c.close.notify_one();
+            self.closing += 1;
         }
     }
 
@@ -169,9 +183,24 @@ impl Connections {
     pub fn enter(self: &Arc<Self>, ip: IpAddr, max: usize, per_client: usize) -> Option<Counted> {
         let mut s = lock(&self.state);
         s.max = max;
+        // A client at its cap closes one of its own that may be closed for a newcomer, in the
+        // order the host's cap does (one that never carried a tenant's request first, then the
+        // longest idle), and is refused if none may. It was refused at its cap: a process with
+        // no token, behind an address tenants share (a NAT, a compute node), kept every one of
+        // their new connections out by polling `/healthz` on its cap of connections.
         let mine = s.per_client.get(&ip).copied().unwrap_or(0);
         if mine >= per_client {
-            return None;
+            let closing = s.conns.values().filter(|c| c.ip == ip && c.closing).count();
+            if mine - closing >= per_client {
+                let own = s
+                    .idle
+                    .iter()
+                    .find(|(_, id)| s.conns.get(id).is_some_and(|c| c.ip == ip))
+                    .map(|(key, id)| (*key, *id));
+                let (key, victim) = own?;
+                s.idle.remove(&key);
+                s.close(victim);
+            }
         }
         // Those that stay: open, less those closing. A close taken back (owed) stays until its
         // requests end, so a newcomer meanwhile closes one more: the count does not grow past
@@ -186,12 +215,7 @@ impl Connections {
                 let Some((_, victim)) = s.idle.pop_first() else {
                     break;
                 };
-                if let Some(c) = s.conns.get_mut(&victim) {
-                    c.idle = None;
-                    c.closing = true;
-                    c.close.notify_one();
-                    s.closing += 1;
-                }
+                s.close(victim);
             }
         }
         s.open += 1;
@@ -201,6 +225,7 @@ impl Connections {
         s.conns.insert(
             id,
             Conn {
+                ip,
                 idle: None,
                 busy: 0,
                 holder: None,
@@ -457,7 +482,6 @@ mod tests {
         let b: IpAddr = [127, 0, 0, 2].into();
         let a1 = c.enter(a, 3, 2).expect("first");
         let a2 = c.enter(a, 3, 2).expect("second");
-        assert!(c.enter(a, 3, 2).is_none(), "per client");
         let b1 = c.enter(b, 3, 2).expect("another client");
         // a1 served a tenant and waits for its next request; a2 and b1 never carried one:
         // a2, the older of those, is closed first, then b1, then a1.
@@ -482,6 +506,37 @@ mod tests {
         let _b4 = c.enter(b, 3, 3).expect("room made again");
         assert!(ready(b2.closed()));
         assert_eq!(c.open(), 4, "one over until b2's task ends");
+    }
+
+    /// A client at its cap closes its own oldest connection that may be closed (one that
+    /// never carried a tenant's request, then the longest idle), and is refused only once each
+    /// of its connections carries a request. It was refused at its cap whatever its connections
+    /// did: a process with no token polling `/healthz` on its cap of connections kept out
+    /// everyone behind its address.
+    #[test]
+    fn a_client_at_its_cap_closes_its_own_connection_that_may_be_closed() {
+        let c = Arc::new(Connections::default());
+        let a: IpAddr = [127, 0, 0, 1].into();
+        let b: IpAddr = [127, 0, 0, 2].into();
+        let b1 = c.enter(b, 8, 2).expect("another client's");
+        let a1 = c.enter(a, 8, 2).expect("first");
+        let a2 = c.enter(a, 8, 2).expect("second");
+        drop(busy(&a1));
+        // a2 never carried a request: it goes first, and nobody else's.
+        let a3 = c.enter(a, 8, 2).expect("a third, closing the second");
+        assert!(ready(a2.closed()), "a2 not closed");
+        assert!(!ready(a1.closed()) && !ready(b1.closed()));
+        // Until a2's task ends it is counted, but closing. a3 carries a request: the next
+        // closes a1, idle since its own.
+        let busy_a3 = busy(&a3);
+        let a4 = c.enter(a, 8, 2).expect("a fourth, closing the first");
+        assert!(ready(a1.closed()), "a1 not closed");
+        drop((a1, a2));
+        // Both carrying a request: refused.
+        let _busy = (busy_a3, busy(&a4));
+        assert!(c.enter(a, 8, 2).is_none(), "per client");
+        assert!(!ready(a3.closed()) && !ready(a4.closed()) && !ready(b1.closed()));
+        assert_eq!(c.open(), 3);
     }
 
     #[test]

@@ -171,7 +171,8 @@ pub struct Functions {
     table: RwLock<Table>,
     queue: Arc<Mutex<Queue>>,
     compiler: Arc<tokio::sync::Semaphore>,
-    /// The tenants of the policy the table was last loaded from. Whoever changes the table
+    /// The tenants of the policy the table was last loaded from (after a reload that failed,
+    /// the old policy's less what the new one revokes). Whoever changes the table
     /// holds it: a reload for its whole run, a deploy from its check against the policy to its
     /// entry in the table, an undeploy. So an upload that compiled under a policy reloaded since
     /// is held to the new one, and no deploy or removal is undone by a reload that read the
@@ -489,9 +490,34 @@ impl Functions {
     /// (Re)loads every tenant's functions: those it uploaded earlier (kept under the state
     /// directory; one that no longer builds is skipped with a warning; none while the tenant
     /// has no deploy right, their files and compiled code kept), then those the policy
-    /// names (an error: the operator must fix the policy).
-    pub fn load_all(&self, runtime: &Runtime, policy: &Policy) -> anyhow::Result<()> {
+    /// names (an error: the operator must fix the policy). If it fails, deploys and removals
+    /// are held to `fallback` from then on (the tenants the host serves instead: the old
+    /// policy less what the new one revokes), before any waiting for the reload goes on: they
+    /// had stayed the old ones, so a tenant whose token the reload changed had its uploads
+    /// refused once compiled (401) and could remove nothing, and a deploy waiting for the
+    /// reload with the old token went through.
+    pub fn load_all(
+        &self,
+        runtime: &Runtime,
+        policy: &Policy,
+        fallback: &BTreeMap<String, Arc<Tenant>>,
+    ) -> anyhow::Result<()> {
         let mut writers = lock(&self.writers);
+        let loaded = self.load_table(runtime, policy, &writers);
+        match loaded {
+            Ok(()) => writers.clone_from(&policy.tenants),
+            Err(_) => writers.clone_from(fallback),
+        }
+        loaded
+    }
+
+    /// [`Self::load_all`]'s work, under `writers` (the tenants as they were).
+    fn load_table(
+        &self,
+        runtime: &Runtime,
+        policy: &Policy,
+        writers: &BTreeMap<String, Arc<Tenant>>,
+    ) -> anyhow::Result<()> {
         let mut table = Table::new();
         // Each function the table has, of the same bytes, kind and capabilities, is kept as it
         // is: see [`Self::unchanged`].
@@ -593,7 +619,6 @@ impl Functions {
         for (tenant, f) in &gone {
             self.retire(tenant, f);
         }
-        writers.clone_from(&policy.tenants);
         Ok(())
     }
 
@@ -615,15 +640,6 @@ impl Functions {
         let f = self.get(&was.name, name)?;
         (f.managed == managed && f.size == bytes.len() && f.sha256 == hash_bytes(bytes))
             .then_some(f)
-    }
-
-    /// After a reload that could not load the new policy's functions, the tenants as the host
-    /// serves them instead (the old policy less what the new one revokes) are those deploys
-    /// and removals are held to. They had stayed the old ones: a tenant whose token the reload
-    /// changed had its uploads refused once compiled (401) and could remove nothing, and its
-    /// quota was checked at the old limits.
-    pub fn narrow(&self, tenants: &BTreeMap<String, Arc<Tenant>>) {
-        lock(&self.writers).clone_from(tenants);
     }
 
     /// Reserves the tenant's one upload in progress for function `name`, before its bytes are

@@ -134,7 +134,8 @@ impl Host {
             Functions::open(&h.state)
                 .with_context(|| format!("opening the state directory {}", h.state.display()))?,
         );
-        functions.load_all(&runtime, &policy)?;
+        // At start a failure stops the host: nobody to fall back to.
+        functions.load_all(&runtime, &policy, &Default::default())?;
         functions.sweep(&runtime);
         Ok(Arc::new(Self {
             policy: current,
@@ -181,10 +182,12 @@ impl Host {
         let found = policy::packages::PolicyModels::read(&policy)
             .map_err(|e| anyhow::Error::msg(e).context("the old policy stays"))?;
         self.set_policy(Arc::new(old.with_tenants_of(&policy)));
-        if let Err(e) = self.functions.load_all(&self.runtime, &policy) {
-            let (narrowed, changed) = old.revoked_by(&policy);
+        let (narrowed, changed) = old.revoked_by(&policy);
+        if let Err(e) = self
+            .functions
+            .load_all(&self.runtime, &policy, &narrowed.tenants)
+        {
             let narrowed = Arc::new(narrowed);
-            self.functions.narrow(&narrowed.tenants);
             self.set_policy(Arc::clone(&narrowed));
             self.admissions.reload(&narrowed);
             let kept = match changed.is_empty() {

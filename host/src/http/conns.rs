@@ -6,7 +6,8 @@
 //! being read or refused), or that waits for its next request. Clients from many addresses (an
 //! IPv6 prefix holds billions), each within `max_connections_per_client`, could otherwise hold
 //! every connection with half-sent heads renewed every `header_timeout`, and keep every tenant
-//! out. Those that never carried an authenticated request go first, oldest first; then those
+//! out. Those that never carried an authenticated request go first, oldest first, and with them
+//! (by when they became idle) a tenant's idle connections past its [`busy_cap`]; then those
 //! that did, the longest idle first. A connection is busy from its request's authentication to
 //! the last byte of its response leaving hyper (its chunks are dropped once written), and is
 //! never closed for another meanwhile. A newcomer is refused when no connection may be closed.
@@ -35,8 +36,11 @@ struct State {
     open: usize,
     per_client: HashMap<IpAddr, usize>,
     /// Connections that may be closed for a newcomer, in the order they are: by (whether it
-    /// carried an authenticated request, when it became idle).
+    /// is kept: it carried an authenticated request, of the operator or of a tenant within its
+    /// [`busy_cap`] of kept idle connections; when it became idle).
     idle: BTreeMap<(bool, u64), u64>,
+    /// Each tenant's kept idle connections.
+    kept: HashMap<Arc<str>, usize>,
     conns: HashMap<u64, Conn>,
     /// Connections each tenant holds busy.
     tenants: HashMap<Arc<str>, usize>,
@@ -44,6 +48,8 @@ struct State {
     closing: usize,
     /// The cap on open connections, as the latest newcomer was given it.
     max: usize,
+    /// The cap on a client's, likewise.
+    per_client_max: usize,
     next: u64,
 }
 
@@ -59,6 +65,9 @@ struct Conn {
     /// operator's.
     holder: Option<Arc<str>>,
     served: bool,
+    /// The tenant whose request it carried last, with its [`busy_cap`]; none for the
+    /// operator's, or before any.
+    last: Option<(Arc<str>, usize)>,
     /// Chosen to be closed for a newcomer; a request authenticated before the connection's task
     /// saw it takes that back.
     closing: bool,
@@ -83,10 +92,36 @@ impl State {
         }
     }
 
-    /// Closes connection `id`, taken out of `idle`, for a newcomer.
+    /// Connections of client `ip` that stay: open, less those closing.
+    fn staying_of(&self, ip: IpAddr) -> usize {
+        let open = self.per_client.get(&ip).copied().unwrap_or(0);
+        let closing = self.conns.values().filter(|c| c.ip == ip && c.closing);
+        open.saturating_sub(closing.count())
+    }
+
+    /// Takes connection `id` out of `idle`, if it is there.
+    fn unidle(&mut self, id: u64) {
+        let Some(c) = self.conns.get_mut(&id) else {
+            return;
+        };
+        let Some(key) = c.idle.take() else {
+            return;
+        };
+        self.idle.remove(&key);
+        if let (true, Some((t, _))) = (key.0, &c.last)
+            && let Some(n) = self.kept.get_mut(t)
+        {
+            *n -= 1;
+            if *n == 0 {
+                self.kept.remove(t);
+            }
+        }
+    }
+
+    /// Closes connection `id` for a newcomer.
     fn close(&mut self, id: u64) {
+        self.unidle(id);
         if let Some(c) = self.conns.get_mut(&id) {
-            c.idle = None;
             c.closing = true;
             c.close.notify_one();
             self.closing += 1;
@@ -108,7 +143,24 @@ impl State {
             c.close.notify_one();
             return;
         }
-        let key = (c.served, seq);
+        // A tenant's idle connections past its cap rank with those that never carried a
+        // request: a tenant holding every connection idle after one request each, and opening
+        // bare connections in a loop, closed every other tenant's new connection before it
+        // could authenticate.
+        let kept = c.served
+            && match &c.last {
+                None => true,
+                Some((t, cap)) => {
+                    let n = self.kept.entry(Arc::clone(t)).or_default();
+                    let within = *n < *cap;
+                    *n += usize::from(within);
+                    if *n == 0 {
+                        self.kept.remove(t);
+                    }
+                    within
+                }
+            };
+        let key = (kept, seq);
         c.idle = Some(key);
         self.idle.insert(key, id);
         self.next += 1;
@@ -131,13 +183,9 @@ impl Drop for Counted {
         let mut s = lock(&self.track.conns.state);
         s.open -= 1;
         s.unhold(self.track.id);
-        if let Some(c) = s.conns.remove(&self.track.id) {
-            if let Some(key) = c.idle {
-                s.idle.remove(&key);
-            }
-            if c.closing {
-                s.closing -= 1;
-            }
+        s.unidle(self.track.id);
+        if s.conns.remove(&self.track.id).is_some_and(|c| c.closing) {
+            s.closing -= 1;
         }
         if let Some(n) = s.per_client.get_mut(&self.ip) {
             *n -= 1;
@@ -174,49 +222,48 @@ impl Counted {
 }
 
 impl Connections {
-    /// Counts a new connection from `ip`, unless it would go over its client's cap; when all
-    /// `max` are open, it closes one that carries no authenticated request (see the module's
-    /// doc), and is refused if every one does. (Until that one's task ends, a moment later, or
+    /// Counts a new connection from `ip`: when its client has `per_client` open, it closes one
+    /// of them, and when all `max` are open, one of anyone's, that carries no authenticated
+    /// request (see the module's doc), and is refused (closing none) if it cannot. (Until that one's task ends, a moment later, or
     /// the requests end of one that authenticated a request meanwhile, one more than `max` is
     /// counted. A close taken back stays counted until its connection's requests end: the next
     /// newcomer then closes one more, and is refused if there are not enough to close.)
     pub fn enter(self: &Arc<Self>, ip: IpAddr, max: usize, per_client: usize) -> Option<Counted> {
         let mut s = lock(&self.state);
         s.max = max;
+        s.per_client_max = per_client;
         // A client at its cap closes one of its own that may be closed for a newcomer, in the
         // order the host's cap does (one that never carried a tenant's request first, then the
         // longest idle), and is refused if none may. It was refused at its cap: a process with
         // no token, behind an address tenants share (a NAT, a compute node), kept every one of
         // their new connections out by polling `/healthz` on its cap of connections.
-        let mine = s.per_client.get(&ip).copied().unwrap_or(0);
-        if mine >= per_client {
-            let closing = s.conns.values().filter(|c| c.ip == ip && c.closing).count();
-            if mine - closing >= per_client {
-                let own = s
-                    .idle
-                    .iter()
-                    .find(|(_, id)| s.conns.get(id).is_some_and(|c| c.ip == ip))
-                    .map(|(key, id)| (*key, *id));
-                let (key, victim) = own?;
-                s.idle.remove(&key);
-                s.close(victim);
-            }
+        let own = if s.staying_of(ip) >= per_client {
+            let own = s
+                .idle
+                .values()
+                .find(|id| s.conns.get(id).is_some_and(|c| c.ip == ip))
+                .copied();
+            Some(own?)
+        } else {
+            None
+        };
+        // Those that stay: open, less those closing (and the client's own, if it closes one).
+        // A close taken back (owed) stays until its requests end, so a newcomer meanwhile
+        // closes one more: the count does not grow past `max` by one for each close taken
+        // back. Nothing is closed unless the newcomer gets in.
+        let mine = usize::from(own.is_some());
+        let need = (s.open - s.closing - mine + 1).saturating_sub(max);
+        if s.idle.len() - mine < need {
+            return None;
         }
-        // Those that stay: open, less those closing. A close taken back (owed) stays until its
-        // requests end, so a newcomer meanwhile closes one more: the count does not grow past
-        // `max` by one for each close taken back.
-        let staying = s.open - s.closing;
-        if staying >= max {
-            let need = staying + 1 - max;
-            if s.idle.len() < need {
-                return None;
-            }
-            for _ in 0..need {
-                let Some((_, victim)) = s.idle.pop_first() else {
-                    break;
-                };
-                s.close(victim);
-            }
+        if let Some(victim) = own {
+            s.close(victim);
+        }
+        for _ in 0..need {
+            let Some(&victim) = s.idle.values().next() else {
+                break;
+            };
+            s.close(victim);
         }
         s.open += 1;
         *s.per_client.entry(ip).or_default() += 1;
@@ -230,6 +277,7 @@ impl Connections {
                 busy: 0,
                 holder: None,
                 served: false,
+                last: None,
                 closing: false,
                 owed: false,
                 close: Arc::new(tokio::sync::Notify::new()),
@@ -268,12 +316,12 @@ impl Track {
     pub fn busy(&self, tenant: Option<(&str, usize)>) -> Result<Arc<Busy>, NotBusy> {
         let mut s = lock(&self.conns.state);
         let s = &mut *s;
-        if let Some(c) = s.conns.get_mut(&self.id) {
-            // Authenticated before its task saw its close: it may take the close back only
-            // while those staying are within `max` (a newcomer closes one more then). Past
-            // that, the request goes with its connection (clients retry), so that closes
-            // taken back at that instant, again and again, cannot grow the count.
-            if c.closing && s.open - s.closing > s.max {
+        // Authenticated before its task saw its close: it may take the close back only while
+        // those staying are within `max`, and its client's within its cap (a newcomer closes
+        // one more then). Past that, the request goes with its connection (clients retry), so
+        // that closes taken back at that instant, again and again, cannot grow the count.
+        if let Some(c) = s.conns.get(&self.id) {
+            if c.closing && (s.open - s.closing > s.max || s.staying_of(c.ip) >= s.per_client_max) {
                 return Err(NotBusy::Closing);
             }
             if c.busy == 0
@@ -283,21 +331,26 @@ impl Track {
                 if held >= cap {
                     return Err(NotBusy::OverCap(held));
                 }
-                let t: Arc<str> = Arc::from(t);
-                *s.tenants.entry(Arc::clone(&t)).or_default() += 1;
-                c.holder = Some(t);
+            }
+        }
+        s.unidle(self.id);
+        if let Some(c) = s.conns.get_mut(&self.id) {
+            let last = tenant.map(|(t, cap)| (Arc::<str>::from(t), cap));
+            if c.busy == 0
+                && let Some((t, _)) = &last
+            {
+                *s.tenants.entry(Arc::clone(t)).or_default() += 1;
+                c.holder = Some(Arc::clone(t));
             }
             c.busy += 1;
             c.served = true;
+            c.last = last;
             // Authenticated before its task saw the close: the request goes on, and the
             // connection closes after it.
             if c.closing {
                 c.closing = false;
                 s.closing -= 1;
                 c.owed = true;
-            }
-            if let Some(key) = c.idle.take() {
-                s.idle.remove(&key);
             }
         }
         Ok(Arc::new(Busy(self.clone())))
@@ -537,6 +590,79 @@ mod tests {
         assert!(c.enter(a, 8, 2).is_none(), "per client");
         assert!(!ready(a3.closed()) && !ready(a4.closed()) && !ready(b1.closed()));
         assert_eq!(c.open(), 3);
+    }
+
+    /// A request authenticated on a connection its client's newcomer closed does not take the
+    /// close back (the client would stay over its cap while it runs), and a newcomer that
+    /// would still be refused closes nothing: a client's own was closed first, then the
+    /// newcomer refused when the host had too few others to close.
+    #[test]
+    fn a_client_at_its_cap_takes_no_close_back_and_closes_nothing_in_vain() {
+        let c = Arc::new(Connections::default());
+        let a: IpAddr = [127, 0, 0, 1].into();
+        let b: IpAddr = [127, 0, 0, 2].into();
+        let a1 = c.enter(a, 8, 1).expect("first");
+        let _a2 = c.enter(a, 8, 1).expect("second, closing the first");
+        assert!(ready(a1.closed()));
+        assert_eq!(a1.track().busy(None).err(), Some(NotBusy::Closing));
+        drop(a1);
+        // One over the host's cap of 1: b1 closes a2, whose request takes the close back.
+        let c = Arc::new(Connections::default());
+        let a2 = c.enter(a, 1, 1).expect("a2");
+        let b1 = c.enter(b, 1, 1).expect("b1, closing a2");
+        assert!(ready(a2.closed()));
+        let _busy = busy(&a2);
+        // b's next would close b1 and still find the host over its cap: refused, b1 kept.
+        assert!(c.enter(b, 1, 1).is_none(), "let in");
+        assert!(!ready(b1.closed()), "closed in vain");
+    }
+
+    /// A tenant's idle connections past its cap rank with those that never carried a request:
+    /// a tenant that holds every connection idle after a request each closes its own past
+    /// its cap, not another's new connection that has yet to send its head. The newcomer was
+    /// closed first, and a loop of bare connections kept every other tenant out.
+    #[test]
+    fn a_tenants_idle_connections_past_its_cap_close_before_a_newcomer() {
+        let c = Arc::new(Connections::default());
+        let a: IpAddr = [127, 0, 0, 1].into();
+        let b: IpAddr = [127, 0, 0, 2].into();
+        let held: Vec<Counted> = (0..4).map(|_| c.enter(a, 5, 8).expect("in")).collect();
+        for k in &held {
+            drop(
+                k.track()
+                    .busy(Some(("mallory", 2)))
+                    .expect("within its cap"),
+            );
+        }
+        let fresh = c.enter(b, 5, 8).expect("a newcomer");
+        let _bare = c.enter(a, 5, 8).expect("room made");
+        assert!(!ready(fresh.closed()), "the newcomer was closed");
+        assert!(
+            ready(held[2].closed()),
+            "its oldest idle past its cap was not"
+        );
+        assert!(!ready(held[0].closed()) && !ready(held[1].closed()));
+        // Those within its cap keep their place once one past it is gone, and a request on one
+        // past its cap makes it kept again when a kept one is busy.
+        drop(held);
+        let c = Arc::new(Connections::default());
+        let m: Vec<Counted> = (0..3).map(|_| c.enter(a, 4, 8).expect("in")).collect();
+        for k in &m {
+            drop(
+                k.track()
+                    .busy(Some(("mallory", 2)))
+                    .expect("within its cap"),
+            );
+        }
+        let busy0 = m[0].track().busy(Some(("mallory", 2))).expect("busy");
+        drop(m[2].track().busy(Some(("mallory", 2))).expect("again"));
+        let fresh = c.enter(b, 4, 8).expect("a newcomer");
+        let _next = c.enter(b, 4, 8).expect("room made");
+        assert!(
+            ready(fresh.closed()),
+            "m[1] and m[2] are within its cap now"
+        );
+        drop(busy0);
     }
 
     #[test]

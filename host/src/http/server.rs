@@ -1,9 +1,9 @@
 //! The accept loop: what a connection may cost the host.
 //!
 //! - at most `max_connections` open, and `max_connections_per_client` from one address; a
-//!   connection past its client's cap is closed at once (the descriptors stay for everyone
-//!   else), and one past `max_connections` closes one that carries no tenant's request
-//!   (`conns.rs`), or is closed at once when every one does;
+//!   connection past its client's cap closes one of that client's, and one past
+//!   `max_connections` one of anyone's, that carries no tenant's request (`conns.rs`), or is
+//!   closed at once when it cannot (the descriptors stay for everyone else);
 //! - a request's headers must arrive within `header_timeout` (also the wait for the next request
 //!   on a kept-alive connection), and its head (request line and headers) is at most
 //!   [`MAX_HEAD`] (431 past it): hyper buffers a head as it arrives, before anyone is known, up

@@ -19,6 +19,9 @@
 //! where there are more workers than wanting tenants. An invocation that may not
 //! hold another slot waits, behind its tenant's invocations that came before it, until a slot
 //! comes free or the share grows, and no longer than its deadline (the time limit is wall time).
+//! Two waits go to the front of the tenant's queue instead: a model's load (one per tenant at a
+//! time, which other tenants may be waiting for) and an ended invocation's teardown (freeing
+//! its memory; [`Turn::finally`]).
 
 use super::engine::EPOCH_TICK;
 use crate::account::Pace;
@@ -170,8 +173,9 @@ impl CpuShares {
     }
 
     /// A slot for `tenant` now if it may hold one more and no invocation of its tenant waits
-    /// ahead (`ticket`: this one's place in the queue, if it has one); else its place in the
-    /// queue (a new one at the back if it had none), its wake, and whether it is first.
+    /// ahead (`ticket`: this one's place in the queue, if it has one; `ahead`: a newcomer that
+    /// goes before those waiting); else its place in the queue (a new one at the back, or the
+    /// front if `ahead`, if it had none), its wake, and whether it is first.
     fn try_take(
         &self,
         tenant: &Arc<str>,

@@ -311,7 +311,8 @@ pub struct Finished {
 
 impl Finished {
     /// An invocation that ended in `error` with nothing measured but its wall time since
-    /// `started` (its slot never came, the workers stopped, its task panicked).
+    /// `started` (its slot never came, the workers stopped, its task panicked, its request
+    /// went away).
     fn failed(error: InvokeError, started: Instant) -> Self {
         Self {
             result: Err(error),
@@ -618,12 +619,27 @@ async fn run(
             // It fits: the memory it was lifted from held it.
             match account.charge(out.data.len() as u64, "output") {
                 Ok(_held) => {
-                    let encoding =
-                        encode(out, limits.max_output, &reply, &account, &deadline, &turn);
-                    tokio::select! {
+                    let mut encoding = Box::pin(encode(
+                        out,
+                        limits.max_output,
+                        &reply,
+                        &account,
+                        &deadline,
+                        &turn,
+                    ));
+                    let encoded = tokio::select! {
                         biased;
-                        _ = &mut stopped => Err(gone()),
-                        encoded = encoding => encoded,
+                        _ = &mut stopped => None,
+                        encoded = &mut encoding => Some(encoded),
+                    };
+                    match encoded {
+                        Some(encoded) => encoded,
+                        // The output (up to the memory limit), and what encoding it holds,
+                        // freed on a slot too: the encoding may have been waiting for one.
+                        None => {
+                            turn.finally(GUARD_GRACE, move || drop(encoding)).await;
+                            Err(gone())
+                        }
                     }
                 }
                 Err(e) => Err(InvokeError::Stopped(Stop::from(e))),

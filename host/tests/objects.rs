@@ -168,6 +168,15 @@ async fn conformance(store: Arc<Store>) {
         keys(o.list("datasets", "fashion-mnist/", 2).await.expect("list")),
         granted[..2]
     );
+    // A prefix ending partway through a name visits what matches it (on the local store, the
+    // entries of `fashion-mnist/`: four), not everything under its directory: S3 listed all of
+    // `fashion-mnist/` (nine objects) and was refused.
+    assert_eq!(
+        o.list_within("datasets", "fashion-mnist/s", 10, 4)
+            .await
+            .map(keys),
+        Ok(vec!["fashion-mnist/small.bin".to_string()])
+    );
     // A prefix no object can have: nothing, not an error.
     let deep = format!("fashion-mnist/{}/", "d".repeat(300));
     assert_eq!(o.list("datasets", &deep, 10).await, Ok(vec![]));

@@ -4,14 +4,15 @@ use super::error::{ObjectError, ObjectMeta, Smallest};
 use crate::account::Account;
 use crate::account::text::quote;
 use crate::policy::S3Settings;
-use futures::StreamExt;
-use object_store::{ObjectStore, ObjectStoreExt};
+use object_store::ObjectStoreExt;
+use object_store::aws::AmazonS3;
+use object_store::list::{PaginatedListOptions, PaginatedListStore};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
 pub struct S3 {
     settings: S3Settings,
-    clients: Mutex<HashMap<String, Arc<dyn ObjectStore>>>,
+    clients: Mutex<HashMap<String, Arc<AmazonS3>>>,
     locality: Option<super::locality::Locality>,
 }
 
@@ -57,7 +58,7 @@ impl S3 {
         self.locality.as_ref()
     }
 
-    fn client(&self, bucket: &str) -> Result<Arc<dyn ObjectStore>, ObjectError> {
+    fn client(&self, bucket: &str) -> Result<Arc<AmazonS3>, ObjectError> {
         let mut clients = self.clients.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(c) = clients.get(bucket) {
             return Ok(Arc::clone(c));
@@ -74,7 +75,7 @@ impl S3 {
         if let (Some(id), Some(secret)) = (&s.access_key_id, &s.secret_access_key) {
             b = b.with_access_key_id(id).with_secret_access_key(secret);
         }
-        let client: Arc<dyn ObjectStore> = Arc::new(
+        let client = Arc::new(
             b.build()
                 .map_err(|e| ObjectError::Io(format!("bucket `{}`: {e}", quote(bucket))))?,
         );
@@ -140,24 +141,38 @@ impl S3 {
         account: Option<&Arc<Account>>,
     ) -> Result<Vec<ObjectMeta>, ObjectError> {
         let client = self.client(bucket)?;
-        let (dir, _) = prefix.rsplit_once('/').unwrap_or(("", prefix));
-        let dir = if dir.is_empty() {
-            None
-        } else {
-            Some(Self::path(dir)?)
-        };
-        let mut stream = client.list(dir.as_ref());
+        // The keys that start with the prefix as written, a page at a time. Listed as a
+        // directory (what `ObjectStore::list` takes), `train/n014` walked every object under
+        // `train/`, where the local store walks only the entries that match: a prefix ending
+        // partway through a name under a large directory was refused as too many entries on
+        // S3 and answered on the local store, and made the filer enumerate the whole
+        // directory for a few keys.
+        let prefix_asked = (!prefix.is_empty()).then_some(prefix);
         let mut kept = Smallest::new(limit, account);
         let mut visits = 0usize;
-        while let Some(m) = stream.next().await {
-            visits += 1;
-            if visits > max_visits {
-                return Err(ObjectError::TooManyEntries(max_visits as u64));
+        let mut page_token = None;
+        loop {
+            let options = PaginatedListOptions {
+                page_token: page_token.take(),
+                ..PaginatedListOptions::default()
+            };
+            let page = client
+                .list_paginated(prefix_asked, options)
+                .await
+                .map_err(|e| map(prefix, e))?;
+            for m in page.result.objects {
+                visits += 1;
+                if visits > max_visits {
+                    return Err(ObjectError::TooManyEntries(max_visits as u64));
+                }
+                let k = m.location.as_ref();
+                if k.starts_with(prefix) && keep(k) {
+                    kept.push(meta(m))?;
+                }
             }
-            let m = m.map_err(|e| map(prefix, e))?;
-            let k = m.location.as_ref();
-            if k.starts_with(prefix) && keep(k) {
-                kept.push(meta(m))?;
+            match page.page_token {
+                Some(next) => page_token = Some(next),
+                None => break,
             }
         }
         Ok(kept.into_sorted())

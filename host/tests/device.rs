@@ -699,17 +699,8 @@ async fn a_load_runs_on_a_slot_of_its_tenants_share_here() {
 /// the heavy tenant's queue (three invocations, each holding the one worker for 2 s, as guests
 /// in long host copies do) the load began only after them, and the light tenant's call ran
 /// into its time limit.
-#[test]
-fn a_load_waits_ahead_of_its_tenants_invocations() {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime")
-        .block_on(a_load_waits_ahead_of_its_tenants_invocations_here());
-}
-
-async fn a_load_waits_ahead_of_its_tenants_invocations_here() {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_load_waits_ahead_of_its_tenants_invocations() {
     use hapi_host::account::Pace;
     use hapi_host::wasm::cpu::{CpuShares, Turn};
     let _one = serial().lock().await;

@@ -285,6 +285,27 @@ async fn a_reload_reaches_calls_still_waiting_for_their_slot() {
     }
 }
 
+/// `text` with a function of alice's that does not build, for a reload that fails.
+fn with_a_broken_function(h: &TestHost, text: &str) -> String {
+    let broken = h.policy_path.with_file_name("broken.wasm");
+    std::fs::write(&broken, b"not a component").expect("write");
+    let line = format!("broken = \"{}\"\n", broken.display());
+    text.replacen(
+        "[tenants.alice.functions]\n",
+        &format!("[tenants.alice.functions]\n{line}"),
+        1,
+    )
+}
+
+/// The error, in full, of a reload of `text` that fails on alice's broken function.
+async fn failed_reload(h: &TestHost, text: &str) -> String {
+    let e = h
+        .reload(text)
+        .await
+        .expect_err("alice's new function does not build");
+    format!("{e:#}")
+}
+
 /// A reload that cannot load the new policy's functions still applies what it revokes: the
 /// old policy stays, less the tenants the new one removes (they were served until a reload
 /// succeeded), and less the grants and the deploy right it takes from a tenant it keeps
@@ -311,30 +332,17 @@ async fn a_reload_that_fails_on_a_function_still_revokes() {
     );
     let small = read("datasets", &["fashion-mnist/small.bin"]);
     assert_eq!(h.invoke(ALICE, "mine", small.clone()).await.status(), 200);
-    let broken = h.policy_path.with_file_name("broken.wasm");
-    std::fs::write(&broken, b"not a component").expect("write");
     // Bob removed; alice's grant narrowed to `fashion-mnist/test/`, and her deploy right
     // taken; and a function of hers that does not build.
-    let changed = format!("{}{}", &original[..start], &original[end..])
-        .replacen(
-            "[tenants.alice.functions]\n",
-            &format!(
-                "[tenants.alice.functions]\nbroken = \"{}\"\n",
-                broken.display()
-            ),
-            1,
-        )
-        .replacen(
-            "prefix = \"fashion-mnist/\"",
-            "prefix = \"fashion-mnist/test/\"",
-            1,
-        )
-        .replacen("deploy = true", "deploy = false", 1);
-    let e = h
-        .reload(&changed)
-        .await
-        .expect_err("alice's new function does not build");
-    let e = format!("{e:#}");
+    let changed =
+        with_a_broken_function(&h, &format!("{}{}", &original[..start], &original[end..]))
+            .replacen(
+                "prefix = \"fashion-mnist/\"",
+                "prefix = \"fashion-mnist/test/\"",
+                1,
+            )
+            .replacen("deploy = true", "deploy = false", 1);
+    let e = failed_reload(&h, &changed).await;
     assert!(
         e.contains(
             "less what the new one revokes (tenant `bob` removed, tenant `alice`'s grants \
@@ -383,24 +391,10 @@ async fn a_reload_that_fails_narrows_what_deploys_are_held_to() {
     const ROTATED: &str = "alice-rotated-token";
     let h = TestHost::start().await;
     let original = std::fs::read_to_string(&h.policy_path).expect("policy");
-    let broken = h.policy_path.with_file_name("broken.wasm");
-    std::fs::write(&broken, b"not a component").expect("write");
-    let changed = original
+    let changed = with_a_broken_function(&h, &original)
         .replacen(&hash_token(ALICE), &hash_token(ROTATED), 1)
-        .replacen("prefix = \"fashion-mnist/\"", "prefix = \"fashion\"", 1)
-        .replacen(
-            "[tenants.alice.functions]\n",
-            &format!(
-                "[tenants.alice.functions]\nbroken = \"{}\"\n",
-                broken.display()
-            ),
-            1,
-        );
-    let e = h
-        .reload(&changed)
-        .await
-        .expect_err("alice's new function does not build");
-    let e = format!("{e:#}");
+        .replacen("prefix = \"fashion-mnist/\"", "prefix = \"fashion\"", 1);
+    let e = failed_reload(&h, &changed).await;
     assert!(
         e.contains("tenant `alice`'s new token, tenant `alice`'s grants narrowed"),
         "{e}"

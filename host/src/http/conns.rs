@@ -92,11 +92,14 @@ impl State {
         }
     }
 
-    /// Connections of client `ip` that stay: open, less those closing.
-    fn staying_of(&self, ip: IpAddr) -> usize {
+    /// Whether client `ip` has `cap` connections that stay (open, less those closing). Those
+    /// closing are counted only when it has that many open: every newcomer asks.
+    fn at_cap(&self, ip: IpAddr, cap: usize) -> bool {
         let open = self.per_client.get(&ip).copied().unwrap_or(0);
-        let closing = self.conns.values().filter(|c| c.ip == ip && c.closing);
-        open.saturating_sub(closing.count())
+        open >= cap && {
+            let closing = self.conns.values().filter(|c| c.ip == ip && c.closing);
+            open - closing.count() >= cap
+        }
     }
 
     /// Takes connection `id` out of `idle`, if it is there.
@@ -224,9 +227,9 @@ impl Counted {
 impl Connections {
     /// Counts a new connection from `ip`: when its client has `per_client` open, it closes one
     /// of them, and when all `max` are open, one of anyone's, that carries no authenticated
-    /// request (see the module's doc), and is refused (closing none) if it cannot. (Until that one's task ends, a moment later, or
-    /// the requests end of one that authenticated a request meanwhile, one more than `max` is
-    /// counted. A close taken back stays counted until its connection's requests end: the next
+    /// request (see the module's doc), and is refused (closing none) if it cannot. (Until that
+    /// one's task ends, a moment later, or the requests end of one that authenticated a
+    /// request meanwhile, one more than `max` is counted. A close taken back stays counted until its connection's requests end: the next
     /// newcomer then closes one more, and is refused if there are not enough to close.)
     pub fn enter(self: &Arc<Self>, ip: IpAddr, max: usize, per_client: usize) -> Option<Counted> {
         let mut s = lock(&self.state);
@@ -237,7 +240,7 @@ impl Connections {
         // longest idle), and is refused if none may. It was refused at its cap: a process with
         // no token, behind an address tenants share (a NAT, a compute node), kept every one of
         // their new connections out by polling `/healthz` on its cap of connections.
-        let own = if s.staying_of(ip) >= per_client {
+        let own = if s.at_cap(ip, per_client) {
             let own = s
                 .idle
                 .values()
@@ -321,7 +324,7 @@ impl Track {
         // one more then). Past that, the request goes with its connection (clients retry), so
         // that closes taken back at that instant, again and again, cannot grow the count.
         if let Some(c) = s.conns.get(&self.id) {
-            if c.closing && (s.open - s.closing > s.max || s.staying_of(c.ip) >= s.per_client_max) {
+            if c.closing && (s.open - s.closing > s.max || s.at_cap(c.ip, s.per_client_max)) {
                 return Err(NotBusy::Closing);
             }
             if c.busy == 0

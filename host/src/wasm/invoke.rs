@@ -516,7 +516,7 @@ async fn run(
     device: Arc<Device>,
     turn: Arc<Turn>,
     started: Instant,
-    stopped: tokio::sync::oneshot::Receiver<()>,
+    mut stopped: Stopped,
 ) -> Finished {
     let limits = &tenant.limits;
     let deadline = Arc::new(Deadline::starting_at(started, limits.timeout));
@@ -578,16 +578,9 @@ async fn run(
         },
         GUARD_GRACE,
     );
-    let mut stopped = stopped;
     // Nobody waits for this answer.
     let gone = || InvokeError::HostFault("its request went away".into());
-    let called = tokio::select! {
-        biased;
-        // Its request went away (the sender is dropped, never used).
-        _ = &mut stopped => None,
-        called = call => Some(called),
-    };
-    let Some(called) = called else {
+    let Some(called) = unless_stopped(&mut stopped, call).await else {
         turn.finally(GUARD_GRACE, || drop(store)).await;
         return Finished::failed(gone(), started);
     };
@@ -627,12 +620,7 @@ async fn run(
                         &deadline,
                         &turn,
                     ));
-                    let encoded = tokio::select! {
-                        biased;
-                        _ = &mut stopped => None,
-                        encoded = &mut encoding => Some(encoded),
-                    };
-                    match encoded {
+                    match unless_stopped(&mut stopped, &mut encoding).await {
                         Some(encoded) => encoded,
                         // The output (up to the memory limit), and what encoding it holds,
                         // freed on a slot too: the encoding may have been waiting for one.
@@ -659,6 +647,19 @@ async fn run(
         timings,
         read,
         memory_peak: account.peak(),
+    }
+}
+
+/// The end of an invocation's request: its sender, held by the request's future, is dropped
+/// with it (never used).
+type Stopped = tokio::sync::oneshot::Receiver<()>;
+
+/// `f`'s output, or `None` once the invocation's request has gone away (looked at first).
+async fn unless_stopped<F: Future>(stopped: &mut Stopped, f: F) -> Option<F::Output> {
+    tokio::select! {
+        biased;
+        _ = stopped => None,
+        out = f => Some(out),
     }
 }
 

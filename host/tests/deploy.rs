@@ -17,15 +17,6 @@ use serde_json::json;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-async fn delete(h: &TestHost, token: &str, name: &str) -> reqwest::Response {
-    h.client
-        .delete(format!("{}/v1/functions/{name}", h.url))
-        .bearer_auth(token)
-        .send()
-        .await
-        .expect("request")
-}
-
 fn wasm(name: &str) -> Vec<u8> {
     std::fs::read(guest(name)).expect("guest")
 }
@@ -228,9 +219,9 @@ async fn a_deployed_function_is_invoked_listed_and_removed_with_its_code() {
         201
     );
     assert_eq!(cached(), 0, "the replaced version's code is removed");
-    assert_eq!(delete(&h, ALICE, "mine").await.status(), 204);
-    assert_eq!(delete(&h, ALICE, "mine").await.status(), 404);
-    assert_eq!(delete(&h, ALICE, "hostile").await.status(), 409);
+    assert_eq!(h.delete_function(ALICE, "mine").await.status(), 204);
+    assert_eq!(h.delete_function(ALICE, "mine").await.status(), 404);
+    assert_eq!(h.delete_function(ALICE, "hostile").await.status(), 409);
     let (code, _) = error_code(h.invoke(ALICE, "mine", body).await, 404).await;
     assert_eq!(code, "function_not_found");
     assert!(files(&state.join("functions/alice")).is_empty());
@@ -395,12 +386,12 @@ async fn a_removal_that_cannot_remove_the_file_is_an_error_and_removes_nothing()
     let saved = std::fs::read(&file).expect("the upload's file");
     std::fs::remove_file(&file).expect("remove");
     std::fs::create_dir_all(file.join("in-the-way")).expect("a directory in its place");
-    let (code, message) = error_code(delete(&h, ALICE, "mine").await, 500).await;
+    let (code, message) = error_code(h.delete_function(ALICE, "mine").await, 500).await;
     assert_eq!(code, "host_fault", "{message}");
     assert!(list(&h, ALICE).await.iter().any(|f| f["name"] == "mine"));
     std::fs::remove_dir_all(&file).expect("clear");
     std::fs::write(&file, saved).expect("put it back");
-    assert_eq!(delete(&h, ALICE, "mine").await.status(), 204);
+    assert_eq!(h.delete_function(ALICE, "mine").await.status(), 204);
     assert!(list(&h, ALICE).await.iter().all(|f| f["name"] != "mine"));
     assert!(!file.exists());
 }
@@ -514,7 +505,7 @@ async fn every_route_checks_names_and_nothing_outside_a_tenants_files_is_touched
         "x%2Fy",
         &"a".repeat(65),
     ] {
-        let (code, message) = error_code(delete(&h, ALICE, name).await, 400).await;
+        let (code, message) = error_code(h.delete_function(ALICE, name).await, 400).await;
         assert_eq!(code, "bad_name", "{name}: {message}");
         let (code, _) = error_code(h.put_function(ALICE, name, wasm("hostile")).await, 400).await;
         assert_eq!(code, "bad_name", "{name}");
@@ -531,7 +522,7 @@ async fn every_route_checks_names_and_nothing_outside_a_tenants_files_is_touched
         assert_eq!(code, "bad_name", "{name}");
     }
     // The operator's functions cannot be replaced or removed through the API.
-    let (code, _) = error_code(delete(&h, ALICE, "feature-extract").await, 409).await;
+    let (code, _) = error_code(h.delete_function(ALICE, "feature-extract").await, 409).await;
     assert_eq!(code, "function_managed_by_policy");
     let (code, _) = error_code(h.put_function(ALICE, "hostile", wasm("hostile")).await, 409).await;
     assert_eq!(code, "function_managed_by_policy");
@@ -624,7 +615,7 @@ async fn function_quotas_obeyed_and_violated() {
     let (code, message) = error_code(h.put_function(&t0, "c", hostile("c")).await, 403).await;
     assert_eq!(code, "quota_exceeded", "{message}");
     assert!(message.contains("may keep 2"), "{message}");
-    assert_eq!(delete(&h, &t0, "b").await.status(), 204);
+    assert_eq!(h.delete_function(&t0, "b").await.status(), 204);
     assert_eq!(h.put_function(&t0, "c", hostile("c")).await.status(), 201);
 
     // Bytes count the compiled code the host keeps beside the Wasm. With room for two uploads'
@@ -737,7 +728,7 @@ async fn replaced_code_that_calls_still_run_on_counts_against_the_quota() {
     // v1's bytes uploaded again (under another name, v2 removed first) share the image the
     // call runs on, as the quota counts them: once. They were compiled into a second image
     // beside it, and a tenant held one more copy per call it kept running.
-    assert_eq!(delete(&h, &t0, "mine").await.status(), 204);
+    assert_eq!(h.delete_function(&t0, "mine").await.status(), 204);
     assert_eq!(
         h.put_function(&t0, "again", hostile("v1")).await.status(),
         201
@@ -749,7 +740,7 @@ async fn replaced_code_that_calls_still_run_on_counts_against_the_quota() {
         "v1's bytes were loaded again, in an image of their own"
     );
     drop(again);
-    assert_eq!(delete(&h, &t0, "again").await.status(), 204);
+    assert_eq!(h.delete_function(&t0, "again").await.status(), 204);
     // Once the call on v1 ends, its code is gone, and v3 fits.
     let (code_, message) = error_code(running.await.expect("join"), 422).await;
     assert_eq!(code_, "time_limit_exceeded", "{message}");
@@ -801,7 +792,7 @@ async fn compiled_code_is_kept_per_tenant() {
     let mine = files(&state.join("compiled/t0"));
     let theirs = files(&state.join("compiled/t1"));
     assert!(!mine.is_empty() && mine == theirs, "{mine:?} {theirs:?}");
-    assert_eq!(delete(&h, &tenant_token(0), "a").await.status(), 204);
+    assert_eq!(h.delete_function(&tenant_token(0), "a").await.status(), 204);
     assert_eq!(files(&state.join("compiled/t1")), theirs, "t1's code stays");
 }
 
@@ -1063,7 +1054,7 @@ async fn a_tenant_has_one_upload_in_progress_from_before_its_bytes_are_read() {
         // Deployed before the slow upload was reserved: remove it and look again.
         assert_eq!(resp.status(), 201);
         assert!(Instant::now() < until, "the slow upload was never reserved");
-        assert_eq!(delete(&h, ALICE, "other").await.status(), 204);
+        assert_eq!(h.delete_function(ALICE, "other").await.status(), 204);
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     drop(conn);

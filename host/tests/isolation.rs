@@ -404,14 +404,7 @@ async fn a_reload_that_fails_narrows_what_deploys_are_held_to() {
     assert_eq!(code, "object_denied", "{message}");
     let wasm = std::fs::read(common::guest("hostile")).expect("wasm");
     assert_eq!(h.put_function(ROTATED, "mine", wasm).await.status(), 201);
-    let removed = h
-        .client
-        .delete(format!("{}/v1/functions/mine", h.url))
-        .bearer_auth(ROTATED)
-        .send()
-        .await
-        .expect("request");
-    assert_eq!(removed.status(), 204);
+    assert_eq!(h.delete_function(ROTATED, "mine").await.status(), 204);
     assert!(h.host.function("alice", "mine").is_none());
     let (code, message) =
         error_code(h.put_function(ALICE, "mine", b"\0asm".to_vec()).await, 401).await;

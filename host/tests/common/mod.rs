@@ -287,6 +287,16 @@ impl TestHost {
             .expect("join")
     }
 
+    /// `DELETE /v1/functions/{name}` with `token`.
+    pub async fn delete_function(&self, token: &str, name: &str) -> reqwest::Response {
+        self.client
+            .delete(format!("{}/v1/functions/{name}", self.url))
+            .bearer_auth(token)
+            .send()
+            .await
+            .expect("request")
+    }
+
     /// `PUT /v1/functions/{name}` with `token` and the component `body`.
     pub async fn put_function(&self, token: &str, name: &str, body: Vec<u8>) -> reqwest::Response {
         self.client

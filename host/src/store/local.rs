@@ -355,7 +355,13 @@ impl Local {
                     if walk.visits > max_visits {
                         return Err(ObjectError::TooManyEntries(max_visits as u64).into());
                     }
-                    let entry = entry.map_err(|e| map(path, e))?;
+                    // A directory removed while it is read ends its entries (`getdents` says
+                    // ENOENT); it is gone, as one removed before it was opened.
+                    let entry = match entry.map_err(|e| map(path, e)) {
+                        Ok(entry) => entry,
+                        Err(ObjectError::NotFound(_)) => break,
+                        Err(other) => return Err(other.into()),
+                    };
                     let Ok(name) = entry.file_name().into_string() else {
                         continue; // not UTF-8: not a key anyone can ask for
                     };
@@ -369,7 +375,14 @@ impl Local {
                         key.push_str(&name);
                         key
                     };
-                    let ft = entry.file_type().map_err(|e| map(&key, e))?;
+                    // An entry removed between the directory's read and its look (a writer's
+                    // temporary file) is skipped: it failed the whole listing, which anyone
+                    // who may write under the prefix could make every lister's fail.
+                    let ft = match entry.file_type().map_err(|e| map(&key, e)) {
+                        Ok(ft) => ft,
+                        Err(ObjectError::NotFound(_)) => continue,
+                        Err(other) => return Err(other.into()),
+                    };
                     if ft.is_dir() {
                         // Nothing below a directory whose path is already a key's longest can
                         // be read: not walked (which bounds a walk's depth, and the segments
@@ -381,7 +394,11 @@ impl Local {
                             walk.stack.push(key);
                         }
                     } else if ft.is_file() && key.starts_with(&prefix) && keep(&key) {
-                        let meta = entry.metadata().map_err(|e| map(&key, e))?;
+                        let meta = match entry.metadata().map_err(|e| map(&key, e)) {
+                            Ok(meta) => meta,
+                            Err(ObjectError::NotFound(_)) => continue,
+                            Err(other) => return Err(other.into()),
+                        };
                         walk.kept.push(ObjectMeta {
                             key,
                             size: meta.len(),
@@ -574,6 +591,31 @@ mod tests {
             most < before + 64,
             "{most} descriptors open during the walk, {before} before it"
         );
+    }
+
+    #[tokio::test]
+    async fn an_object_removed_while_it_is_listed_is_skipped() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let d = dir.path().join("b/p");
+        std::fs::create_dir_all(&d).expect("directory");
+        for name in ["1", "2", "3"] {
+            std::fs::write(d.join(name), b"x").expect("object");
+        }
+        let store = Local::open(dir.path()).expect("store");
+        // `keep` runs between the directory's read and the entry's look: the writer's race.
+        let gone = d.join("2");
+        let keep = Arc::new(move |key: &str| {
+            if key == "p/2" {
+                std::fs::remove_file(&gone).expect("remove");
+            }
+            true
+        });
+        let listed = store
+            .list("b", "p/", 10, 100, keep, (None, None))
+            .await
+            .expect("the listing goes on past an object removed meanwhile");
+        let keys: Vec<&str> = listed.iter().map(|o| o.key.as_str()).collect();
+        assert_eq!(keys, ["p/1", "p/3"]);
     }
 
     #[tokio::test]

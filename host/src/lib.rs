@@ -399,16 +399,6 @@ impl Host {
                 .entry(id.to_string())
                 .or_default(),
         );
-        let measuring = deadline.run(turn.lock_owned()).await.map_err(|_| {
-            DeviceError::Busy(format!(
-                "model `{model}` is being profiled by another call; retry shortly"
-            ))
-        })?;
-        // Measured while this one waited its turn (by this tenant's other calls too: a
-        // tenant's calls queued on the turn measure once between them).
-        if let Some(kept) = self.kept_profile(id, model, tenant, &pin) {
-            return kept;
-        }
         // Measuring runs every layer on the device outside the dispatcher: the memory it takes
         // is held in the budget while it runs, at the largest batch (up to PROFILE_BATCH) that
         // the budget can hold beside the weights now without unloading models other tenants
@@ -419,7 +409,6 @@ impl Host {
         let cost = pin.memory.segment(0..pin.memory.layers.len());
         let ceiling = self.device.ceiling(pin.memory.weights());
         let one = cost.run_bytes(1);
-        let room = self.device.room_of(tenant).max(one);
         let largest = |limit: u64| {
             (1..=models::PROFILE_BATCH)
                 .rev()
@@ -428,18 +417,54 @@ impl Host {
         // Kept for every caller only if measured at the largest batch the budget can ever hold
         // beside the weights, not at a smaller one because other work held the room.
         let keep = largest(ceiling);
-        let batch = largest(ceiling.min(room)).ok_or_else(|| {
-            DeviceError::TooLarge(format!(
-                "profiling model `{model}` needs {} bytes of device memory for one sample, \
-                     and at most {ceiling} can ever be free beside its weights",
-                cost.run_bytes(1)
-            ))
-        })?;
-        let what = format!("profiling model `{model}` at batch {batch}");
-        let held = self
-            .device
-            .reserve(cost.run_bytes(batch as u64), tenant, &deadline, &what)
-            .await?;
+        if keep.is_none() {
+            return Err(DeviceError::TooLarge(format!(
+                "profiling model `{model}` needs {one} bytes of device memory for one sample, \
+                 and at most {ceiling} can ever be free beside its weights"
+            )));
+        }
+        // The room is waited for without the model's turn, which is taken only once there is
+        // room for one sample: a call that waited for room holding the turn kept every other
+        // tenant's profile of the model waiting behind it (the turn is first come, first
+        // served), however much room they had, and one tenant without room, asking again as
+        // each of its calls ran out of time, kept them out for good.
+        let (measuring, held, batch) = loop {
+            self.device
+                .wait_room(
+                    one,
+                    tenant,
+                    &deadline,
+                    &format!("profiling model `{model}`"),
+                )
+                .await?;
+            let measuring = deadline
+                .run(Arc::clone(&turn).lock_owned())
+                .await
+                .map_err(|_| {
+                    DeviceError::Busy(format!(
+                        "model `{model}` is being profiled by another call; retry shortly"
+                    ))
+                })?;
+            // Measured while this one waited its turn (by this tenant's other calls too: a
+            // tenant's calls queued on the turn measure once between them).
+            if let Some(kept) = self.kept_profile(id, model, tenant, &pin) {
+                return kept;
+            }
+            let room = self.device.room_of(tenant).max(one);
+            let batch = largest(ceiling.min(room)).unwrap_or(1);
+            // One sample's room, as just found, if the batch's is not there after all.
+            let held = [batch, 1].into_iter().find_map(|b| {
+                self.device
+                    .reserve_now(cost.run_bytes(b as u64), tenant)
+                    .map(|held| (held, b))
+            });
+            if let Some((held, batch)) = held {
+                break (measuring, held, batch);
+            }
+            // The room went while this call waited for the turn: waited for again, the turn
+            // given back.
+            drop(measuring);
+        };
         // The model stays pinned, and the memory, the turn and the tenant's admission slot
         // held, until the measurement ends, even when the caller goes away: a tenant that
         // hangs up cannot run more measurements at once than its concurrency.

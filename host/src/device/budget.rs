@@ -906,6 +906,40 @@ impl Budget {
         deadline: &Deadline,
         what: &str,
     ) -> Result<Reservation, DeviceError> {
+        self.until_room(need, deadline, what, || {
+            self.reserve_held(need, tenant, false, true)
+        })
+        .await
+    }
+
+    /// Waits, as [`Self::reserve`] does, until `tenant` could claim `need` bytes, and holds
+    /// nothing: for work that takes its turn only once there is room.
+    pub async fn wait_room(
+        self: &Arc<Self>,
+        need: u64,
+        tenant: &str,
+        deadline: &Deadline,
+        what: &str,
+    ) -> Result<(), DeviceError> {
+        self.until_room(need, deadline, what, || {
+            let mut s = lock(&self.state);
+            if s.room(self.total, Claim::For(tenant), Instant::now()) >= need {
+                return Some(());
+            }
+            s.looked += 1;
+            None
+        })
+        .await
+    }
+
+    /// Tries `attempt` each time the budget changes until it gives something, or `deadline`.
+    async fn until_room<T>(
+        self: &Arc<Self>,
+        need: u64,
+        deadline: &Deadline,
+        what: &str,
+        attempt: impl Fn() -> Option<T>,
+    ) -> Result<T, DeviceError> {
         if need > self.total {
             return Err(DeviceError::TooLarge(format!(
                 "{what} needs {need} bytes of device memory; the device budget is {}",
@@ -916,8 +950,8 @@ impl Budget {
             let notified = self.notify.notified();
             let mut notified = std::pin::pin!(notified);
             notified.as_mut().enable();
-            if let Some(r) = self.reserve_held(need, tenant, false, true) {
-                return Ok(r);
+            if let Some(done) = attempt() {
+                return Ok(done);
             }
             let kept = {
                 let s = lock(&self.state);

@@ -129,6 +129,26 @@ impl Device {
     }
 
     /// The most the budget could ever hold for a run of a model with `weights` loaded.
+    /// Waits until `tenant` could hold `need` bytes (see [`Budget::wait_room`]), holding none.
+    pub async fn wait_room(
+        &self,
+        need: u64,
+        tenant: &str,
+        deadline: &Deadline,
+        what: &str,
+    ) -> Result<(), DeviceError> {
+        self.shared
+            .budget
+            .wait_room(need, tenant, deadline, what)
+            .await
+    }
+
+    /// Holds `need` bytes for work of `tenant` outside the dispatcher if there is room now
+    /// (see [`Budget::reserve_now`]).
+    pub fn reserve_now(&self, need: u64, tenant: &str) -> Option<Reservation> {
+        self.shared.budget.reserve_now(need, tenant)
+    }
+
     pub fn ceiling(&self, weights: u64) -> u64 {
         self.shared.budget.ceiling(weights)
     }

@@ -6,8 +6,8 @@ mod common;
 
 use common::components::{
     component, declaring, defining, defining_many, guest_with, importing, imports_of,
-    instantiating, memories_and_tables, module, named, string_encoding, trapping_named, typing,
-    variant,
+    instantiating, instantiating_nested, memories_and_tables, module, named, rec_typing,
+    string_encoding, trapping_named, typing, variant,
 };
 use common::{ALICE, BOB, TestHost, error_code, guest, raw, start_tenants, tenant_token};
 use hapi_host::Host;
@@ -888,6 +888,23 @@ fn the_code_bounds_are_checked_before_compiling() {
         check(&declaring("hostile", compile::MAX_ITEMS as usize)),
         "items (types, imports, functions, exports...)",
     );
+    // Instances made through nested components (wasmtime's compile inlines every one): four
+    // levels of 999 were 10^12 instances from 12 KB, the compile's memory without bound.
+    let most = compile::MAX_INSTANTIATIONS as usize;
+    check(&instantiating_nested("hostile", 1, most / 2)).expect("within the instances");
+    too(
+        check(&instantiating_nested("hostile", 1, most)),
+        "instances of modules and components",
+    );
+    too(
+        check(&instantiating_nested("hostile", 4, 999)),
+        "instances of modules and components",
+    );
+    // The GC proposal's recursion groups: a million types in one item of a type section.
+    match check(&guest_with("hostile", &[rec_typing(200_000)])) {
+        Err(DeployError::Invalid(m)) => assert!(m.contains("gc"), "{m}"),
+        other => panic!("a recursion group: {other:?}"),
+    }
     // Function names (wasmtime copies them into every trap's backtrace).
     let name = compile::MAX_FUNCTION_NAME;
     for (function, needle) in [

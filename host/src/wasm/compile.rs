@@ -37,6 +37,15 @@ pub const MAX_IMPORTS: u32 = 10_000;
 /// module's function section and again in its code section), counted before the validator
 /// builds its tables for them. Our largest guest declares a few thousand.
 pub const MAX_ITEMS: u32 = 150_000;
+/// Most instances (core modules' and components') that instantiating a component makes,
+/// counted through the components it nests: a nested component instantiated n times, each
+/// instantiating one nested in it n times, made wasmtime's compile (which inlines every
+/// instantiation) build n^depth instances from a few kilobytes of upload, holding memory
+/// without bound on a compile thread until the host ran out. The pool refuses more than
+/// `engine::MAX_CORE_INSTANCES_PER_COMPONENT` core instances when a component is
+/// instantiated; our guests make three.
+pub const MAX_INSTANTIATIONS: u64 =
+    4 * crate::wasm::engine::MAX_CORE_INSTANCES_PER_COMPONENT as u64;
 /// Most denied imports an error names, and how many more there were.
 const DENIED_NAMED: usize = 8;
 /// Most memories and tables defined by all of a component's core modules together (whether
@@ -100,6 +109,12 @@ pub fn check(bytes: &[u8], tenant: &str, allowed: &[&str]) -> Result<Checked, De
     let (mut memories, mut tables, mut imports) = (0u32, 0u32, 0u32);
     let too = |what: String| Err(DeployError::TooComplex(what));
     let mut items = 0u32;
+    // Per open module (`None`) or component (the instances instantiating it makes, itself
+    // included), innermost last; and the most any nested component finished so far makes,
+    // which bounds what instantiating any component it may name makes (only components
+    // defined before, or passed in by an instantiation, can be named).
+    let mut frames: Vec<Option<u64>> = vec![Some(0)];
+    let mut nested_most = 0u64;
     for payload in Parser::new(0).parse_all(bytes) {
         let payload = payload.map_err(|e| DeployError::Invalid(e.to_string()))?;
         items = items
@@ -120,8 +135,30 @@ pub fn check(bytes: &[u8], tenant: &str, allowed: &[&str]) -> Result<Checked, De
                 if info.modules > MAX_MODULES {
                     return too(format!("more than {MAX_MODULES} modules and components"));
                 }
+                frames.push(matches!(payload, Payload::ComponentSection { .. }).then_some(1));
             }
-            Payload::End(_) => depth -= 1,
+            Payload::End(_) => {
+                depth -= 1;
+                if let Some(Some(made)) = frames.pop() {
+                    nested_most = nested_most.max(made);
+                }
+            }
+            Payload::InstanceSection(ref reader) => {
+                for instance in reader.clone() {
+                    let instance = instance.map_err(|e| DeployError::Invalid(e.to_string()))?;
+                    if matches!(instance, wasmparser::Instance::Instantiate { .. }) {
+                        instantiates(&mut frames, 1)?;
+                    }
+                }
+            }
+            Payload::ComponentInstanceSection(ref reader) => {
+                for instance in reader.clone() {
+                    let instance = instance.map_err(|e| DeployError::Invalid(e.to_string()))?;
+                    if matches!(instance, wasmparser::ComponentInstance::Instantiate { .. }) {
+                        instantiates(&mut frames, nested_most.max(1))?;
+                    }
+                }
+            }
             Payload::ComponentImportSection(reader) => {
                 imports = imports.saturating_add(reader.count());
                 if imports > MAX_IMPORTS {
@@ -205,7 +242,10 @@ pub fn check(bytes: &[u8], tenant: &str, allowed: &[&str]) -> Result<Checked, De
             _ => {}
         }
     }
-    let mut validator = Validator::new_with_features(WasmFeatures::default());
+    // Without the GC proposal's explicit recursion groups (no toolchain for pushdown functions
+    // emits them): a group of a million types counted as one item in the bounds above, and the
+    // validator built its tables for 21 million from one upload.
+    let mut validator = Validator::new_with_features(WasmFeatures::default() - WasmFeatures::GC);
     validator
         .validate_all(bytes)
         .map_err(|e| DeployError::Invalid(e.to_string()))?;
@@ -230,6 +270,20 @@ pub fn check(bytes: &[u8], tenant: &str, allowed: &[&str]) -> Result<Checked, De
         ));
     }
     Ok(info)
+}
+
+/// Counts `made` instances into the innermost open component's ([`MAX_INSTANTIATIONS`]).
+fn instantiates(frames: &mut [Option<u64>], made: u64) -> Result<(), DeployError> {
+    if let Some(Some(total)) = frames.last_mut() {
+        *total = total.saturating_add(made);
+        if *total > MAX_INSTANTIATIONS {
+            return Err(DeployError::TooComplex(format!(
+                "instantiating it makes more than {MAX_INSTANTIATIONS} instances of modules and \
+                 components, counted through the components it nests"
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Items a section declares (its count, read without reading them), 0 for other payloads.
@@ -306,7 +360,10 @@ fn component_type_items(ty: &wasmparser::ComponentType<'_>) -> u32 {
 fn core_type_items(ty: &wasmparser::CoreType<'_>) -> u32 {
     match ty {
         wasmparser::CoreType::Module(decls) => u32::try_from(decls.len()).unwrap_or(u32::MAX),
-        _ => 0,
+        // The types of a recursion group, one item each (the section counted the group).
+        wasmparser::CoreType::Rec(group) => {
+            u32::try_from(group.types().len().saturating_sub(1)).unwrap_or(u32::MAX)
+        }
     }
 }
 

@@ -338,3 +338,56 @@ pub fn declaring(name: &str, n: usize) -> Vec<u8> {
     section(7, &types, &mut bytes);
     bytes
 }
+
+/// Guest `name`'s component instantiating, once, a chain of `levels` nested components, each
+/// instantiating the one nested in it `fan` times (the innermost empty): `fan^levels`
+/// instances from about `3 * fan * levels` bytes.
+pub fn instantiating_nested(name: &str, levels: usize, fan: usize) -> Vec<u8> {
+    let header = b"\0asm\x0d\0\x01\0";
+    let mut nested = header.to_vec();
+    for _ in 0..levels {
+        let mut next = header.to_vec();
+        section(4, &nested, &mut next); // a component section: the one below
+        let mut instances = Vec::new();
+        leb(fan, &mut instances);
+        for _ in 0..fan {
+            instances.extend_from_slice(&[0, 0, 0]); // instantiate component 0, no arguments
+        }
+        section(5, &instances, &mut next); // a component instance section
+        nested = next;
+    }
+    let mut bytes = std::fs::read(guest(name)).expect("guest");
+    // The guest's components before it, in its index space of components.
+    let index = wasmparser::Parser::new(0)
+        .parse_all(&bytes)
+        .try_fold((0usize, 0usize), |(depth, n), p| {
+            p.map(|p| match p {
+                wasmparser::Payload::ComponentSection { .. } if depth == 0 => (depth + 1, n + 1),
+                wasmparser::Payload::ModuleSection { .. }
+                | wasmparser::Payload::ComponentSection { .. } => (depth + 1, n),
+                wasmparser::Payload::End(_) => (depth.saturating_sub(1), n),
+                _ => (depth, n),
+            })
+        })
+        .expect("guest parses")
+        .1;
+    section(4, &nested, &mut bytes);
+    let mut instance = vec![1u8, 0]; // one instance: instantiate
+    leb(index, &mut instance);
+    instance.push(0); // no arguments
+    section(5, &instance, &mut bytes);
+    bytes
+}
+
+/// A core module whose types are one recursion group (the GC proposal's `rec`) of `n`
+/// function types `() -> ()`: one item of its type section.
+pub fn rec_typing(n: usize) -> Vec<u8> {
+    let mut module = b"\0asm\x01\0\0\0".to_vec();
+    let mut types = vec![1u8, 0x4e];
+    leb(n, &mut types);
+    for _ in 0..n {
+        types.extend_from_slice(&[0x60, 0, 0]);
+    }
+    section(1, &types, &mut module);
+    module
+}

@@ -178,6 +178,13 @@ async fn run() -> anyhow::Result<()> {
             policy: path,
             listen,
         } => {
+            // SIGHUP's handler first: until it is installed a SIGHUP ends the process (its
+            // default action), and a service manager's reload while the host started (models
+            // measured, uploads compiled: seconds to minutes) stopped it, as a clean exit that
+            // `Restart=on-failure` does not restart. One received meanwhile reloads the policy
+            // once the host is up.
+            let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+                .context("installing the SIGHUP handler")?;
             let policy = Policy::load(&path)?;
             let mut http_settings = policy.host.http.clone();
             let files = raise_fd_limit();
@@ -233,11 +240,6 @@ async fn run() -> anyhow::Result<()> {
             }
             let reloader = Arc::clone(&host);
             tokio::spawn(async move {
-                let Ok(mut hup) =
-                    tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
-                else {
-                    return;
-                };
                 while hup.recv().await.is_some() {
                     let host = Arc::clone(&reloader);
                     let path = path.clone();

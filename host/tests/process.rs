@@ -93,6 +93,48 @@ async fn sighup_reloads_the_policy_and_sigterm_finishes_in_flight_work() {
     assert!(status.success(), "{status}");
 }
 
+/// A SIGHUP while the host starts (here while it measures its models) is a reload once it is
+/// up: it ended the process (SIGHUP's default action, before the handler was installed), a
+/// clean exit to a service manager, which did not restart it.
+#[test]
+fn a_sighup_while_the_host_starts_does_not_stop_it() {
+    use std::io::{BufRead, BufReader};
+    let tmp = tempfile::tempdir().expect("tmp");
+    let store = tmp.path().join("store");
+    std::fs::create_dir_all(&store).expect("store");
+    let policy = tmp.path().join("policy.toml");
+    std::fs::write(&policy, policy_text(&store, &tmp.path().join("state"))).expect("policy");
+    let binary = hapi_tests::package_binary("hapi-host", env!("CARGO_BIN_EXE_hapi-host"));
+    let mut child = std::process::Command::new(binary)
+        .args(["serve", "--policy"])
+        .arg(&policy)
+        .args(["--listen", "127.0.0.1:0"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("hapi-host starts");
+    let mut log = BufReader::new(child.stderr.take().expect("stderr")).lines();
+    let measuring = log
+        .by_ref()
+        .map_while(Result::ok)
+        .any(|line| line.contains("loading and measuring"));
+    assert!(measuring, "the host logged no measurement at its start");
+    signal(&child, libc::SIGHUP);
+    std::thread::spawn(move || log.for_each(drop));
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("first line");
+    let status = child.try_wait().expect("wait");
+    signal(&child, libc::SIGTERM);
+    let _ = child.wait();
+    assert!(
+        line.starts_with("listening on "),
+        "the host served after a SIGHUP at its start: first line {line:?}, exit {status:?}"
+    );
+    assert!(status.is_none(), "and was running: {status:?}");
+}
+
 /// Waits (30 s at most) for the host to exit after a signal; its exit status.
 fn exited(server: &mut HostProcess, what: &str) -> std::process::ExitStatus {
     let deadline = Instant::now() + Duration::from_secs(30);

@@ -312,6 +312,20 @@ async fn random_bytes_are_bounded_per_call() {
     others_still_served(&h).await;
 }
 
+/// A component not granted `random` gets no entropy: the hash-map seed every component may ask
+/// for (`wasi:random/insecure-seed`, which std's `RandomState` reads) is the same at every
+/// invocation. wasmtime drew a fresh 128 bits for each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_component_not_granted_random_gets_the_same_seed_every_time() {
+    let h = TestHost::start().await;
+    let mut seeds = Vec::new();
+    for _ in 0..3 {
+        seeds.push(raw(h.invoke(ALICE, "hostile", hostile("seed", &[], &[])).await).await);
+    }
+    assert_eq!(seeds[0].len(), 8, "{seeds:?}");
+    assert!(seeds.iter().all(|s| *s == seeds[0]), "{seeds:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn object_byte_caps_obeyed() {
     let h = TestHost::start().await;

@@ -19,7 +19,8 @@
 //! failure that did not happen), `recurse` (recurse `depth` calls deep), `graph-bytes` (call
 //! `graph.load` with `count` graph builders of one byte, all the same byte; return the answer's
 //! case, 1 for an error), `describe` (describe a model named by `bytes` bytes; return 1 if
-//! refused). With option `hang`
+//! refused), `seed` (return the hash std's `RandomState` gives 0, whose keys come from
+//! `wasi:random/insecure-seed`). With option `hang`
 //! (any value), the guest never returns after the mode's work: a caller that gives up on it
 //! still had that work done on its behalf.
 
@@ -270,6 +271,11 @@ fn act(inv: &Invocation) -> Result<TensorOut, Error> {
             let name = "a".repeat(number(inv, "bytes")? as usize);
             let refused = u32::from(models::describe(&name).is_err());
             Ok(bytes_out(refused.to_le_bytes().to_vec()))
+        }
+        "seed" => {
+            use std::hash::BuildHasher;
+            let hash = std::collections::hash_map::RandomState::new().hash_one(0u64);
+            Ok(bytes_out(hash.to_le_bytes().to_vec()))
         }
         "panic" => panic!("hostile guest panics on request"),
         "bad-output" => Ok(TensorOut {

@@ -79,14 +79,23 @@ fn blocking_threads(instances: u32) -> usize {
 }
 
 /// An invocation's WASI context: no environment, arguments or stdin; stdout and stderr
-/// [`Discard`]; random bytes at most `MAX_RANDOM_BYTES` a call.
-fn wasi_ctx() -> WasiCtx {
-    WasiCtxBuilder::new()
-        .stdout(Discard)
+/// [`Discard`]; random bytes at most `MAX_RANDOM_BYTES` a call. Without `random`, the
+/// hash-map seed every component may ask for is [`FIXED_SEED`]: wasmtime draws a fresh one
+/// for every context, 128 bits of entropy to every invocation whatever its tenant is granted.
+fn wasi_ctx(random: bool) -> WasiCtx {
+    let mut ctx = WasiCtxBuilder::new();
+    ctx.stdout(Discard)
         .stderr(Discard)
-        .max_random_size(MAX_RANDOM_BYTES)
-        .build()
+        .max_random_size(MAX_RANDOM_BYTES);
+    if !random {
+        ctx.insecure_random_seed(FIXED_SEED);
+    }
+    ctx.build()
 }
+
+/// The hash-map seed of a component not granted `random`: the same for every invocation (a
+/// guest that knows it can make only its own maps slow).
+const FIXED_SEED: u128 = u128::from_le_bytes(*b"hapi-rs hashseed");
 
 /// Most bytes a guest may write to stdout or stderr in one call (what `check-write` grants;
 /// wasi:io's blocking writes allow no more either).
@@ -192,8 +201,9 @@ fn linker(engine: &Engine, caps: Capabilities) -> wasmtime::Result<Linker<State>
         clocks::monotonic_clock::add_to_linker::<State, WasiClocks>(&mut l, State::clocks)?;
     }
     // The per-instance seed Rust's std asks for to key a HashMap (on wasm32-wasip2 every
-    // `HashMap::new` does): one 128-bit value fixed when the instance is made, no entropy
-    // source. Every component gets it, so that a function may use std's collections.
+    // `HashMap::new` does): one 128-bit value fixed when the instance is made, the same for
+    // every instance without `random` (`wasi_ctx`). Every component gets it, so that a
+    // function may use std's collections.
     random::insecure_seed::add_to_linker::<State, WasiRandom>(&mut l, State::random)?;
     if caps.random {
         random::random::add_to_linker::<State, WasiRandom>(&mut l, State::random)?;
@@ -234,6 +244,8 @@ pub fn allowed_imports(caps: Capabilities) -> Vec<&'static str> {
 #[derive(Clone)]
 pub struct Prepared {
     pre: PushdownPre<State>,
+    /// Linked with `wasi:random` (see [`wasi_ctx`]).
+    random: bool,
 }
 
 impl Prepared {
@@ -432,7 +444,10 @@ impl Runtime {
             .instantiate_pre(component)
             .and_then(PushdownPre::new)
             .map_err(|e| DeployError::WrongWorld(crate::account::text::bounded_display(&e)))?;
-        Ok(Prepared { pre })
+        Ok(Prepared {
+            pre,
+            random: caps.random,
+        })
     }
 
     /// Runs `function` for `tenant` on the invocation workers; `reply` says how its output is
@@ -472,6 +487,7 @@ impl Runtime {
             Arc::clone(tenant),
             Arc::clone(&self.policy),
             function.pre.clone(),
+            function.random,
             invocation,
             reply,
             usage,
@@ -507,6 +523,7 @@ async fn run(
     tenant: Arc<Tenant>,
     policy: Arc<Current>,
     pre: PushdownPre<State>,
+    random: bool,
     invocation: Invocation,
     reply: Reply,
     usage: Arc<Usage>,
@@ -540,7 +557,7 @@ async fn run(
     let mut table = ResourceTable::new();
     table.set_max_capacity(MAX_HANDLES);
     let state = State {
-        wasi: wasi_ctx(),
+        wasi: wasi_ctx(random),
         table,
         limiter: Limiter::new(Arc::clone(&account)),
         objects: ObjectsCtx::new(caller.clone(), objects),
@@ -827,7 +844,7 @@ mod tests {
         use wasmtime_wasi::cli::WasiCliCtxView;
         use wasmtime_wasi::p2::bindings::cli::{stderr, stdout};
         use wasmtime_wasi::p2::bindings::io::streams::HostOutputStream;
-        let mut ctx = wasi_ctx();
+        let mut ctx = wasi_ctx(false);
         let mut table = ResourceTable::new();
         for which in ["stdout", "stderr"] {
             let mut view = WasiCliCtxView {

@@ -18,3 +18,32 @@ fn peaks_are_measurable_here() {
         }
     });
 }
+
+/// A profile's measurement runs in the memory its reservation holds: `run_bytes(batch)` of the
+/// whole model, which counts one layer's output at a time. It kept the previous run's output
+/// while the next one ran: one more output a layer, about 2.6 MB a sample for resnet18.
+#[test]
+fn a_profile_measures_within_its_reservation() {
+    let pkg = hapi_model::ModelPackage::load(
+        &hapi_model::models_dir().join("resnet18"),
+        tch::Device::Cpu,
+    )
+    .expect("package");
+    let memory = hapi_host::memory::measure(&pkg).expect("memory model");
+    let cost = memory.segment(0..memory.layers.len());
+    let batch = 8;
+    // Warm: libtorch's and the allocator's first-use costs are not the measurement's.
+    hapi_model::profile::profile_layers(&pkg, batch, 1).expect("warm-up");
+    let grown = rss::exact(|| {
+        rss::reset_peak();
+        let base = rss::current();
+        hapi_model::profile::profile_layers(&pkg, batch, 3).expect("profile");
+        rss::peak().saturating_sub(base)
+    });
+    let held = cost.run_bytes(batch as u64);
+    eprintln!("the profile's peak grew {grown} bytes; its reservation {held}");
+    assert!(
+        grown <= held,
+        "the profile's peak grew {grown} bytes, past its reservation of {held}"
+    );
+}

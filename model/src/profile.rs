@@ -42,6 +42,10 @@ pub fn profile_layers_while(
             if !go_on() {
                 return Ok(None);
             }
+            // The last run's output goes before the next is made: a host measures in memory
+            // held for one layer's input and output at a time (`SegmentCost::run_bytes`), and
+            // two outputs at once went past it by an output a sample.
+            drop(y);
             device::synchronize(pkg.device());
             let started = Instant::now();
             y = pkg.run(i..i + 1, &x)?;

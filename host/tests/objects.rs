@@ -32,6 +32,11 @@ fn tenant() -> Arc<Tenant> {
     })
 }
 
+/// The keys of a listing.
+fn keys(listed: Vec<ObjectMeta>) -> Vec<String> {
+    listed.into_iter().map(|m| m.key).collect()
+}
+
 async fn get(o: &mut Scoped, bucket: &str, key: &str) -> Result<Vec<u8>, ObjectError> {
     let planned = o.plan(bucket, key, None).await?;
     o.read(&planned).await
@@ -139,7 +144,6 @@ async fn conformance(store: Arc<Store>) {
         .map(|(_, k, _)| k)
         .collect();
     granted.sort();
-    let keys = |v: Vec<ObjectMeta>| v.into_iter().map(|m| m.key).collect::<Vec<_>>();
     assert_eq!(
         keys(
             o.list("datasets", "fashion-mnist/", 1000)
@@ -224,6 +228,38 @@ async fn an_s3_store_can_be_dropped_on_an_async_thread() {
     drop(store);
 }
 
+/// A key the store cannot serve (here with a control character, legal in S3) is skipped by a
+/// listing over it, as the local store skips names it cannot list: it failed the whole
+/// listing, every page of it, answered 403 `object_denied` for the prefix, so that anyone who
+/// could write one object under a prefix denied every lister its listings.
+async fn a_listing_skips_a_key_it_cannot_serve(weed: &Seaweed, store: Arc<Store>) {
+    let o = Scoped::new(tenant(), store);
+    let before = keys(
+        o.list("datasets", "fashion-mnist/", 1000)
+            .await
+            .expect("list"),
+    );
+    weed.put("datasets", "fashion-mnist/odd\u{7f}name.bin", vec![1])
+        .await;
+    assert_eq!(
+        o.list("datasets", "fashion-mnist/", 1000).await.map(keys),
+        Ok(before.clone()),
+        "the listing, past a key with a control character"
+    );
+    // Within the visits, which count it.
+    let n = before.len() + 1;
+    assert!(
+        o.list_within("datasets", "fashion-mnist/", 1000, n)
+            .await
+            .is_ok()
+    );
+    assert_eq!(
+        o.list_within("datasets", "fashion-mnist/", 1000, n - 1)
+            .await,
+        Err(ObjectError::TooManyEntries(n as u64 - 1))
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s3_store_conforms_and_serves_the_whole_pushdown_path() {
     let weed = Seaweed::start();
@@ -237,8 +273,8 @@ async fn s3_store_conforms_and_serves_the_whole_pushdown_path() {
         secret_access_key: Some(common::seaweed::SECRET_KEY.into()),
         locality: None,
     };
-    let store = Store::open(&StoreLocation::S3(settings.clone())).expect("S3 store");
-    conformance(Arc::new(store)).await;
+    let store = Arc::new(Store::open(&StoreLocation::S3(settings.clone())).expect("S3 store"));
+    conformance(Arc::clone(&store)).await;
 
     // Beside the volume server: the same answers, read from it instead of through S3.
     let near = Arc::new(
@@ -444,6 +480,8 @@ async fn s3_store_conforms_and_serves_the_whole_pushdown_path() {
         .await
         .expect("request");
     assert_eq!(error_code(plain, 404).await.0, "no_route");
+    // Last: the key it adds is under every prefix the suite lists.
+    a_listing_skips_a_key_it_cannot_serve(&weed, store).await;
 }
 
 /// A listing of a grant's parent (`""`, or part of the grant's name) walks the grants only: it
@@ -509,7 +547,6 @@ async fn a_listing_over_two_grants_merges_them_and_shares_its_visit_bound() {
     let store =
         Arc::new(Store::open(&StoreLocation::Local(tmp.path().to_path_buf())).expect("store"));
     let o = Scoped::new(Arc::new(two), store);
-    let keys = |listed: Vec<ObjectMeta>| listed.into_iter().map(|m| m.key).collect::<Vec<_>>();
     assert_eq!(
         keys(o.list_within("datasets", "", 3, 100).await.expect("list")),
         ["a/1", "b/2", "b/4"].map(String::from),

@@ -5,15 +5,44 @@ use crate::account::Account;
 use crate::account::text::quote;
 use crate::policy::S3Settings;
 use object_store::ObjectStoreExt;
-use object_store::aws::AmazonS3;
-use object_store::list::{PaginatedListOptions, PaginatedListStore};
+use object_store::aws::{AmazonS3, AwsAuthorizer};
+use object_store::client::HttpRequestBody;
+use object_store::path::Path;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+/// Most bytes of one listing page read (S3 sends at most 1,000 keys of at most 1 KiB a page,
+/// about 1.5 MB of XML).
+const MAX_LIST_PAGE: usize = 16 << 20;
 
 pub struct S3 {
     settings: S3Settings,
     clients: Mutex<HashMap<String, Arc<AmazonS3>>>,
+    /// The listings' client (object_store's time limits: 5 s to connect, 30 s a request).
+    http: reqwest::Client,
     locality: Option<super::locality::Locality>,
+}
+
+/// A page of `ListObjectsV2`.
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct ListPage {
+    #[serde(default)]
+    contents: Vec<Listed>,
+    #[serde(default)]
+    is_truncated: bool,
+    next_continuation_token: Option<String>,
+}
+
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct Listed {
+    key: String,
+    size: u64,
+    last_modified: String,
+    #[serde(rename = "ETag")]
+    e_tag: Option<String>,
 }
 
 impl std::fmt::Debug for S3 {
@@ -50,6 +79,11 @@ impl S3 {
                 .map(super::locality::Locality::new),
             settings,
             clients: Mutex::default(),
+            http: reqwest::Client::builder()
+                .connect_timeout(Duration::from_secs(5))
+                .timeout(Duration::from_secs(30))
+                .build()
+                .unwrap_or_default(),
         }
     }
 
@@ -83,9 +117,77 @@ impl S3 {
         Ok(client)
     }
 
-    fn path(key: &str) -> Result<object_store::path::Path, ObjectError> {
-        object_store::path::Path::parse(key)
-            .map_err(|e| ObjectError::Denied(format!("`{}`: {e}", quote(key))))
+    /// One page of `ListObjectsV2` of `prefix` in `bucket`, signed with `client`'s credentials.
+    async fn list_page(
+        &self,
+        client: &AmazonS3,
+        bucket: &str,
+        prefix: &str,
+        page_token: Option<String>,
+    ) -> Result<ListPage, ObjectError> {
+        let failed = |e: String| ObjectError::Io(format!("listing `{}`: {e}", quote(prefix)));
+        let s = &self.settings;
+        let endpoint = if s.endpoint.is_empty() {
+            format!("https://s3.{}.amazonaws.com", s.region)
+        } else {
+            s.endpoint.trim_end_matches('/').to_string()
+        };
+        let mut url =
+            reqwest::Url::parse(&endpoint).map_err(|e| failed(format!("{endpoint}: {e}")))?;
+        url.path_segments_mut()
+            .map_err(|()| failed(format!("{endpoint}: not a base URL")))?
+            .pop_if_empty()
+            .push(bucket);
+        {
+            let mut query = url.query_pairs_mut();
+            query.append_pair("list-type", "2");
+            if !prefix.is_empty() {
+                query.append_pair("prefix", prefix);
+            }
+            if let Some(token) = &page_token {
+                query.append_pair("continuation-token", token);
+            }
+        }
+        let credential = client
+            .credentials()
+            .get_credential()
+            .await
+            .map_err(|e| failed(format!("credentials: {e}")))?;
+        let mut request = axum::http::Request::builder()
+            .method(axum::http::Method::GET)
+            .uri(url.as_str())
+            .body(HttpRequestBody::from(bytes::Bytes::new()))
+            .map_err(|e| failed(e.to_string()))?;
+        AwsAuthorizer::new(&credential, "s3", &s.region)
+            .try_authorize(&mut request, None)
+            .map_err(|e| failed(format!("signing: {e}")))?;
+        let mut response = self
+            .http
+            .get(url)
+            .headers(request.headers().clone())
+            .send()
+            .await
+            .map_err(|e| failed(e.to_string()))?;
+        let status = response.status();
+        let mut body = Vec::new();
+        while let Some(chunk) = response.chunk().await.map_err(|e| failed(e.to_string()))? {
+            if body.len() + chunk.len() > MAX_LIST_PAGE {
+                return Err(failed(format!("a page of more than {MAX_LIST_PAGE} bytes")));
+            }
+            body.extend_from_slice(&chunk);
+        }
+        if status == reqwest::StatusCode::NOT_FOUND {
+            return Err(ObjectError::NotFound(quote(bucket)));
+        }
+        if !status.is_success() {
+            let text = String::from_utf8_lossy(&body[..body.len().min(300)]).into_owned();
+            return Err(failed(format!("{status}: {text}")));
+        }
+        quick_xml::de::from_reader(body.as_slice()).map_err(|e| failed(format!("its answer: {e}")))
+    }
+
+    fn path(key: &str) -> Result<Path, ObjectError> {
+        Path::parse(key).map_err(|e| ObjectError::Denied(format!("`{}`: {e}", quote(key))))
     }
 
     pub async fn head(&self, bucket: &str, key: &str) -> Result<ObjectMeta, ObjectError> {
@@ -146,33 +248,39 @@ impl S3 {
         // `train/`, where the local store walks only the entries that match: a prefix ending
         // partway through a name under a large directory was refused as too many entries on
         // S3 and answered on the local store, and made the filer enumerate the whole
-        // directory for a few keys.
-        let prefix_asked = (!prefix.is_empty()).then_some(prefix);
+        // directory for a few keys. Read here rather than by object_store, which parses every
+        // key of a page and failed the whole page, every listing over it, for one key it
+        // cannot parse (a control character, a `.` segment: legal S3 keys).
         let mut kept = Smallest::new(limit, account);
         let mut visits = 0usize;
         let mut page_token = None;
         loop {
-            let options = PaginatedListOptions {
-                page_token: page_token.take(),
-                ..PaginatedListOptions::default()
-            };
-            let page = client
-                .list_paginated(prefix_asked, options)
-                .await
-                .map_err(|e| map(prefix, e))?;
-            for m in page.result.objects {
+            let page = self
+                .list_page(&client, bucket, prefix, page_token.take())
+                .await?;
+            for listed in page.contents {
                 visits += 1;
                 if visits > max_visits {
                     return Err(ObjectError::TooManyEntries(max_visits as u64));
                 }
-                let k = m.location.as_ref();
-                if k.starts_with(prefix) && keep(k) {
-                    kept.push(meta(m))?;
+                // A key this store cannot read is not listed, as the local store lists no
+                // name it cannot serve.
+                let k = listed.key.as_str();
+                if Path::parse(k).is_err() || !k.starts_with(prefix) || !keep(k) {
+                    continue;
                 }
+                let last_modified_ms = chrono::DateTime::parse_from_rfc3339(&listed.last_modified)
+                    .map_or(0, |t| t.timestamp_millis().max(0) as u64);
+                kept.push(ObjectMeta {
+                    key: listed.key,
+                    size: listed.size,
+                    last_modified_ms,
+                    etag: listed.e_tag,
+                })?;
             }
-            match page.page_token {
-                Some(next) => page_token = Some(next),
-                None => break,
+            match page.next_continuation_token {
+                Some(next) if page.is_truncated => page_token = Some(next),
+                _ => break,
             }
         }
         Ok(kept.into_sorted())

@@ -6,8 +6,9 @@ mod common;
 
 use common::components::{
     component, declaring, defining, defining_many, guest_with, importing, imports_of,
-    instantiating, instantiating_nested, memories_and_tables, module, named, rec_typing,
-    string_encoding, trapping_named, typing, variant,
+    instantiating, instantiating_an_import, instantiating_nested, instantiating_types,
+    memories_and_tables, module, named, nesting_types, rec_typing, string_encoding, trapping_named,
+    typing, variant,
 };
 use common::{ALICE, BOB, TestHost, error_code, guest, raw, start_tenants, tenant_token};
 use hapi_host::Host;
@@ -900,6 +901,28 @@ fn the_code_bounds_are_checked_before_compiling() {
         check(&instantiating_nested("hostile", 4, 999)),
         "instances of modules and components",
     );
+    // Items, which every instantiation inlines anew: 20 of a component of 10,000 types.
+    check(&instantiating_types("hostile", 10_000, 10)).expect("within the inlined items");
+    too(
+        check(&instantiating_types("hostile", 10_000, 20)),
+        "inlines more than 150000 items",
+    );
+    // A component it imports (or takes from an instance) could be any its instantiator passes
+    // in: what instantiating it would inline is not known, and it is refused.
+    too(
+        check(&instantiating_an_import("hostile")),
+        "which it imports or takes from an instance",
+    );
+    // Types nested in types, which the parser reads by recursion: a million levels (3 MB)
+    // overflowed the stack, which aborted the host.
+    let deepest = compile::MAX_TYPE_DEPTH;
+    check(&nesting_types("hostile", deepest)).expect("within the nesting");
+    for depth in [deepest + 1, 1_000_000] {
+        too(
+            check(&nesting_types("hostile", depth)),
+            "component or instance types nested more than 32 deep",
+        );
+    }
     // The GC proposal's recursion groups: a million types in one item of a type section.
     match check(&guest_with("hostile", &[rec_typing(200_000)])) {
         Err(DeployError::Invalid(m)) => assert!(m.contains("gc"), "{m}"),

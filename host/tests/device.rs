@@ -318,6 +318,62 @@ impl Packages {
 }
 
 /// Longer than any of these tests takes: uses stay fresh throughout.
+/// A profile's wait for room (taken before the model's turn, which it must not hold while it
+/// waits) holds nothing, and ends when the room is there, or when its answer is: another
+/// call's measurement, kept, which gives its room back once kept; at its deadline it is
+/// `Busy`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_for_room_holds_nothing_and_ends_with_the_room_or_the_answer() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let (total, measuring) = (1u64 << 20, 1u64 << 10);
+    let budget = Budget::new(total, Duration::from_secs(30));
+    let answered = Arc::new(AtomicBool::new(false));
+    let wait = |need: u64, limit: Duration| {
+        let (budget, answered) = (Arc::clone(&budget), Arc::clone(&answered));
+        tokio::spawn(async move {
+            let deadline = Deadline::new(limit);
+            let done = move || answered.load(Ordering::SeqCst);
+            budget
+                .wait_room(need, "t", &deadline, "a test's profile", done)
+                .await
+        })
+    };
+    // The room.
+    let all = budget
+        .reserve_now(total, "other")
+        .expect("the whole budget");
+    let waiting = wait(1, LONG);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!waiting.is_finished(), "it waits for the room");
+    assert_eq!(budget.snapshot().reserved, total, "and holds none of it");
+    drop(all);
+    assert!(waiting.await.expect("join").is_ok(), "the room came");
+    // The answer: a measurement keeps it, then gives back room too small for this one.
+    let others = budget
+        .reserve_now(total - measuring, "other")
+        .expect("room");
+    let measurement = budget.reserve_now(measuring, "measurer").expect("room");
+    let waiting = wait(2 * measuring, LONG);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!waiting.is_finished(), "it waits");
+    answered.store(true, Ordering::SeqCst);
+    drop(measurement);
+    assert!(
+        waiting.await.expect("join").is_ok(),
+        "answered without the room"
+    );
+    // Neither: `Busy` at its deadline.
+    answered.store(false, Ordering::SeqCst);
+    let waited = wait(2 * measuring, Duration::from_millis(300))
+        .await
+        .expect("join");
+    assert!(
+        matches!(&waited, Err(hapi_host::device::types::DeviceError::Busy(m)) if m.contains("found no room")),
+        "{waited:?}"
+    );
+    drop(others);
+}
+
 const RESIDENT_FOR: Duration = Duration::from_secs(600);
 const LONG: Duration = Duration::from_secs(300);
 

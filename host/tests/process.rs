@@ -94,7 +94,7 @@ async fn sighup_reloads_the_policy_and_sigterm_finishes_in_flight_work() {
 }
 
 /// A SIGHUP while the host starts (here while it measures its models) is a reload once it is
-/// up: it ended the process (SIGHUP's default action, before the handler was installed), a
+/// up (the start read the policy before it): it ended the process (SIGHUP's default action, before the handler was installed), a
 /// clean exit to a service manager, which did not restart it.
 #[test]
 fn a_sighup_while_the_host_starts_does_not_stop_it() {
@@ -120,12 +120,20 @@ fn a_sighup_while_the_host_starts_does_not_stop_it() {
         .any(|line| line.contains("loading and measuring"));
     assert!(measuring, "the host logged no measurement at its start");
     signal(&child, libc::SIGHUP);
-    std::thread::spawn(move || log.for_each(drop));
+    let (reloaded, said) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in log.map_while(Result::ok) {
+            if line.contains("policy reloaded") {
+                let _ = reloaded.send(());
+            }
+        }
+    });
     let mut line = String::new();
     BufReader::new(child.stdout.take().expect("stdout"))
         .read_line(&mut line)
         .expect("first line");
     let status = child.try_wait().expect("wait");
+    let reload = said.recv_timeout(Duration::from_secs(30));
     signal(&child, libc::SIGTERM);
     let _ = child.wait();
     assert!(
@@ -133,6 +141,7 @@ fn a_sighup_while_the_host_starts_does_not_stop_it() {
         "the host served after a SIGHUP at its start: first line {line:?}, exit {status:?}"
     );
     assert!(status.is_none(), "and was running: {status:?}");
+    assert!(reload.is_ok(), "and reloaded its policy once it was up");
 }
 
 /// Waits (30 s at most) for the host to exit after a signal; its exit status.

@@ -912,18 +912,20 @@ impl Budget {
         .await
     }
 
-    /// Waits, as [`Self::reserve`] does, until `tenant` could claim `need` bytes, and holds
-    /// nothing: for work that takes its turn only once there is room.
+    /// Waits, as [`Self::reserve`] does, until `tenant` could claim `need` bytes, or `done`
+    /// (asked at each change) says it needs none, and holds nothing: for work that takes its
+    /// turn only once there is room.
     pub async fn wait_room(
         self: &Arc<Self>,
         need: u64,
         tenant: &str,
         deadline: &Deadline,
         what: &str,
+        done: impl Fn() -> bool,
     ) -> Result<(), DeviceError> {
         self.until_room(need, deadline, what, || {
             let mut s = lock(&self.state);
-            if s.room(self.total, Claim::For(tenant), Instant::now()) >= need {
+            if s.room(self.total, Claim::For(tenant), Instant::now()) >= need || done() {
                 return Some(());
             }
             s.looked += 1;

@@ -128,18 +128,19 @@ impl Device {
             .await
     }
 
-    /// The most the budget could ever hold for a run of a model with `weights` loaded.
-    /// Waits until `tenant` could hold `need` bytes (see [`Budget::wait_room`]), holding none.
+    /// Waits until `tenant` could hold `need` bytes, or `done` says it needs none (see
+    /// [`Budget::wait_room`]), holding none.
     pub async fn wait_room(
         &self,
         need: u64,
         tenant: &str,
         deadline: &Deadline,
         what: &str,
+        done: impl Fn() -> bool,
     ) -> Result<(), DeviceError> {
         self.shared
             .budget
-            .wait_room(need, tenant, deadline, what)
+            .wait_room(need, tenant, deadline, what, done)
             .await
     }
 
@@ -149,6 +150,7 @@ impl Device {
         self.shared.budget.reserve_now(need, tenant)
     }
 
+    /// The most the budget could ever hold for a run of a model with `weights` loaded.
     pub fn ceiling(&self, weights: u64) -> u64 {
         self.shared.budget.ceiling(weights)
     }

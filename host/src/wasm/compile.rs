@@ -38,14 +38,19 @@ pub const MAX_IMPORTS: u32 = 10_000;
 /// builds its tables for them. Our largest guest declares a few thousand.
 pub const MAX_ITEMS: u32 = 150_000;
 /// Most instances (core modules' and components') that instantiating a component makes,
-/// counted through the components it nests: a nested component instantiated n times, each
-/// instantiating one nested in it n times, made wasmtime's compile (which inlines every
-/// instantiation) build n^depth instances from a few kilobytes of upload, holding memory
+/// counted through the components it instantiates ([`Inlined`]). wasmtime's compile inlines
+/// every instantiation of a nested component: one instantiated n times, each instantiating one
+/// nested in it n times, made n^depth instances from a few kilobytes of upload, holding memory
 /// without bound on a compile thread until the host ran out. The pool refuses more than
 /// `engine::MAX_CORE_INSTANCES_PER_COMPONENT` core instances when a component is
 /// instantiated; our guests make three.
 pub const MAX_INSTANTIATIONS: u64 =
     4 * crate::wasm::engine::MAX_CORE_INSTANCES_PER_COMPONENT as u64;
+/// Deepest nesting of component and instance types inside one another (a WIT world's type
+/// nests three or four deep). The parser reads a nested type by recursion, as does the count
+/// of its declarations: three bytes a level, and 1,000 levels (in a debug build; a few more in
+/// a release one) overflowed the compile thread's stack, which aborts the whole host.
+pub const MAX_TYPE_DEPTH: usize = 32;
 /// Most denied imports an error names, and how many more there were.
 const DENIED_NAMED: usize = 8;
 /// Most memories and tables defined by all of a component's core modules together (whether
@@ -109,22 +114,21 @@ pub fn check(bytes: &[u8], tenant: &str, allowed: &[&str]) -> Result<Checked, De
     let (mut memories, mut tables, mut imports) = (0u32, 0u32, 0u32);
     let too = |what: String| Err(DeployError::TooComplex(what));
     let mut items = 0u32;
-    // Per open module (`None`) or component (the instances instantiating it makes, itself
-    // included), innermost last; and the most any nested component finished so far makes,
-    // which bounds what instantiating any component it may name makes (only components
-    // defined before, or passed in by an instantiation, can be named).
-    let mut frames: Vec<Option<u64>> = vec![Some(0)];
-    let mut nested_most = 0u64;
+    // Per open module (`None`) or component, innermost last: what instantiating it inlines.
+    let mut scopes: Vec<Option<Scope>> = vec![Some(Scope::default())];
     for payload in Parser::new(0).parse_all(bytes) {
         let payload = payload.map_err(|e| DeployError::Invalid(e.to_string()))?;
-        items = items
-            .saturating_add(section_items(&payload))
-            .saturating_add(declared_items(&payload)?);
+        if let Payload::ComponentTypeSection(r) = &payload {
+            types_nest_within(bytes, r.range())?;
+        }
+        let declared = section_items(&payload).saturating_add(declared_items(&payload)?);
+        items = items.saturating_add(declared);
         if items > MAX_ITEMS {
             return too(format!(
                 "more than {MAX_ITEMS} items (types, imports, functions, exports...) in its sections"
             ));
         }
+        inline(&payload, declared, &mut scopes)?;
         match payload {
             Payload::Version { encoding, .. } if depth == 0 && encoding != Encoding::Component => {
                 return Err(DeployError::CoreModule);
@@ -135,30 +139,8 @@ pub fn check(bytes: &[u8], tenant: &str, allowed: &[&str]) -> Result<Checked, De
                 if info.modules > MAX_MODULES {
                     return too(format!("more than {MAX_MODULES} modules and components"));
                 }
-                frames.push(matches!(payload, Payload::ComponentSection { .. }).then_some(1));
             }
-            Payload::End(_) => {
-                depth -= 1;
-                if let Some(Some(made)) = frames.pop() {
-                    nested_most = nested_most.max(made);
-                }
-            }
-            Payload::InstanceSection(ref reader) => {
-                for instance in reader.clone() {
-                    let instance = instance.map_err(|e| DeployError::Invalid(e.to_string()))?;
-                    if matches!(instance, wasmparser::Instance::Instantiate { .. }) {
-                        instantiates(&mut frames, 1)?;
-                    }
-                }
-            }
-            Payload::ComponentInstanceSection(ref reader) => {
-                for instance in reader.clone() {
-                    let instance = instance.map_err(|e| DeployError::Invalid(e.to_string()))?;
-                    if matches!(instance, wasmparser::ComponentInstance::Instantiate { .. }) {
-                        instantiates(&mut frames, nested_most.max(1))?;
-                    }
-                }
-            }
+            Payload::End(_) => depth -= 1,
             Payload::ComponentImportSection(reader) => {
                 imports = imports.saturating_add(reader.count());
                 if imports > MAX_IMPORTS {
@@ -272,18 +254,249 @@ pub fn check(bytes: &[u8], tenant: &str, allowed: &[&str]) -> Result<Checked, De
     Ok(info)
 }
 
-/// Counts `made` instances into the innermost open component's ([`MAX_INSTANTIATIONS`]).
-fn instantiates(frames: &mut [Option<u64>], made: u64) -> Result<(), DeployError> {
-    if let Some(Some(total)) = frames.last_mut() {
-        *total = total.saturating_add(made);
-        if *total > MAX_INSTANTIATIONS {
+/// What instantiating a component makes wasmtime's compile inline: the instances it makes,
+/// itself included, and the items of its sections and of every component it instantiates,
+/// through all of them (each instantiation is inlined anew).
+#[derive(Debug, Clone, Copy, Default)]
+struct Inlined {
+    instances: u64,
+    items: u64,
+}
+
+/// An open component: what instantiating it inlines so far, and its index space of
+/// components, each with what instantiating it inlines, or `None` where that is not known
+/// here (imported, or taken from an instance).
+#[derive(Debug, Default)]
+struct Scope {
+    inlined: Inlined,
+    components: Vec<Option<Inlined>>,
+}
+
+impl Scope {
+    fn add(&mut self, more: Inlined) -> Result<(), DeployError> {
+        let i = &mut self.inlined;
+        i.instances = i.instances.saturating_add(more.instances);
+        i.items = i.items.saturating_add(more.items);
+        if i.instances > MAX_INSTANTIATIONS {
             return Err(DeployError::TooComplex(format!(
                 "instantiating it makes more than {MAX_INSTANTIATIONS} instances of modules and \
-                 components, counted through the components it nests"
+                 components, counted through the components it instantiates"
             )));
         }
+        if i.items > u64::from(MAX_ITEMS) {
+            return Err(DeployError::TooComplex(format!(
+                "instantiating it inlines more than {MAX_ITEMS} items, counted through the \
+                 components it instantiates (each instantiation is compiled anew)"
+            )));
+        }
+        Ok(())
     }
-    Ok(())
+}
+
+/// Follows `payload` (which declares `declared` items) into `scopes`, the open modules
+/// (`None`) and components, innermost last: an upper bound, exact where it is known, on what
+/// instantiating each component inlines. A component may instantiate only components whose
+/// cost is known: those defined in it, or reached from them by an outer alias or an export;
+/// one it imports, or takes from an instance, could be any component its instantiator
+/// passes in, and is refused (no toolchain for pushdown functions makes one).
+fn inline(
+    payload: &Payload<'_>,
+    declared: u32,
+    scopes: &mut Vec<Option<Scope>>,
+) -> Result<(), DeployError> {
+    use wasmparser::{
+        ComponentAlias, ComponentExternalKind as Kind, ComponentInstance, ComponentOuterAliasKind,
+        ComponentTypeRef, Instance,
+    };
+    let invalid = |e: wasmparser::BinaryReaderError| DeployError::Invalid(e.to_string());
+    match payload {
+        Payload::ModuleSection { .. } => {
+            scopes.push(None);
+            return Ok(());
+        }
+        Payload::ComponentSection { .. } => {
+            scopes.push(Some(Scope {
+                inlined: Inlined {
+                    instances: 1,
+                    items: 0,
+                },
+                components: Vec::new(),
+            }));
+            return Ok(());
+        }
+        Payload::End(_) => {
+            // A nested component's definition enters its parent's index space (no item of
+            // the parent comes between its start and its end).
+            if let Some(Some(done)) = scopes.pop()
+                && let Some(Some(parent)) = scopes.last_mut()
+            {
+                parent.components.push(Some(done.inlined));
+            }
+            return Ok(());
+        }
+        _ => {}
+    }
+    // The outer scopes' index spaces, for outer aliases (0: this one).
+    let known = |scopes: &[Option<Scope>], count: u32, index: u32| -> Option<Inlined> {
+        let count = usize::try_from(count).ok()?;
+        let index = usize::try_from(index).ok()?;
+        let scope = scopes.iter().rev().flatten().nth(count)?;
+        scope.components.get(index).copied().flatten()
+    };
+    // An entry enters this component's index space at once: a later alias or export of the
+    // same section may name it.
+    let enter = |scopes: &mut Vec<Option<Scope>>, entry: Option<Inlined>| {
+        if let Some(Some(scope)) = scopes.last_mut() {
+            scope.components.push(entry);
+        }
+    };
+    let mut inlined = Inlined::default();
+    match payload {
+        Payload::InstanceSection(reader) => {
+            for instance in reader.clone() {
+                if matches!(instance.map_err(invalid)?, Instance::Instantiate { .. }) {
+                    inlined.instances += 1;
+                }
+            }
+        }
+        Payload::ComponentInstanceSection(reader) => {
+            for instance in reader.clone() {
+                if let ComponentInstance::Instantiate {
+                    component_index, ..
+                } = instance.map_err(invalid)?
+                {
+                    let Some(callee) = known(scopes, 0, component_index) else {
+                        return Err(DeployError::TooComplex(format!(
+                            "it instantiates component {component_index}, which it imports or \
+                             takes from an instance: only components it defines may be \
+                             instantiated, so that what compiling it inlines is known"
+                        )));
+                    };
+                    inlined.instances = inlined.instances.saturating_add(callee.instances);
+                    inlined.items = inlined.items.saturating_add(callee.items);
+                }
+            }
+        }
+        Payload::ComponentImportSection(reader) => {
+            for import in reader.clone() {
+                if matches!(import.map_err(invalid)?.ty, ComponentTypeRef::Component(_)) {
+                    enter(scopes, None);
+                }
+            }
+        }
+        Payload::ComponentAliasSection(reader) => {
+            for alias in reader.clone() {
+                match alias.map_err(invalid)? {
+                    ComponentAlias::InstanceExport {
+                        kind: Kind::Component,
+                        ..
+                    } => enter(scopes, None),
+                    ComponentAlias::Outer {
+                        kind: ComponentOuterAliasKind::Component,
+                        count,
+                        index,
+                    } => {
+                        let entry = known(scopes, count, index);
+                        enter(scopes, entry);
+                    }
+                    _ => {}
+                }
+            }
+        }
+        Payload::ComponentExportSection(reader) => {
+            for export in reader.clone() {
+                let export = export.map_err(invalid)?;
+                if export.kind == Kind::Component {
+                    let entry = known(scopes, 0, export.index);
+                    enter(scopes, entry);
+                }
+            }
+        }
+        _ => {}
+    }
+    let Some(Some(scope)) = scopes.last_mut() else {
+        // A core module's sections: compiled once, however often it is instantiated.
+        return Ok(());
+    };
+    inlined.items = inlined.items.saturating_add(u64::from(declared));
+    scope.add(inlined)
+}
+
+/// Checks, without recursion, that the component and instance types of the type section at
+/// `range` of `bytes` nest at most [`MAX_TYPE_DEPTH`] deep: the declarations of each open one
+/// are read in turn, a nested one opening a level, everything else read (and dropped) by the
+/// parser, which recurses only into those two.
+fn types_nest_within(bytes: &[u8], range: std::ops::Range<usize>) -> Result<(), DeployError> {
+    use wasmparser::{
+        BinaryReader, ComponentAlias, ComponentExternName, ComponentImport, ComponentType,
+        ComponentTypeRef, CoreType,
+    };
+    let invalid = |e: wasmparser::BinaryReaderError| DeployError::Invalid(e.to_string());
+    let section = bytes.get(range.clone()).ok_or_else(|| {
+        DeployError::Invalid(format!(
+            "a type section past the end, at byte {}",
+            range.start
+        ))
+    })?;
+    let mut reader = BinaryReader::new(section, range.start);
+    // A type where one may be: a component or instance type opens a level (its declarations
+    // still to read, pushed on `open`); any other is read whole.
+    let ty = |reader: &mut BinaryReader<'_>, open: &mut Vec<u32>| -> Result<(), DeployError> {
+        match reader.clone().read_u8().map_err(invalid)? {
+            0x41 | 0x42 => {
+                reader.read_u8().map_err(invalid)?;
+                open.push(reader.read_var_u32().map_err(invalid)?);
+                if open.len() > MAX_TYPE_DEPTH {
+                    return Err(DeployError::TooComplex(format!(
+                        "component or instance types nested more than {MAX_TYPE_DEPTH} deep"
+                    )));
+                }
+            }
+            _ => {
+                reader.read::<ComponentType<'_>>().map_err(invalid)?;
+            }
+        }
+        Ok(())
+    };
+    let mut types = reader.read_var_u32().map_err(invalid)?;
+    let mut open: Vec<u32> = Vec::new();
+    loop {
+        match open.last_mut() {
+            Some(0) => {
+                open.pop();
+            }
+            Some(decls) => {
+                *decls -= 1;
+                match reader.read_u8().map_err(invalid)? {
+                    0x00 => {
+                        reader.read::<CoreType<'_>>().map_err(invalid)?;
+                    }
+                    0x01 => ty(&mut reader, &mut open)?,
+                    0x02 => {
+                        reader.read::<ComponentAlias<'_>>().map_err(invalid)?;
+                    }
+                    0x03 => {
+                        reader.read::<ComponentImport<'_>>().map_err(invalid)?;
+                    }
+                    0x04 => {
+                        reader.read::<ComponentExternName<'_>>().map_err(invalid)?;
+                        reader.read::<ComponentTypeRef>().map_err(invalid)?;
+                    }
+                    b => {
+                        return Err(DeployError::Invalid(format!(
+                            "a type declaration of kind {b:#04x} at byte {}",
+                            reader.original_position() - 1
+                        )));
+                    }
+                }
+            }
+            None if types == 0 => return Ok(()),
+            None => {
+                types -= 1;
+                ty(&mut reader, &mut open)?;
+            }
+        }
+    }
 }
 
 /// Items a section declares (its count, read without reading them), 0 for other payloads.

@@ -356,6 +356,21 @@ pub fn instantiating_nested(name: &str, levels: usize, fan: usize) -> Vec<u8> {
         section(5, &instances, &mut next); // a component instance section
         nested = next;
     }
+    instantiated(name, &nested, 1)
+}
+
+/// Guest `name`'s component instantiating, `times` times, a nested component of `n` types.
+pub fn instantiating_types(name: &str, n: usize, times: usize) -> Vec<u8> {
+    let mut nested = b"\0asm\x0d\0\x01\0".to_vec();
+    let mut types = Vec::new();
+    leb(n, &mut types);
+    types.extend(std::iter::repeat_n(0x7fu8, n)); // each a type `bool`
+    section(7, &types, &mut nested);
+    instantiated(name, &nested, times)
+}
+
+/// Guest `name`'s component with `nested` defined in it and instantiated `times` times.
+fn instantiated(name: &str, nested: &[u8], times: usize) -> Vec<u8> {
     let mut bytes = std::fs::read(guest(name)).expect("guest");
     // The guest's components before it, in its index space of components.
     let index = wasmparser::Parser::new(0)
@@ -371,11 +386,15 @@ pub fn instantiating_nested(name: &str, levels: usize, fan: usize) -> Vec<u8> {
         })
         .expect("guest parses")
         .1;
-    section(4, &nested, &mut bytes);
-    let mut instance = vec![1u8, 0]; // one instance: instantiate
-    leb(index, &mut instance);
-    instance.push(0); // no arguments
-    section(5, &instance, &mut bytes);
+    section(4, nested, &mut bytes);
+    let mut instances = Vec::new();
+    leb(times, &mut instances);
+    for _ in 0..times {
+        instances.push(0); // instantiate
+        leb(index, &mut instances);
+        instances.push(0); // no arguments
+    }
+    section(5, &instances, &mut bytes);
     bytes
 }
 
@@ -390,4 +409,29 @@ pub fn rec_typing(n: usize) -> Vec<u8> {
     }
     section(1, &types, &mut module);
     module
+}
+
+/// Guest `name`'s component with a nested component that imports a component and
+/// instantiates it: what instantiating it inlines depends on what its instantiator passes in.
+pub fn instantiating_an_import(name: &str) -> Vec<u8> {
+    let mut nested = b"\0asm\x0d\0\x01\0".to_vec();
+    section(7, &[1, 0x41, 0], &mut nested); // type 0: a component type of no declarations
+    section(10, &[1, 0, 1, b'c', 0x04, 0], &mut nested); // import `c`: a component of type 0
+    section(5, &[1, 0, 0, 0], &mut nested); // instantiate component 0, no arguments
+    let mut bytes = std::fs::read(guest(name)).expect("guest");
+    section(4, &nested, &mut bytes);
+    bytes
+}
+
+/// Guest `name`'s component with a type section added: one component type nesting `depth`
+/// component types, each declaring the next (three bytes a level).
+pub fn nesting_types(name: &str, depth: usize) -> Vec<u8> {
+    let mut types = vec![1u8]; // one type
+    for _ in 1..depth {
+        types.extend_from_slice(&[0x41, 0x01, 0x01]); // a component type declaring a type:
+    }
+    types.extend_from_slice(&[0x41, 0x00]); // the innermost, declaring nothing
+    let mut bytes = std::fs::read(guest(name)).expect("guest");
+    section(7, &types, &mut bytes);
+    bytes
 }

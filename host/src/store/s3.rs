@@ -253,7 +253,7 @@ impl S3 {
         // cannot parse (a control character, a `.` segment: legal S3 keys).
         let mut kept = Smallest::new(limit, account);
         let mut visits = 0usize;
-        let mut page_token = None;
+        let (mut page_token, mut last_token) = (None, None);
         loop {
             let page = self
                 .list_page(&client, bucket, prefix, page_token.take())
@@ -278,9 +278,23 @@ impl S3 {
                     etag: listed.e_tag,
                 })?;
             }
+            if !page.is_truncated {
+                break;
+            }
+            // A truncated page names where the next begins, somewhere new: a store that does
+            // not would end the listing short, or go round until the deadline.
             match page.next_continuation_token {
-                Some(next) if page.is_truncated => page_token = Some(next),
-                _ => break,
+                Some(next) if last_token.as_ref() != Some(&next) => {
+                    last_token = Some(next.clone());
+                    page_token = Some(next);
+                }
+                _ => {
+                    return Err(ObjectError::Io(format!(
+                        "listing `{}`: the store gave a truncated page without a new \
+                         continuation token",
+                        quote(prefix)
+                    )));
+                }
             }
         }
         Ok(kept.into_sorted())

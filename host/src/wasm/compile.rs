@@ -37,15 +37,6 @@ pub const MAX_IMPORTS: u32 = 10_000;
 /// module's function section and again in its code section), counted before the validator
 /// builds its tables for them. Our largest guest declares a few thousand.
 pub const MAX_ITEMS: u32 = 150_000;
-/// Most instances (core modules' and components') that instantiating a component makes,
-/// counted through the components it instantiates ([`Inlined`]). wasmtime's compile inlines
-/// every instantiation of a nested component: one instantiated n times, each instantiating one
-/// nested in it n times, made n^depth instances from a few kilobytes of upload, holding memory
-/// without bound on a compile thread until the host ran out. The pool refuses more than
-/// `engine::MAX_CORE_INSTANCES_PER_COMPONENT` core instances when a component is
-/// instantiated; our guests make three.
-pub const MAX_INSTANTIATIONS: u64 =
-    4 * crate::wasm::engine::MAX_CORE_INSTANCES_PER_COMPONENT as u64;
 /// Deepest nesting of component and instance types inside one another (a WIT world's type
 /// nests three or four deep). The parser reads a nested type by recursion, as does the count
 /// of its declarations: three bytes a level, and 1,000 levels (in a debug build; a few more in
@@ -114,26 +105,38 @@ pub fn check(bytes: &[u8], tenant: &str, allowed: &[&str]) -> Result<Checked, De
     let (mut memories, mut tables, mut imports) = (0u32, 0u32, 0u32);
     let too = |what: String| Err(DeployError::TooComplex(what));
     let mut items = 0u32;
-    // Per open module (`None`) or component, innermost last: what instantiating it inlines.
-    let mut scopes: Vec<Option<Scope>> = vec![Some(Scope::default())];
     for payload in Parser::new(0).parse_all(bytes) {
         let payload = payload.map_err(|e| DeployError::Invalid(e.to_string()))?;
         if let Payload::ComponentTypeSection(r) = &payload {
             types_nest_within(bytes, r.range())?;
         }
-        let declared = section_items(&payload).saturating_add(declared_items(&payload)?);
-        items = items.saturating_add(declared);
+        items = items
+            .saturating_add(section_items(&payload))
+            .saturating_add(declared_items(&payload)?)
+            .saturating_add(instances_inlined(&payload)?);
         if items > MAX_ITEMS {
             return too(format!(
                 "more than {MAX_ITEMS} items (types, imports, functions, exports...) in its sections"
             ));
         }
-        inline(&payload, declared, &mut scopes)?;
         match payload {
             Payload::Version { encoding, .. } if depth == 0 && encoding != Encoding::Component => {
                 return Err(DeployError::CoreModule);
             }
-            Payload::ModuleSection { .. } | Payload::ComponentSection { .. } => {
+            // A nested component (a composition): wasmtime's compile inlines every
+            // instantiation of one anew, with copies of what it closes over and of the
+            // instances it passes around, at costs that grow faster than the upload (nested
+            // instantiations in a 92 KB upload made 8 million instances, 2.2 GB, before
+            // cranelift panicked; outer aliases copied twice double at each level). No
+            // toolchain for pushdown functions makes one.
+            Payload::ComponentSection { .. } => {
+                return too(
+                    "it nests components (a composition): build the function as one component, \
+                     as cargo component and the wasm32-wasip2 target do"
+                        .into(),
+                );
+            }
+            Payload::ModuleSection { .. } => {
                 depth += 1;
                 info.modules += 1;
                 if info.modules > MAX_MODULES {
@@ -228,9 +231,18 @@ pub fn check(bytes: &[u8], tenant: &str, allowed: &[&str]) -> Result<Checked, De
     // emits them): a group of a million types counted as one item in the bounds above, and the
     // validator built its tables for 21 million from one upload.
     let mut validator = Validator::new_with_features(WasmFeatures::default() - WasmFeatures::GC);
-    validator
-        .validate_all(bytes)
-        .map_err(|e| DeployError::Invalid(e.to_string()))?;
+    // The validator asserts some of its own limits (an instance type nested past 127 levels
+    // through indexes): a panic is this upload's refusal, not the compile worker's fault.
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        validator.validate_all(bytes)
+    }))
+    .map_err(|panic| {
+        DeployError::Invalid(format!(
+            "the validator stopped: {}",
+            crate::account::text::panic_message(panic.as_ref())
+        ))
+    })?
+    .map_err(|e| DeployError::Invalid(e.to_string()))?;
     let denied: Vec<&String> = info
         .imports
         .iter()
@@ -254,172 +266,57 @@ pub fn check(bytes: &[u8], tenant: &str, allowed: &[&str]) -> Result<Checked, De
     Ok(info)
 }
 
-/// What instantiating a component makes wasmtime's compile inline: the instances it makes,
-/// itself included, and the items of its sections and of every component it instantiates,
-/// through all of them (each instantiation is inlined anew).
-#[derive(Debug, Clone, Copy, Default)]
-struct Inlined {
-    instances: u64,
-    items: u64,
-}
-
-/// An open component: what instantiating it inlines so far, and its index space of
-/// components, each with what instantiating it inlines, or `None` where that is not known
-/// here (imported, or taken from an instance).
-#[derive(Debug, Default)]
-struct Scope {
-    inlined: Inlined,
-    components: Vec<Option<Inlined>>,
-}
-
-impl Scope {
-    fn add(&mut self, more: Inlined) -> Result<(), DeployError> {
-        let i = &mut self.inlined;
-        i.instances = i.instances.saturating_add(more.instances);
-        i.items = i.items.saturating_add(more.items);
-        if i.instances > MAX_INSTANTIATIONS {
-            return Err(DeployError::TooComplex(format!(
-                "instantiating it makes more than {MAX_INSTANTIATIONS} instances of modules and \
-                 components, counted through the components it instantiates"
-            )));
-        }
-        if i.items > u64::from(MAX_ITEMS) {
-            return Err(DeployError::TooComplex(format!(
-                "instantiating it inlines more than {MAX_ITEMS} items, counted through the \
-                 components it instantiates (each instantiation is compiled anew)"
-            )));
-        }
-        Ok(())
-    }
-}
-
-/// Follows `payload` (which declares `declared` items) into `scopes`, the open modules
-/// (`None`) and components, innermost last: an upper bound, exact where it is known, on what
-/// instantiating each component inlines. A component may instantiate only components whose
-/// cost is known: those defined in it, or reached from them by an outer alias or an export;
-/// one it imports, or takes from an instance, could be any component its instantiator
-/// passes in, and is refused (no toolchain for pushdown functions makes one).
-fn inline(
-    payload: &Payload<'_>,
-    declared: u32,
-    scopes: &mut Vec<Option<Scope>>,
-) -> Result<(), DeployError> {
-    use wasmparser::{
-        ComponentAlias, ComponentExternalKind as Kind, ComponentInstance, ComponentOuterAliasKind,
-        ComponentTypeRef, Instance,
-    };
+/// The component-level instances a section makes, checked and counted: items for the
+/// arguments and exports they name (wasmtime's compile copies each), beyond the section's
+/// count. A component instantiates no component (with none nested, only one it imports, or
+/// takes from an instance, could be: any its instantiator passes in), and an instance of
+/// exports holds no instance or component: each use of such an instance copies all it holds,
+/// and instances holding two of the one before double at each level.
+fn instances_inlined(payload: &Payload<'_>) -> Result<u32, DeployError> {
+    use wasmparser::{ComponentExternalKind as Kind, ComponentInstance, Instance};
     let invalid = |e: wasmparser::BinaryReaderError| DeployError::Invalid(e.to_string());
-    match payload {
-        Payload::ModuleSection { .. } => {
-            scopes.push(None);
-            return Ok(());
-        }
-        Payload::ComponentSection { .. } => {
-            scopes.push(Some(Scope {
-                inlined: Inlined {
-                    instances: 1,
-                    items: 0,
-                },
-                components: Vec::new(),
-            }));
-            return Ok(());
-        }
-        Payload::End(_) => {
-            // A nested component's definition enters its parent's index space (no item of
-            // the parent comes between its start and its end).
-            if let Some(Some(done)) = scopes.pop()
-                && let Some(Some(parent)) = scopes.last_mut()
-            {
-                parent.components.push(Some(done.inlined));
-            }
-            return Ok(());
-        }
-        _ => {}
-    }
-    // The outer scopes' index spaces, for outer aliases (0: this one).
-    let known = |scopes: &[Option<Scope>], count: u32, index: u32| -> Option<Inlined> {
-        let count = usize::try_from(count).ok()?;
-        let index = usize::try_from(index).ok()?;
-        let scope = scopes.iter().rev().flatten().nth(count)?;
-        scope.components.get(index).copied().flatten()
-    };
-    // An entry enters this component's index space at once: a later alias or export of the
-    // same section may name it.
-    let enter = |scopes: &mut Vec<Option<Scope>>, entry: Option<Inlined>| {
-        if let Some(Some(scope)) = scopes.last_mut() {
-            scope.components.push(entry);
-        }
-    };
-    let mut inlined = Inlined::default();
+    let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+    let mut n = 0u32;
     match payload {
         Payload::InstanceSection(reader) => {
             for instance in reader.clone() {
-                if matches!(instance.map_err(invalid)?, Instance::Instantiate { .. }) {
-                    inlined.instances += 1;
-                }
+                n = n.saturating_add(match instance.map_err(invalid)? {
+                    Instance::Instantiate { args, .. } => count(args.len()),
+                    Instance::FromExports(exports) => count(exports.len()),
+                });
             }
         }
         Payload::ComponentInstanceSection(reader) => {
             for instance in reader.clone() {
-                if let ComponentInstance::Instantiate {
-                    component_index, ..
-                } = instance.map_err(invalid)?
-                {
-                    let Some(callee) = known(scopes, 0, component_index) else {
+                match instance.map_err(invalid)? {
+                    ComponentInstance::Instantiate {
+                        component_index, ..
+                    } => {
                         return Err(DeployError::TooComplex(format!(
                             "it instantiates component {component_index}, which it imports or \
-                             takes from an instance: only components it defines may be \
-                             instantiated, so that what compiling it inlines is known"
+                             takes from an instance: what compiling it inlines would be what \
+                             its instantiator passes in"
                         )));
-                    };
-                    inlined.instances = inlined.instances.saturating_add(callee.instances);
-                    inlined.items = inlined.items.saturating_add(callee.items);
-                }
-            }
-        }
-        Payload::ComponentImportSection(reader) => {
-            for import in reader.clone() {
-                if matches!(import.map_err(invalid)?.ty, ComponentTypeRef::Component(_)) {
-                    enter(scopes, None);
-                }
-            }
-        }
-        Payload::ComponentAliasSection(reader) => {
-            for alias in reader.clone() {
-                match alias.map_err(invalid)? {
-                    ComponentAlias::InstanceExport {
-                        kind: Kind::Component,
-                        ..
-                    } => enter(scopes, None),
-                    ComponentAlias::Outer {
-                        kind: ComponentOuterAliasKind::Component,
-                        count,
-                        index,
-                    } => {
-                        let entry = known(scopes, count, index);
-                        enter(scopes, entry);
                     }
-                    _ => {}
-                }
-            }
-        }
-        Payload::ComponentExportSection(reader) => {
-            for export in reader.clone() {
-                let export = export.map_err(invalid)?;
-                if export.kind == Kind::Component {
-                    let entry = known(scopes, 0, export.index);
-                    enter(scopes, entry);
+                    ComponentInstance::FromExports(exports) => {
+                        if exports
+                            .iter()
+                            .any(|e| matches!(e.kind, Kind::Instance | Kind::Component))
+                        {
+                            return Err(DeployError::TooComplex(
+                                "an instance of its exports exports an instance or a component \
+                                 (each use of it is compiled as a copy of all it holds)"
+                                    .into(),
+                            ));
+                        }
+                        n = n.saturating_add(count(exports.len()));
+                    }
                 }
             }
         }
         _ => {}
     }
-    let Some(Some(scope)) = scopes.last_mut() else {
-        // A core module's sections: compiled once, however often it is instantiated.
-        return Ok(());
-    };
-    inlined.items = inlined.items.saturating_add(u64::from(declared));
-    scope.add(inlined)
+    Ok(n)
 }
 
 /// Checks, without recursion, that the component and instance types of the type section at
@@ -653,8 +550,18 @@ fn names_within_bound(section: &wasmparser::CustomSectionReader<'_>) -> Result<(
 
 /// Compiles checked bytes.
 pub fn compile(engine: &Engine, bytes: &[u8]) -> Result<Component, DeployError> {
-    Component::new(engine, bytes)
-        .map_err(|e| DeployError::Invalid(crate::account::text::bounded_display(&e)))
+    // A panic in the compiler (a cranelift assertion on a shape of code the check let through)
+    // is this upload's refusal, charged to its tenant as a failed compile is.
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        Component::new(engine, bytes)
+    }))
+    .map_err(|panic| {
+        DeployError::Invalid(format!(
+            "the compiler stopped: {}",
+            crate::account::text::panic_message(panic.as_ref())
+        ))
+    })?
+    .map_err(|e| DeployError::Invalid(crate::account::text::bounded_display(&e)))
 }
 
 #[cfg(test)]

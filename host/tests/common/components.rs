@@ -435,3 +435,12 @@ pub fn nesting_types(name: &str, depth: usize) -> Vec<u8> {
     section(7, &types, &mut bytes);
     bytes
 }
+
+/// Guest `name`'s component with an instance of exports added, exporting the component's
+/// instance 0 (the first interface it imports) as `a`.
+pub fn exporting_an_instance(name: &str) -> Vec<u8> {
+    let mut bytes = std::fs::read(guest(name)).expect("guest");
+    // One instance: from exports, one export: plain name `a`, an instance, index 0.
+    section(5, &[1, 0x01, 1, 0x00, 1, b'a', 0x05, 0], &mut bytes);
+    bytes
+}

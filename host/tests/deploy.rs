@@ -142,7 +142,7 @@ async fn components_that_would_take_other_tenants_instance_slots_are_refused() {
         assert_eq!(code, "bad_component", "{message}");
         assert!(message.contains(needle), "{needle}: {message}");
     }
-    // Within the bounds (a second memory, as a composition of two components has), it is
+    // Within the bounds (a second memory, as a second module of the component may have), it is
     // deployed and runs.
     let body = instantiating("hostile", &defining(Some(5)), 1);
     assert_eq!(h.put_function(ALICE, "pool", body).await.status(), 201);

@@ -314,16 +314,24 @@ async fn random_bytes_are_bounded_per_call() {
 
 /// A component not granted `random` gets no entropy: the hash-map seed every component may ask
 /// for (`wasi:random/insecure-seed`, which std's `RandomState` reads) is the same at every
-/// invocation. wasmtime drew a fresh 128 bits for each.
+/// invocation (wasmtime drew a fresh 128 bits for each), and its function's own: another
+/// function's differs (one public value let anyone whose data a function hashes choose
+/// colliding data).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_component_not_granted_random_gets_the_same_seed_every_time() {
+async fn a_component_not_granted_random_gets_its_functions_seed_every_time() {
     let h = TestHost::start().await;
-    let mut seeds = Vec::new();
-    for _ in 0..3 {
-        seeds.push(raw(h.invoke(ALICE, "hostile", hostile("seed", &[], &[])).await).await);
+    let other = common::components::variant("hostile", "other");
+    assert_eq!(h.put_function(ALICE, "other", other).await.status(), 201);
+    let mut seeds = std::collections::BTreeMap::<&str, Vec<Vec<u8>>>::new();
+    for function in ["hostile", "other", "hostile", "other", "hostile"] {
+        let seed = raw(h.invoke(ALICE, function, hostile("seed", &[], &[])).await).await;
+        assert_eq!(seed.len(), 8, "{function}: {seed:?}");
+        seeds.entry(function).or_default().push(seed);
     }
-    assert_eq!(seeds[0].len(), 8, "{seeds:?}");
-    assert!(seeds.iter().all(|s| *s == seeds[0]), "{seeds:?}");
+    for (function, seen) in &seeds {
+        assert!(seen.iter().all(|s| *s == seen[0]), "{function}: {seen:?}");
+    }
+    assert_ne!(seeds["hostile"][0], seeds["other"][0], "{seeds:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

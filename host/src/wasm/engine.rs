@@ -28,7 +28,8 @@ pub fn instances_for(invocations: usize) -> u32 {
 /// the shim and fix-up modules `wit-component` adds). Checked when the component is compiled.
 pub const MAX_CORE_INSTANCES_PER_COMPONENT: u32 = 16;
 /// Linear memories one component instance may define (ours define one; two leave room for a
-/// composition of two components).
+/// second module's, a guest written in two languages, say: nested components, a composition,
+/// are refused by the upload check).
 pub const MAX_MEMORIES_PER_COMPONENT: u32 = 2;
 /// Tables one component instance may define (ours define two: the module's and the shim's).
 pub const MAX_TABLES_PER_COMPONENT: u32 = 4;

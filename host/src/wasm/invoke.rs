@@ -80,22 +80,44 @@ fn blocking_threads(instances: u32) -> usize {
 
 /// An invocation's WASI context: no environment, arguments or stdin; stdout and stderr
 /// [`Discard`]; random bytes at most `MAX_RANDOM_BYTES` a call. Without `random`, the
-/// hash-map seed every component may ask for is [`FIXED_SEED`]: wasmtime draws a fresh one
-/// for every context, 128 bits of entropy to every invocation whatever its tenant is granted.
-fn wasi_ctx(random: bool) -> WasiCtx {
+/// hash-map seed every component may ask for is `seed`, its function's ([`Prepared`]):
+/// wasmtime draws a fresh one for every context, 128 bits of entropy to every invocation
+/// whatever its tenant is granted.
+fn wasi_ctx(random: bool, seed: u128) -> WasiCtx {
     let mut ctx = WasiCtxBuilder::new();
     ctx.stdout(Discard)
         .stderr(Discard)
         .max_random_size(MAX_RANDOM_BYTES);
     if !random {
-        ctx.insecure_random_seed(FIXED_SEED);
+        ctx.insecure_random_seed(seed);
     }
     ctx.build()
 }
 
-/// The hash-map seed of a component not granted `random`: the same for every invocation (a
-/// guest that knows it can make only its own maps slow).
-const FIXED_SEED: u128 = u128::from_le_bytes(*b"hapi-rs hashseed");
+/// The hash-map seed of the function whose code hashes to `sha256`, for a component not
+/// granted `random`: the same at every invocation, and known to no one else. One public value
+/// (as first fixed) let anyone whose data a function puts in a `HashMap` (objects' keys or
+/// contents) choose colliding data, and slow the function to its time limit.
+fn function_seed(secret: &[u8; 32], sha256: &str) -> u128 {
+    use sha2::Digest;
+    let digest = sha2::Sha256::new()
+        .chain_update(secret)
+        .chain_update(sha256.as_bytes())
+        .finalize();
+    let mut seed = [0u8; 16];
+    seed.copy_from_slice(&digest[..16]);
+    u128::from_le_bytes(seed)
+}
+
+/// 32 bytes from the kernel's random source.
+fn secret() -> anyhow::Result<[u8; 32]> {
+    use std::io::Read;
+    let mut secret = [0u8; 32];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut secret))
+        .map_err(|e| anyhow::anyhow!("reading /dev/urandom for the functions' seeds: {e}"))?;
+    Ok(secret)
+}
 
 /// Most bytes a guest may write to stdout or stderr in one call (what `check-write` grants;
 /// wasi:io's blocking writes allow no more either).
@@ -202,7 +224,7 @@ fn linker(engine: &Engine, caps: Capabilities) -> wasmtime::Result<Linker<State>
     }
     // The per-instance seed Rust's std asks for to key a HashMap (on wasm32-wasip2 every
     // `HashMap::new` does): one 128-bit value fixed when the instance is made, the same for
-    // every instance without `random` (`wasi_ctx`). Every component gets it, so that a
+    // every instance of a function without `random` (`wasi_ctx`). Every component gets it, so that a
     // function may use std's collections.
     random::insecure_seed::add_to_linker::<State, WasiRandom>(&mut l, State::random)?;
     if caps.random {
@@ -246,6 +268,8 @@ pub struct Prepared {
     pre: PushdownPre<State>,
     /// Linked with `wasi:random` (see [`wasi_ctx`]).
     random: bool,
+    /// Its hash-map seed without `random` ([`function_seed`]).
+    seed: u128,
 }
 
 impl Prepared {
@@ -351,6 +375,8 @@ pub struct Runtime {
     workers: Option<tokio::runtime::Runtime>,
     /// The workers' run slots, shared by tenant.
     cpu: Arc<CpuShares>,
+    /// Drawn at start: what the functions' hash-map seeds are derived from.
+    secret: [u8; 32],
 }
 
 impl std::fmt::Debug for Runtime {
@@ -403,6 +429,7 @@ impl Runtime {
             device,
             workers: Some(workers),
             cpu,
+            secret: secret()?,
         })
     }
 
@@ -429,12 +456,14 @@ impl Runtime {
         &self.objects
     }
 
-    /// Pre-instantiates a compiled component for a tenant granted `caps`: fails if it does not
-    /// implement the world with what those capabilities link.
+    /// Pre-instantiates a compiled component (whose code hashes to `sha256`) for a tenant
+    /// granted `caps`: fails if it does not implement the world with what those capabilities
+    /// link.
     pub fn prepare(
         &self,
         caps: Capabilities,
         component: &Component,
+        sha256: &str,
     ) -> Result<Prepared, DeployError> {
         let linker = self
             .linkers
@@ -447,6 +476,7 @@ impl Runtime {
         Ok(Prepared {
             pre,
             random: caps.random,
+            seed: function_seed(&self.secret, sha256),
         })
     }
 
@@ -487,7 +517,7 @@ impl Runtime {
             Arc::clone(tenant),
             Arc::clone(&self.policy),
             function.pre.clone(),
-            function.random,
+            (function.random, function.seed),
             invocation,
             reply,
             usage,
@@ -523,7 +553,7 @@ async fn run(
     tenant: Arc<Tenant>,
     policy: Arc<Current>,
     pre: PushdownPre<State>,
-    random: bool,
+    (random, seed): (bool, u128),
     invocation: Invocation,
     reply: Reply,
     usage: Arc<Usage>,
@@ -557,7 +587,7 @@ async fn run(
     let mut table = ResourceTable::new();
     table.set_max_capacity(MAX_HANDLES);
     let state = State {
-        wasi: wasi_ctx(random),
+        wasi: wasi_ctx(random, seed),
         table,
         limiter: Limiter::new(Arc::clone(&account)),
         objects: ObjectsCtx::new(caller.clone(), objects),
@@ -844,7 +874,7 @@ mod tests {
         use wasmtime_wasi::cli::WasiCliCtxView;
         use wasmtime_wasi::p2::bindings::cli::{stderr, stdout};
         use wasmtime_wasi::p2::bindings::io::streams::HostOutputStream;
-        let mut ctx = wasi_ctx(false);
+        let mut ctx = wasi_ctx(false, 0);
         let mut table = ResourceTable::new();
         for which in ["stdout", "stderr"] {
             let mut view = WasiCliCtxView {

@@ -170,6 +170,13 @@ pub fn instantiating(name: &str, module: &[u8], times: usize) -> Vec<u8> {
     let mut bytes = std::fs::read(guest(name)).expect("guest");
     let index = top_level_modules(&bytes);
     section(1, module, &mut bytes);
+    section(2, &instantiations(index, times), &mut bytes); // a core instance section
+    bytes
+}
+
+/// An instance section's body (core or component: the same bytes): `times` instantiations of
+/// module or component `index`, with no arguments.
+fn instantiations(index: usize, times: usize) -> Vec<u8> {
     let mut instances = Vec::new();
     leb(times, &mut instances);
     for _ in 0..times {
@@ -177,8 +184,7 @@ pub fn instantiating(name: &str, module: &[u8], times: usize) -> Vec<u8> {
         leb(index, &mut instances);
         instances.push(0); // no arguments
     }
-    section(2, &instances, &mut bytes);
-    bytes
+    instances
 }
 
 /// A core module defining one section's item: a memory of 0 pages (`5`), a table of 0
@@ -387,14 +393,7 @@ fn instantiated(name: &str, nested: &[u8], times: usize) -> Vec<u8> {
         .expect("guest parses")
         .1;
     section(4, nested, &mut bytes);
-    let mut instances = Vec::new();
-    leb(times, &mut instances);
-    for _ in 0..times {
-        instances.push(0); // instantiate
-        leb(index, &mut instances);
-        instances.push(0); // no arguments
-    }
-    section(5, &instances, &mut bytes);
+    section(5, &instantiations(index, times), &mut bytes); // a component instance section
     bytes
 }
 

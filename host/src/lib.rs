@@ -428,14 +428,13 @@ impl Host {
         // tenant's profile of the model waiting behind it (the turn is first come, first
         // served), however much room they had, and one tenant without room, asking again as
         // each of its calls ran out of time, kept them out for good.
+        // Or until another call's measurement is kept for this one (it gives its room back
+        // after it keeps it, which wakes the wait): answered with no room at all.
+        let kept = || models.profiled(id).is_some() || models.profiled_for(id, tenant).is_some();
+        let what = format!("profiling model `{model}`");
         let (measuring, held, batch) = loop {
-            // Or until another call's measurement is kept for this one (it gives its room
-            // back after it keeps it, which wakes the wait): answered with no room at all.
-            let kept =
-                || models.profiled(id).is_some() || models.profiled_for(id, tenant).is_some();
-            let what = format!("profiling model `{model}`");
             self.device
-                .wait_room(one, tenant, &deadline, &what, kept)
+                .wait_room(one, tenant, &deadline, &what, &kept)
                 .await?;
             if let Some(kept) = self.kept_profile(id, model, tenant, &pin) {
                 return kept;

@@ -117,15 +117,9 @@ impl S3 {
         Ok(client)
     }
 
-    /// One page of `ListObjectsV2` of `prefix` in `bucket`, signed with `client`'s credentials.
-    async fn list_page(
-        &self,
-        client: &AmazonS3,
-        bucket: &str,
-        prefix: &str,
-        page_token: Option<String>,
-    ) -> Result<ListPage, ObjectError> {
-        let failed = |e: String| ObjectError::Io(format!("listing `{}`: {e}", quote(prefix)));
+    /// The path-style URL of `bucket` (object_store's requests are path-style too).
+    fn bucket_url(&self, bucket: &str) -> Result<reqwest::Url, ObjectError> {
+        let failed = |e: String| ObjectError::Io(format!("bucket `{}`: {e}", quote(bucket)));
         let s = &self.settings;
         let endpoint = if s.endpoint.is_empty() {
             format!("https://s3.{}.amazonaws.com", s.region)
@@ -138,6 +132,20 @@ impl S3 {
             .map_err(|()| failed(format!("{endpoint}: not a base URL")))?
             .pop_if_empty()
             .push(bucket);
+        Ok(url)
+    }
+
+    /// One page of `ListObjectsV2` of `prefix` in `bucket` (at `bucket_url`), signed with
+    /// `client`'s credentials.
+    async fn list_page(
+        &self,
+        client: &AmazonS3,
+        (bucket, bucket_url): (&str, &reqwest::Url),
+        prefix: &str,
+        page_token: Option<String>,
+    ) -> Result<ListPage, ObjectError> {
+        let failed = |e: String| ObjectError::Io(format!("listing `{}`: {e}", quote(prefix)));
+        let mut url = bucket_url.clone();
         {
             let mut query = url.query_pairs_mut();
             query.append_pair("list-type", "2");
@@ -158,7 +166,7 @@ impl S3 {
             .uri(url.as_str())
             .body(HttpRequestBody::from(bytes::Bytes::new()))
             .map_err(|e| failed(e.to_string()))?;
-        AwsAuthorizer::new(&credential, "s3", &s.region)
+        AwsAuthorizer::new(&credential, "s3", &self.settings.region)
             .try_authorize(&mut request, None)
             .map_err(|e| failed(format!("signing: {e}")))?;
         let mut response = self
@@ -242,7 +250,7 @@ impl S3 {
         keep: Arc<dyn Fn(&str) -> bool + Send + Sync>,
         account: Option<&Arc<Account>>,
     ) -> Result<Vec<ObjectMeta>, ObjectError> {
-        let client = self.client(bucket)?;
+        let (client, bucket_url) = (self.client(bucket)?, self.bucket_url(bucket)?);
         // The keys that start with the prefix as written, a page at a time. Listed as a
         // directory (what `ObjectStore::list` takes), `train/n014` walked every object under
         // `train/`, where the local store walks only the entries that match: a prefix ending
@@ -256,7 +264,7 @@ impl S3 {
         let (mut page_token, mut last_token) = (None, None);
         loop {
             let page = self
-                .list_page(&client, bucket, prefix, page_token.take())
+                .list_page(&client, (bucket, &bucket_url), prefix, page_token.take())
                 .await?;
             for listed in page.contents {
                 visits += 1;

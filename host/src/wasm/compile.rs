@@ -113,7 +113,7 @@ pub fn check(bytes: &[u8], tenant: &str, allowed: &[&str]) -> Result<Checked, De
         items = items
             .saturating_add(section_items(&payload))
             .saturating_add(declared_items(&payload)?)
-            .saturating_add(instances_inlined(&payload)?);
+            .saturating_add(instance_items(&payload)?);
         if items > MAX_ITEMS {
             return too(format!(
                 "more than {MAX_ITEMS} items (types, imports, functions, exports...) in its sections"
@@ -272,7 +272,7 @@ pub fn check(bytes: &[u8], tenant: &str, allowed: &[&str]) -> Result<Checked, De
 /// takes from an instance, could be: any its instantiator passes in), and an instance of
 /// exports holds no instance or component: each use of such an instance copies all it holds,
 /// and instances holding two of the one before double at each level.
-fn instances_inlined(payload: &Payload<'_>) -> Result<u32, DeployError> {
+fn instance_items(payload: &Payload<'_>) -> Result<u32, DeployError> {
     use wasmparser::{ComponentExternalKind as Kind, ComponentInstance, Instance};
     let invalid = |e: wasmparser::BinaryReaderError| DeployError::Invalid(e.to_string());
     let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);

@@ -79,44 +79,29 @@ fn blocking_threads(instances: u32) -> usize {
 }
 
 /// An invocation's WASI context: no environment, arguments or stdin; stdout and stderr
-/// [`Discard`]; random bytes at most `MAX_RANDOM_BYTES` a call. Without `random`, the
-/// hash-map seed every component may ask for is `seed`, its function's ([`Prepared`]):
-/// wasmtime draws a fresh one for every context, 128 bits of entropy to every invocation
-/// whatever its tenant is granted.
-fn wasi_ctx(random: bool, seed: u128) -> WasiCtx {
+/// [`Discard`]; random bytes at most `MAX_RANDOM_BYTES` a call. The hash-map seed every
+/// component may ask for is `seed`, its function's ([`Prepared`]), for a component not granted
+/// `random` (`None`: wasmtime's, drawn afresh for every context, which gave 128 bits of
+/// entropy to every invocation whatever its tenant was granted).
+fn wasi_ctx(seed: Option<u128>) -> WasiCtx {
     let mut ctx = WasiCtxBuilder::new();
     ctx.stdout(Discard)
         .stderr(Discard)
         .max_random_size(MAX_RANDOM_BYTES);
-    if !random {
+    if let Some(seed) = seed {
         ctx.insecure_random_seed(seed);
     }
     ctx.build()
 }
 
 /// The hash-map seed of the function whose code hashes to `sha256`, for a component not
-/// granted `random`: the same at every invocation, and known to no one else. One public value
-/// (as first fixed) let anyone whose data a function puts in a `HashMap` (objects' keys or
-/// contents) choose colliding data, and slow the function to its time limit.
-fn function_seed(secret: &[u8; 32], sha256: &str) -> u128 {
-    use sha2::Digest;
-    let digest = sha2::Sha256::new()
-        .chain_update(secret)
-        .chain_update(sha256.as_bytes())
-        .finalize();
-    let mut seed = [0u8; 16];
-    seed.copy_from_slice(&digest[..16]);
-    u128::from_le_bytes(seed)
-}
-
-/// 32 bytes from the kernel's random source.
-fn secret() -> anyhow::Result<[u8; 32]> {
-    use std::io::Read;
-    let mut secret = [0u8; 32];
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut secret))
-        .map_err(|e| anyhow::anyhow!("reading /dev/urandom for the functions' seeds: {e}"))?;
-    Ok(secret)
+/// granted `random`: the same at every invocation, and known to no one else (`key` is drawn
+/// when the host starts). One public value (as first fixed) let anyone whose data a function
+/// puts in a `HashMap` (objects' keys or contents) choose colliding data, and slow the
+/// function to its time limit.
+fn function_seed(key: &std::hash::RandomState, sha256: &str) -> u128 {
+    use std::hash::BuildHasher;
+    (u128::from(key.hash_one((0u8, sha256))) << 64) | u128::from(key.hash_one((1u8, sha256)))
 }
 
 /// Most bytes a guest may write to stdout or stderr in one call (what `check-write` grants;
@@ -224,8 +209,8 @@ fn linker(engine: &Engine, caps: Capabilities) -> wasmtime::Result<Linker<State>
     }
     // The per-instance seed Rust's std asks for to key a HashMap (on wasm32-wasip2 every
     // `HashMap::new` does): one 128-bit value fixed when the instance is made, the same for
-    // every instance of a function without `random` (`wasi_ctx`). Every component gets it, so that a
-    // function may use std's collections.
+    // every instance of a function without `random` (`wasi_ctx`). Every component gets it, so
+    // that a function may use std's collections.
     random::insecure_seed::add_to_linker::<State, WasiRandom>(&mut l, State::random)?;
     if caps.random {
         random::random::add_to_linker::<State, WasiRandom>(&mut l, State::random)?;
@@ -266,10 +251,8 @@ pub fn allowed_imports(caps: Capabilities) -> Vec<&'static str> {
 #[derive(Clone)]
 pub struct Prepared {
     pre: PushdownPre<State>,
-    /// Linked with `wasi:random` (see [`wasi_ctx`]).
-    random: bool,
-    /// Its hash-map seed without `random` ([`function_seed`]).
-    seed: u128,
+    /// Its hash-map seed, when it is not linked with `wasi:random` ([`function_seed`]).
+    seed: Option<u128>,
 }
 
 impl Prepared {
@@ -375,8 +358,8 @@ pub struct Runtime {
     workers: Option<tokio::runtime::Runtime>,
     /// The workers' run slots, shared by tenant.
     cpu: Arc<CpuShares>,
-    /// Drawn at start: what the functions' hash-map seeds are derived from.
-    secret: [u8; 32],
+    /// Drawn at start: the key of the functions' hash-map seeds ([`function_seed`]).
+    seeds: std::hash::RandomState,
 }
 
 impl std::fmt::Debug for Runtime {
@@ -429,7 +412,7 @@ impl Runtime {
             device,
             workers: Some(workers),
             cpu,
-            secret: secret()?,
+            seeds: std::hash::RandomState::new(),
         })
     }
 
@@ -475,8 +458,7 @@ impl Runtime {
             .map_err(|e| DeployError::WrongWorld(crate::account::text::bounded_display(&e)))?;
         Ok(Prepared {
             pre,
-            random: caps.random,
-            seed: function_seed(&self.secret, sha256),
+            seed: (!caps.random).then(|| function_seed(&self.seeds, sha256)),
         })
     }
 
@@ -517,7 +499,7 @@ impl Runtime {
             Arc::clone(tenant),
             Arc::clone(&self.policy),
             function.pre.clone(),
-            (function.random, function.seed),
+            function.seed,
             invocation,
             reply,
             usage,
@@ -553,7 +535,7 @@ async fn run(
     tenant: Arc<Tenant>,
     policy: Arc<Current>,
     pre: PushdownPre<State>,
-    (random, seed): (bool, u128),
+    seed: Option<u128>,
     invocation: Invocation,
     reply: Reply,
     usage: Arc<Usage>,
@@ -587,7 +569,7 @@ async fn run(
     let mut table = ResourceTable::new();
     table.set_max_capacity(MAX_HANDLES);
     let state = State {
-        wasi: wasi_ctx(random, seed),
+        wasi: wasi_ctx(seed),
         table,
         limiter: Limiter::new(Arc::clone(&account)),
         objects: ObjectsCtx::new(caller.clone(), objects),
@@ -874,7 +856,7 @@ mod tests {
         use wasmtime_wasi::cli::WasiCliCtxView;
         use wasmtime_wasi::p2::bindings::cli::{stderr, stdout};
         use wasmtime_wasi::p2::bindings::io::streams::HostOutputStream;
-        let mut ctx = wasi_ctx(false, 0);
+        let mut ctx = wasi_ctx(Some(0));
         let mut table = ResourceTable::new();
         for which in ["stdout", "stderr"] {
             let mut view = WasiCliCtxView {

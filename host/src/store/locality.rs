@@ -114,9 +114,12 @@ fn chunks(entry: &serde_json::Value) -> Option<Vec<Chunk>> {
 
 impl Locality {
     pub fn new(settings: Settings) -> Self {
+        // A redirect is not followed: a volume server's answer is its own bytes, not those of
+        // any address it names (inside the storage network, where the host runs).
         let http = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(1))
             .timeout(Duration::from_secs(10))
+            .redirect(reqwest::redirect::Policy::none())
             .build()
             .unwrap_or_default();
         Self {
@@ -484,11 +487,16 @@ mod tests {
                         std::thread::sleep(Duration::from_secs(30));
                         return;
                     };
-                    let _ = write!(
-                        conn,
-                        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-                        body.len()
-                    );
+                    // An answer that starts with a status line is sent as it is.
+                    let _ = if body.starts_with("HTTP/1.1 ") {
+                        conn.write_all(body.as_bytes())
+                    } else {
+                        write!(
+                            conn,
+                            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                            body.len()
+                        )
+                    };
                 });
             }
         });
@@ -538,6 +546,34 @@ mod tests {
             near(end_to_end).read("a", "b", "k", 0, 20).await.as_deref(),
             Some(&b"\"12345678\"\"12345678\""[..])
         );
+    }
+
+    /// A volume server's redirect is not followed: the bytes at the address it names were
+    /// served as the object's.
+    #[tokio::test]
+    async fn a_volume_servers_redirect_is_not_followed() {
+        let elsewhere = test_server(|_| Some(r#""12345678""#));
+        let moved: &'static str = Box::leak(
+            format!(
+                "HTTP/1.1 302 Found\r\nlocation: {elsewhere}/x\r\ncontent-length: 0\r\n\
+                 connection: close\r\n\r\n"
+            )
+            .into_boxed_str(),
+        );
+        let near = Locality::new(Settings {
+            filer: test_server(|head| {
+                head.starts_with(b"GET /buckets/b/k?")
+                    .then_some(r#"{"chunks":[{"file_id":"3,01","size":10}]}"#)
+            }),
+            volume_server: test_server(move |head| {
+                Some(if head.starts_with(b"GET /status") {
+                    r#"{"Volumes":[{"Id":3}]}"#
+                } else {
+                    moved
+                })
+            }),
+        });
+        assert_eq!(near.read("a", "b", "k", 0, 10).await, None);
     }
 
     /// A filer that answers `GET /buckets/b/fast` with one chunk on volume 3 and holds every

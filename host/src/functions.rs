@@ -350,7 +350,9 @@ impl Functions {
         // file holds), counted whether or not it could be written.
         let image = component.image_range();
         let code_size = image.end.addr().saturating_sub(image.start.addr()) as u64;
-        let prepared = runtime.prepare(caps, &component, &sha256).map_err(bad)?;
+        let prepared = runtime
+            .prepare(caps, &component, (&tenant.name, &sha256))
+            .map_err(bad)?;
         // Cached only once it is known to implement the world: code that does not is never
         // kept (nothing would remove it).
         if fresh {

@@ -315,8 +315,9 @@ async fn random_bytes_are_bounded_per_call() {
 /// A component not granted `random` gets no entropy: the hash-map seed every component may ask
 /// for (`wasi:random/insecure-seed`, which std's `RandomState` reads) is the same at every
 /// invocation (wasmtime drew a fresh 128 bits for each), and its function's own: another
-/// function's differs (one public value let anyone whose data a function hashes choose
-/// colliding data).
+/// function's differs, and so does another tenant's running the same bytes (one public value,
+/// then one per code digest, let anyone whose data a function hashes choose colliding data:
+/// the second with a copy of the function of their own).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_component_not_granted_random_gets_its_functions_seed_every_time() {
     let h = TestHost::start().await;
@@ -332,6 +333,15 @@ async fn a_component_not_granted_random_gets_its_functions_seed_every_time() {
         assert!(seen.iter().all(|s| *s == seen[0]), "{function}: {seen:?}");
     }
     assert_ne!(seeds["hostile"][0], seeds["other"][0], "{seeds:?}");
+    // Bob's `hostile` is the same file as Alice's, neither granted `random`.
+    let bobs = raw(h.invoke(BOB, "hostile", hostile("seed", &[], &[])).await).await;
+    assert_eq!(bobs.len(), 8, "{bobs:?}");
+    assert_ne!(
+        bobs, seeds["hostile"][0],
+        "two tenants' copies of one function"
+    );
+    let again = raw(h.invoke(BOB, "hostile", hostile("seed", &[], &[])).await).await;
+    assert_eq!(again, bobs);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

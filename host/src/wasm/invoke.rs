@@ -94,14 +94,17 @@ fn wasi_ctx(seed: Option<u128>) -> WasiCtx {
     ctx.build()
 }
 
-/// The hash-map seed of the function whose code hashes to `sha256`, for a component not
-/// granted `random`: the same at every invocation, and known to no one else (`key` is drawn
-/// when the host starts). One public value (as first fixed) let anyone whose data a function
-/// puts in a `HashMap` (objects' keys or contents) choose colliding data, and slow the
-/// function to its time limit.
-fn function_seed(key: &std::hash::RandomState, sha256: &str) -> u128 {
+/// The hash-map seed of `tenant`'s function whose code hashes to `sha256`, for a component
+/// not granted `random`: the same at every invocation, and known to no one else (`key` is
+/// drawn when the host starts). One public value (as first fixed) let anyone whose data a
+/// function puts in a `HashMap` (objects' keys or contents) choose colliding data, and slow the
+/// function to its time limit; one per code digest (as fixed next) was shared by every tenant
+/// running the same bytes (the shipped guests), so that one tenant's copy stood in for
+/// another's.
+fn function_seed(key: &std::hash::RandomState, tenant: &str, sha256: &str) -> u128 {
     use std::hash::BuildHasher;
-    (u128::from(key.hash_one((0u8, sha256))) << 64) | u128::from(key.hash_one((1u8, sha256)))
+    let half = |i: u8| u128::from(key.hash_one((i, tenant, sha256)));
+    (half(0) << 64) | half(1)
 }
 
 /// Most bytes a guest may write to stdout or stderr in one call (what `check-write` grants;
@@ -439,14 +442,14 @@ impl Runtime {
         &self.objects
     }
 
-    /// Pre-instantiates a compiled component (whose code hashes to `sha256`) for a tenant
+    /// Pre-instantiates a compiled component (whose code hashes to `sha256`) for `tenant`,
     /// granted `caps`: fails if it does not implement the world with what those capabilities
     /// link.
     pub fn prepare(
         &self,
         caps: Capabilities,
         component: &Component,
-        sha256: &str,
+        (tenant, sha256): (&str, &str),
     ) -> Result<Prepared, DeployError> {
         let linker = self
             .linkers
@@ -458,7 +461,7 @@ impl Runtime {
             .map_err(|e| DeployError::WrongWorld(crate::account::text::bounded_display(&e)))?;
         Ok(Prepared {
             pre,
-            seed: (!caps.random).then(|| function_seed(&self.seeds, sha256)),
+            seed: (!caps.random).then(|| function_seed(&self.seeds, tenant, sha256)),
         })
     }
 

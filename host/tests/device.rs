@@ -1867,3 +1867,73 @@ async fn a_batch_that_outlives_its_invocation_holds_the_tenants_slot_until_it_en
         200
     );
 }
+
+/// A tenant whose call has been cut into slices for over a second is still active: it was
+/// forgotten after a second (its last arrival), so that a neighbour's call ran as if alone, in
+/// long batches, while the first tenant's work waited behind them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_with_work_queued_stays_active_however_long_its_call() {
+    use hapi_host::device::executor::Device;
+    use hapi_host::device::types::DeviceConfig;
+    let _one = serial().lock().await;
+    let p = Packages::open();
+    // Not adapting: batches of at most 16, long ones (2 s) for a tenant alone, 5 ms slices
+    // of one tenant's work while others are active.
+    let d = Device::start(
+        DeviceConfig {
+            budget: 4 << 30,
+            adapt: false,
+            pool: true,
+            window: Duration::ZERO,
+            max_batch: 16,
+            slice: Duration::from_millis(5),
+            batch_time: Duration::from_secs(2),
+            workers: 1,
+            resident_for: RESIDENT_FOR,
+        },
+        Arc::clone(&p.models),
+    )
+    .expect("device");
+    let deadline = Deadline::new(LONG);
+    let (long, other): (Arc<str>, Arc<str>) = (Arc::from("long"), Arc::from("other"));
+    let long_pin = d
+        .acquire("resnet18", &long, &deadline, None)
+        .await
+        .expect("resnet18");
+    let other_pin = d
+        .acquire("resnet18", &other, &deadline, None)
+        .await
+        .expect("resnet18");
+    // 256 samples through resnet18's first blocks: batches of 16, seconds in all here.
+    let mut call = common::device_job(&long, long_pin, 256, LONG);
+    call.range = 0..5;
+    let d2 = Arc::clone(&d);
+    let long_call = tokio::spawn(async move { d2.run(call).await });
+    while d.memory().running_batches == 0 {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    // 16 samples of another segment, over a second after the long call came.
+    let ran = d
+        .run(common::device_job(&other, other_pin, 16, LONG))
+        .await
+        .expect("the other call");
+    assert!(
+        !long_call.is_finished(),
+        "the long call ended first: the test needs a longer one"
+    );
+    assert!(
+        ran.batches > 1,
+        "the other tenant's 16 samples ran in {} batch(es), as if alone",
+        ran.batches
+    );
+    // Stopped, and its running batch waited for: libtorch still running in a worker when the
+    // test process exits can crash it.
+    long_call.abort();
+    let _ = long_call.await;
+    let until = std::time::Instant::now() + LONG;
+    while d.memory().running_batches > 0 {
+        assert!(std::time::Instant::now() < until, "the batch never ended");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}

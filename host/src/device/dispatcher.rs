@@ -476,12 +476,15 @@ impl Dispatcher {
                 c.refuse(DeviceError::Expired(limit), &self.reaper);
             }
         }
-        // Forget tenants that have been idle for a while.
+        // Forget tenants that have been idle for a while; not one whose work is still queued
+        // (a call cut into slices for longer than that): it was dropped from the active
+        // tenants, and the one beside it ran long batches as if alone.
         let now = Instant::now();
-        self.recent
-            .retain(|_, (at, _)| now.duration_since(*at) < 10 * ACTIVE_FOR);
-        let (queues, recent) = (&self.queues, &self.recent);
+        let queues = &self.queues;
         let backlogged = |t: &Arc<str>| queues.get(t).is_some_and(|q| !q.is_empty());
+        self.recent
+            .retain(|t, (at, _)| now.duration_since(*at) < 10 * ACTIVE_FOR || backlogged(t));
+        let recent = &self.recent;
         self.fair.forget(
             |t| !recent.contains_key(t) && !backlogged(t),
             queues.keys().filter(|t| backlogged(t)),

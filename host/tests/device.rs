@@ -1937,3 +1937,74 @@ async fn a_tenant_with_work_queued_stays_active_however_long_its_call() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
+
+/// A tenant's load that waits for the room a neighbour's batches hold gets it when they end.
+/// In the host the dispatcher starts the neighbour's next batch within microseconds of one
+/// ending, on a thread of its own, while the load's wait, woken then, has to be scheduled on
+/// an invocation worker (busy with guests, up to a tick) to take the room: it could lose
+/// every such race, and be answered `device_busy` at its deadline for as long as the
+/// neighbour kept calls coming. Here the race is run in the dispatcher's favour every time: the
+/// next batch reserves on this thread the moment the last one's memory is given back, while
+/// the runtime's workers are busy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_load_waiting_for_the_room_of_a_neighbours_batches_gets_it() {
+    use hapi_host::device::budget::Budget;
+    let _one = serial().lock().await;
+    let p = Packages::open();
+    let small = "efficientnet_lite0";
+    // The small model's memory model, measured on its first load, so that the load below only
+    // loads.
+    {
+        let d = p.pooled_device(4 << 30, RESIDENT_FOR);
+        let (t, s) = (Arc::from("measure"), Deadline::new(LONG));
+        d.acquire(small, &t, &s, None).await.expect(small);
+    }
+    let room = 2 * p.weights(small);
+    let budget = Budget::new(room, RESIDENT_FOR);
+    let heavy = "heavy";
+    let light: Arc<str> = Arc::from("light");
+    let batch = budget
+        .reserve_batch(room, heavy)
+        .expect("a batch of all of it");
+    let (b, models, t) = (
+        Arc::clone(&budget),
+        Arc::clone(&p.models),
+        Arc::clone(&light),
+    );
+    let load = tokio::spawn(async move {
+        let deadline = Deadline::new(Duration::from_secs(20));
+        b.acquire(&models, small, &t, &deadline, None).await
+    });
+    // Time for the load to find no room and wait.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!load.is_finished(), "{:?}", load.await);
+    // Both of the runtime's workers busy (guests at work), the batch ends and the next one
+    // reserves at once: what the load needs is left to it.
+    let busy = Arc::new(std::sync::Barrier::new(3));
+    let guests: Vec<_> = (0..2)
+        .map(|_| {
+            let busy = Arc::clone(&busy);
+            tokio::spawn(async move {
+                busy.wait();
+                std::thread::sleep(Duration::from_millis(100));
+            })
+        })
+        .collect();
+    busy.wait();
+    drop(batch);
+    let again = budget.reserve_batch(room, heavy);
+    for g in guests {
+        g.await.expect("guest");
+    }
+    assert!(
+        again.is_none(),
+        "the next batch took the room the waiting load needs"
+    );
+    let next = budget
+        .reserve_batch(room - p.weights(small), heavy)
+        .expect("the rest");
+    let loaded = load.await.expect("join");
+    assert!(loaded.is_ok(), "{loaded:?}");
+    assert_eq!(budget.snapshot().waiting, 0, "the wait ended with the load");
+    drop(next);
+}

@@ -157,11 +157,31 @@ struct State {
     /// off waits for nothing and is not counted: each such refusal made the pin it was
     /// refused beside wake every waiter when dropped.
     looked: u64,
+    /// Loads and reservations waiting for the room running batches hold, oldest first (by
+    /// id): the oldest other tenant's is left free by everyone else's batches, loads and
+    /// reservations (see [`Waiting`]).
+    waiting: std::collections::BTreeMap<u64, (Arc<str>, u64)>,
+    next_waiting: u64,
 }
 
 impl State {
     fn used(&self) -> u64 {
         self.weights + self.reserved + self.freeing
+    }
+
+    /// Bytes `tenant`'s work leaves free for another tenant's older wait: the oldest one's
+    /// need, 0 if none.
+    fn held_back(&self, tenant: &str) -> u64 {
+        self.waiting
+            .values()
+            .find(|(t, _)| **t != *tenant)
+            .map_or(0, |(_, need)| *need)
+    }
+
+    /// [`Self::room`] for `tenant`'s work, less what it leaves for an older wait.
+    fn room_left(&self, total: u64, tenant: &str, now: Instant) -> u64 {
+        self.room(total, Claim::For(tenant), now)
+            .saturating_sub(self.held_back(tenant))
     }
 
     fn note_peak(&mut self) {
@@ -427,6 +447,27 @@ impl Drop for Reservation {
     }
 }
 
+/// A load or reservation waiting for room that running batches hold. The dispatcher starts
+/// the next batch within microseconds of one ending, on a thread of its own, while a waiter
+/// woken then must be scheduled on an invocation worker (up to a tick, with guests busy) to
+/// take the room: a tenant whose model was not loaded lost every such race to a neighbour's
+/// batches and was answered `device_busy` at each call's deadline. While this is held, the
+/// oldest waiter's need is left free by every other tenant's batches, loads and reservations,
+/// so that it has the room once the batches running now end. Registered only where those
+/// batches ending would give it the room; dropped when the wait ends.
+#[derive(Debug)]
+struct Waiting {
+    budget: Arc<Budget>,
+    id: u64,
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        lock(&self.budget.state).waiting.remove(&self.id);
+        self.budget.wake();
+    }
+}
+
 /// The budget's state, for metrics and the profile endpoint.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct BudgetSnapshot {
@@ -440,6 +481,8 @@ pub struct BudgetSnapshot {
     pub deferred: u64,
     /// Times the budget's waiters were woken.
     pub wakes: u64,
+    /// Loads and reservations waiting for the room running batches hold ([`Waiting`]).
+    pub waiting: u64,
 }
 
 impl Budget {
@@ -499,6 +542,7 @@ impl Budget {
             loads: s.loads,
             deferred: s.deferred,
             wakes: self.wakes.load(std::sync::atomic::Ordering::Relaxed),
+            waiting: s.waiting.len() as u64,
         }
     }
 
@@ -536,6 +580,7 @@ impl Budget {
         }
         // Counted once per call in `deferred`.
         let mut counted = false;
+        let mut waiting = None;
         loop {
             let notified = self.notify.notified();
             let mut notified = std::pin::pin!(notified);
@@ -554,6 +599,8 @@ impl Budget {
                     return Ok(pin);
                 }
                 Attempt::Load => {
+                    // Its weights are charged: nothing is left free for it any more.
+                    drop(waiting.take());
                     // Its `Loading` slot makes the tenant one of its owners, as a new owner's
                     // pin does (see [`Pin`]'s drop): loads are few, each paced and charged.
                     self.wake();
@@ -596,6 +643,9 @@ impl Budget {
                     if kept.is_some() && !counted {
                         counted = true;
                         lock(&self.state).deferred += 1;
+                    }
+                    if kept.is_none() && waiting.is_none() {
+                        waiting = self.wait_for_batches(tenant, weights);
                     }
                     if deadline.run(changed(kept, notified)).await.is_err() {
                         return Err(DeviceError::Busy(format!(
@@ -649,7 +699,9 @@ impl Budget {
                 if let Some(other) = mine {
                     return Attempt::Turn(other);
                 }
-                if let Some(unloaded) = s.make_room(self.total, weights, Claim::For(tenant), now) {
+                // Leaving what an older wait of another tenant needs free.
+                let need = weights.saturating_add(s.held_back(tenant));
+                if let Some(unloaded) = s.make_room(self.total, need, Claim::For(tenant), now) {
                     s.weights += weights;
                     s.loads += 1;
                     s.note_peak();
@@ -828,11 +880,14 @@ impl Budget {
     pub fn room_for(&self, one: u64, tenant: &str) -> u64 {
         let s = lock(&self.state);
         let now = Instant::now();
-        let stale = s.room(self.total, Claim::Stale, now);
+        let held_back = s.held_back(tenant);
+        let stale = s
+            .room(self.total, Claim::Stale, now)
+            .saturating_sub(held_back);
         if stale >= one {
             return stale;
         }
-        s.room(self.total, Claim::For(tenant), now)
+        s.room_left(self.total, tenant, now)
     }
 
     /// Bytes a batch led by `tenant` could have once the running batches give their memory
@@ -841,14 +896,14 @@ impl Budget {
     /// that, would have held every tenant's batches up behind a measurement of seconds.
     pub fn room_once_reservations_end(&self, tenant: &str) -> u64 {
         let s = lock(&self.state);
-        s.room(self.total, Claim::For(tenant), Instant::now())
+        s.room_left(self.total, tenant, Instant::now())
             .saturating_add(s.batches)
     }
 
     /// Bytes `tenant` could claim now: free, or once the models [`Claim::For`] it allows are
     /// unloaded.
     pub fn room_of(&self, tenant: &str) -> u64 {
-        lock(&self.state).room(self.total, Claim::For(tenant), Instant::now())
+        lock(&self.state).room_left(self.total, tenant, Instant::now())
     }
 
     /// Reserves `need` bytes now for work led by `tenant`, unloading the models [`Claim::For`]
@@ -876,7 +931,8 @@ impl Budget {
     ) -> Option<Reservation> {
         let mut s = lock(&self.state);
         let now = Instant::now();
-        let Some(unloaded) = s.make_room(self.total, need, Claim::For(tenant), now) else {
+        let with_waits = need.saturating_add(s.held_back(tenant));
+        let Some(unloaded) = s.make_room(self.total, with_waits, Claim::For(tenant), now) else {
             if waits {
                 s.looked += 1;
             }
@@ -906,7 +962,7 @@ impl Budget {
         deadline: &Deadline,
         what: &str,
     ) -> Result<Reservation, DeviceError> {
-        self.until_room(need, deadline, what, || {
+        self.until_room((need, tenant), deadline, what, || {
             self.reserve_held(need, tenant, false, true)
         })
         .await
@@ -923,9 +979,9 @@ impl Budget {
         what: &str,
         done: impl Fn() -> bool,
     ) -> Result<(), DeviceError> {
-        self.until_room(need, deadline, what, || {
+        self.until_room((need, tenant), deadline, what, || {
             let mut s = lock(&self.state);
-            if s.room(self.total, Claim::For(tenant), Instant::now()) >= need || done() {
+            if s.room_left(self.total, tenant, Instant::now()) >= need || done() {
                 return Some(());
             }
             s.looked += 1;
@@ -937,7 +993,7 @@ impl Budget {
     /// Tries `attempt` each time the budget changes until it gives something, or `deadline`.
     async fn until_room<T>(
         self: &Arc<Self>,
-        need: u64,
+        (need, tenant): (u64, &str),
         deadline: &Deadline,
         what: &str,
         attempt: impl Fn() -> Option<T>,
@@ -948,6 +1004,7 @@ impl Budget {
                 self.total
             )));
         }
+        let mut waiting = None;
         loop {
             let notified = self.notify.notified();
             let mut notified = std::pin::pin!(notified);
@@ -959,6 +1016,9 @@ impl Budget {
                 let s = lock(&self.state);
                 s.kept_for_others(self.total, need, Instant::now())
             };
+            if kept.is_none() && waiting.is_none() {
+                waiting = self.wait_for_batches(tenant, need);
+            }
             if deadline.run(changed(kept, notified)).await.is_err() {
                 return Err(DeviceError::Busy(format!(
                     "{what} found no room for {need} bytes of device memory within the time \
@@ -967,6 +1027,25 @@ impl Budget {
                 )));
             }
         }
+    }
+
+    /// Registers `tenant`'s wait for `need` bytes ([`Waiting`]) if the running batches ending
+    /// would give it the room.
+    fn wait_for_batches(self: &Arc<Self>, tenant: &str, need: u64) -> Option<Waiting> {
+        let mut s = lock(&self.state);
+        let then = s
+            .room(self.total, Claim::For(tenant), Instant::now())
+            .saturating_add(s.batches);
+        if then < need {
+            return None;
+        }
+        let id = s.next_waiting;
+        s.next_waiting += 1;
+        s.waiting.insert(id, (Arc::from(tenant), need));
+        Some(Waiting {
+            budget: Arc::clone(self),
+            id,
+        })
     }
 
     /// Why a claim waits, for its error.

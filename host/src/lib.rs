@@ -173,6 +173,9 @@ impl Host {
     /// measured (`measure_at_start`) after the new policy serves.
     pub fn reload(&self, policy: Policy) -> anyhow::Result<Vec<String>> {
         let old = self.policy();
+        policy.apart_from_store_of(&old.host).map_err(|e| {
+            anyhow::Error::msg(e).context("the old policy stays: the running store")
+        })?;
         let mut restart: Vec<String> = old
             .host
             .restart_only_changes(&policy.host)

@@ -490,3 +490,34 @@ async fn request_ids_do_not_count_other_tenants_requests() {
         ids.windows(2).map(|w| w[1].wrapping_sub(w[0])).collect();
     assert!(steps.len() > 32, "steps between ids repeat: {steps:?}");
 }
+
+/// A reload is checked against the store the host runs with: `store` changes only at a
+/// restart, so a reload that moved the store elsewhere and a tenant's `private_models` into
+/// the running store passed the check against the new store, and the tenant's private weights
+/// were readable through a grant on their bucket until a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_keeps_the_hosts_directories_out_of_the_running_store() {
+    let h = TestHost::start().await;
+    let original = std::fs::read_to_string(&h.policy_path).expect("policy");
+    let running = format!("store = \"{}\"", h.store.display());
+    assert!(original.contains(&running), "{original}");
+    let elsewhere = h.store.with_file_name("new-store");
+    let private = h.store.join("alice-models");
+    std::fs::create_dir_all(&private).expect("mkdir");
+    let text = original
+        .replace(&running, &format!("store = \"{}\"", elsewhere.display()))
+        .replace(
+            "[tenants.alice.functions]",
+            &format!(
+                "private_models = \"{}\"\n[tenants.alice.functions]",
+                private.display()
+            ),
+        );
+    assert_ne!(text, original);
+    let e = format!("{:#}", h.reload(&text).await.expect_err("refused"));
+    assert!(
+        e.contains("tenants.alice.private_models = ") && e.contains("is inside host.store"),
+        "{e}"
+    );
+    assert!(e.contains("the old policy stays"), "{e}");
+}

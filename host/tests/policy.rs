@@ -373,7 +373,8 @@ fn model_directories_and_private_models_are_checked() {
 
 /// The host's own directories are outside a local store (a grant on the bucket of that name
 /// would read every tenant's uploaded code, or a tenant's private weights), also through a
-/// symbolic link or `..`. They were accepted. Tenants may share a private directory.
+/// symbolic link or `..`, and do not hold it. They were accepted. Tenants may share a private
+/// directory.
 #[test]
 fn the_hosts_directories_are_outside_the_store() {
     let dir = tempfile::tempdir().expect("tmp");
@@ -405,7 +406,22 @@ fn the_hosts_directories_are_outside_the_store() {
         assert!(e.contains("is inside host.store"), "{host}: {e}");
         assert!(e.contains("line 4"), "{host}: {e}");
     }
+    // Nor around it: a grant on a bucket would read one of their directories (a state
+    // directory's `functions`, say). Accepted before.
+    for (host, needle) in [
+        ("models = \"models\"\nstate = \".\"", "host.state = "),
+        ("models = \".\"\nstate = \"x\"", "host.models = "),
+    ] {
+        let e = policy(host, "").expect_err(host);
+        assert!(e.contains(needle), "{host}: {e}");
+        assert!(e.contains("holds host.store"), "{host}: {e}");
+    }
     let outside = "models = \"models\"\nstate = \"x\"";
+    let e = policy(outside, "private_models = \".\"").expect_err("private around");
+    assert!(
+        e.contains("tenants.alice.private_models = ") && e.contains("holds host.store"),
+        "{e}"
+    );
     let e = policy(outside, "private_models = \"store/alice\"").expect_err("private");
     assert!(
         e.contains("tenants.alice.private_models = ") && e.contains("is inside host.store"),

@@ -388,9 +388,11 @@ impl Policy {
 
 /// The host's own directories (state, shared and private model packages) are not inside a
 /// local store, where a grant on the bucket of that name would read them (every tenant's
-/// uploaded code, a tenant's private weights). (Tenants may share a `private_models`
-/// directory: the operator's choice; packages are found one level down, so one directory
-/// inside another exposes nothing.)
+/// uploaded code, a tenant's private weights), nor around it, where a grant on a bucket would
+/// read one of their subdirectories (`store = "<state>/functions"`: a grant on `bob` read
+/// bob's uploaded code). (Tenants may share a `private_models` directory: the operator's
+/// choice; packages are found one level down, so one directory inside another exposes
+/// nothing.)
 fn separate_directories(
     ctx: &Ctx<'_>,
     raw: &RawPolicy,
@@ -400,34 +402,85 @@ fn separate_directories(
     let StoreLocation::Local(store) = &host.store else {
         return Ok(());
     };
-    let mut own: Vec<(String, &Path, std::ops::Range<usize>)> =
-        vec![("host.state".into(), &host.state, raw.host.state.span())];
+    let mut spans = vec![raw.host.state.span()];
+    spans.extend(host.models.iter().map(|_| raw.host.models.span()));
+    spans.extend(tenants.iter().flat_map(|(name, t)| {
+        t.private_models
+            .iter()
+            .map(|_| private_models_span(raw, name))
+    }));
+    match overlapping(store, own_directories(&host.state, host, tenants)) {
+        Ok(()) => Ok(()),
+        Err((i, message)) => ctx.err(spans.swap_remove(i), message),
+    }
+}
+
+/// The host's own directories as `policy` gives them, with `state` (the one in force), named
+/// by their keys, in the order [`separate_directories`] gives their spans.
+fn own_directories<'a>(
+    state: &'a Path,
+    host: &'a HostSettings,
+    tenants: &'a BTreeMap<String, Arc<Tenant>>,
+) -> Vec<(String, &'a Path)> {
+    let mut own = vec![("host.state".to_string(), state)];
     own.extend(
         host.models
             .iter()
-            .map(|m| ("host.models".into(), m.as_path(), raw.host.models.span())),
+            .map(|m| ("host.models".to_string(), m.as_path())),
     );
     for (name, t) in tenants {
-        let span = private_models_span(raw, name);
         for dir in &t.private_models {
-            own.push((format!("tenants.{name}.private_models"), dir, span.clone()));
+            own.push((format!("tenants.{name}.private_models"), dir.as_path()));
         }
     }
+    own
+}
+
+/// The first of `own` inside the store at `store` or around it: its index, and why.
+fn overlapping(store: &Path, own: Vec<(String, &Path)>) -> Result<(), (usize, String)> {
     let at = resolved(store);
-    for (key, dir, span) in own {
-        if resolved(dir).starts_with(&at) {
-            return ctx.err(
-                span,
+    for (i, (key, dir)) in own.into_iter().enumerate() {
+        let d = resolved(dir);
+        let (dir, store) = (dir.display().to_string(), store.display().to_string());
+        if d.starts_with(&at) {
+            return Err((
+                i,
                 format!(
-                    "{key} = {:?} is inside host.store ({:?}): a grant on that bucket would \
-                     read it; keep the host's directories outside the store",
-                    dir.display().to_string(),
-                    store.display().to_string()
+                    "{key} = {dir:?} is inside host.store ({store:?}): a grant on that bucket \
+                     would read it; keep the host's directories outside the store"
                 ),
-            );
+            ));
+        }
+        if at.starts_with(&d) {
+            return Err((
+                i,
+                format!(
+                    "{key} = {dir:?} holds host.store ({store:?}): a grant on a bucket would \
+                     read one of its directories; keep the store outside the host's directories"
+                ),
+            ));
         }
     }
     Ok(())
+}
+
+impl Policy {
+    /// Whether this policy, loaded into a host that runs with `running`'s store and state
+    /// (both kept until a restart), keeps its directories apart from that store, as
+    /// [`separate_directories`] checks for the policy's own store: a reload that changes
+    /// `store` (not applied until a restart) passed that check against the new store while
+    /// the old one served, so that a tenant's `private_models` moved into the old store was
+    /// read through a grant on its bucket.
+    pub fn apart_from_store_of(&self, running: &HostSettings) -> Result<(), String> {
+        let StoreLocation::Local(store) = &running.store else {
+            return Ok(());
+        };
+        overlapping(
+            store,
+            own_directories(&running.state, &self.host, &self.tenants),
+        )
+        .map_err(|(_, message)| message)
+    }
 }
 
 /// No tenant's `private_models` directory is a `host.models` directory (also through a link

@@ -66,7 +66,9 @@
 //! ```
 //!
 //! With a local store, `state`, `models` and every `private_models` directory must lie outside
-//! it (a grant on the bucket of that name would read them), and no `private_models` directory
+//! it (a grant on the bucket of that name would read them) and not hold it (a grant on a
+//! bucket would read one of their directories); a reload is checked against the store the
+//! host runs with (`store` changes only at a restart); and no `private_models` directory
 //! may be a `models` one (each shared package would be the tenant's own); tenants may share a
 //! `private_models` directory. A policy that breaks this is refused with the key and line.
 

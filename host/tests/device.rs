@@ -1993,6 +1993,9 @@ async fn a_load_waiting_for_the_room_of_a_neighbours_batches_gets_it() {
     busy.wait();
     drop(batch);
     let again = budget.reserve_batch(room, heavy);
+    // Nor a batch of the waiting tenant's own (its batches took the room its load waited for
+    // while everyone else's were cut).
+    let own = budget.reserve_batch(room, &light);
     for g in guests {
         g.await.expect("guest");
     }
@@ -2000,6 +2003,7 @@ async fn a_load_waiting_for_the_room_of_a_neighbours_batches_gets_it() {
         again.is_none(),
         "the next batch took the room the waiting load needs"
     );
+    assert!(own.is_none(), "the waiting tenant's own batch took it");
     let next = budget
         .reserve_batch(room - p.weights(small), heavy)
         .expect("the rest");
@@ -2007,4 +2011,117 @@ async fn a_load_waiting_for_the_room_of_a_neighbours_batches_gets_it() {
     assert!(loaded.is_ok(), "{loaded:?}");
     assert_eq!(budget.snapshot().waiting, 0, "the wait ended with the load");
     drop(next);
+}
+
+/// Of two waits for the room running batches hold, the older has it when they end: each left
+/// the other's need free, so that where the room fits one and not both, neither was met
+/// until its deadline (a second tenant's wait could fail a first's load on purpose).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn of_two_waits_for_the_batches_room_the_older_has_it() {
+    use hapi_host::device::budget::Budget;
+    let _one = serial().lock().await;
+    let p = Packages::open();
+    let small = "efficientnet_lite0";
+    {
+        let d = p.pooled_device(4 << 30, RESIDENT_FOR);
+        let (t, s) = (Arc::from("measure"), Deadline::new(LONG));
+        d.acquire(small, &t, &s, None).await.expect(small);
+    }
+    let w = p.weights(small);
+    let room = 2 * w;
+    let budget = Budget::new(room, RESIDENT_FOR);
+    let batch = budget.reserve_batch(room, "heavy").expect("all of it");
+    let (b, models) = (Arc::clone(&budget), Arc::clone(&p.models));
+    let first = tokio::spawn(async move {
+        let deadline = Deadline::new(Duration::from_secs(5));
+        b.acquire(&models, small, &Arc::from("first"), &deadline, None)
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // A second wait, for more than is left beside the first's need.
+    let b = Arc::clone(&budget);
+    let second = tokio::spawn(async move {
+        let deadline = Deadline::new(Duration::from_secs(5));
+        b.reserve(w + w / 2, "second", &deadline, "a reservation")
+            .await
+            .map(drop)
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(budget.snapshot().waiting, 2);
+    drop(batch);
+    let loaded = first.await.expect("join");
+    assert!(loaded.is_ok(), "{loaded:?}");
+    // The second's need does not fit beside the loaded model: it waits to its deadline.
+    let reserved = second.await.expect("join");
+    assert!(reserved.is_err(), "{reserved:?}");
+    assert_eq!(budget.snapshot().waiting, 0);
+}
+
+/// A wait for the room running batches hold ends when they no longer could give it that room
+/// (here an idle model it counted on is pinned by another tenant): it held everyone's work
+/// back until its deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_the_batches_can_no_longer_meet_holds_nothing_back() {
+    use hapi_host::device::budget::Budget;
+    let _one = serial().lock().await;
+    let p = Packages::open();
+    let (big, small) = ("resnet18", "efficientnet_lite0");
+    {
+        let d = p.pooled_device(4 << 30, RESIDENT_FOR);
+        let (t, s) = (Arc::from("measure"), Deadline::new(LONG));
+        d.acquire(small, &t, &s, None).await.expect(small);
+        d.acquire(big, &t, &s, None).await.expect(big);
+    }
+    let (wb, ws) = (p.weights(big), p.weights(small));
+    // The big model's weights and one sample's run: what its load is let wait for (the budget
+    // refuses a model that could never run one sample at once).
+    let one = p
+        .models
+        .memory_known(big)
+        .expect("measured")
+        .one_sample_peak();
+    let total = wb + one;
+    // The batch and the small model make the total; without the small one, the batch's room
+    // is less than the big model's weights.
+    assert!(
+        one < ws && ws < wb,
+        "{one}, {ws}, {wb}: the test proves nothing"
+    );
+    // Room for the big model: the small one, idle and nobody's (no residency), and a batch.
+    let budget = Budget::new(total, Duration::ZERO);
+    let deadline = Deadline::new(LONG);
+    let idle = budget
+        .acquire(&p.models, small, &Arc::from("old"), &deadline, None)
+        .await
+        .expect(small);
+    drop(idle);
+    let batch = budget.reserve_batch(total - ws, "heavy").expect("the rest");
+    let (b, models) = (Arc::clone(&budget), Arc::clone(&p.models));
+    let waiting = tokio::spawn(async move {
+        let deadline = Deadline::new(Duration::from_secs(3));
+        b.acquire(&models, big, &Arc::from("light"), &deadline, None)
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(budget.snapshot().waiting, 1, "the big model's load waits");
+    // Another tenant pins the small model: the batch ending no longer gives the load room.
+    let pinned = budget
+        .acquire(&p.models, small, &Arc::from("other"), &deadline, None)
+        .await
+        .expect(small);
+    let until = std::time::Instant::now() + Duration::from_secs(2);
+    while budget.snapshot().waiting > 0 && std::time::Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // The pin woke it: it looked again while the batch still ran (it looked again only when
+    // the batch ended, racing the next one for the room it held back).
+    assert_eq!(budget.snapshot().waiting, 0, "the wait ended with the pin");
+    drop(batch);
+    assert!(
+        budget.reserve_batch(total - ws, "heavy").is_some(),
+        "a wait that could no longer be met held the room back"
+    );
+    let loaded = waiting.await.expect("join");
+    assert!(loaded.is_err(), "{loaded:?}");
+    drop(pinned);
 }

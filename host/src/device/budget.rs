@@ -14,9 +14,10 @@
 //! tenant within its share. A tenant that loads model after model unloads its own, not a
 //! neighbour's. A claim that cannot be met that way waits (woken when a use grows stale) until
 //! its deadline, a batch's too (the dispatcher passes over a leader that cannot get one
-//! sample's room, rather than hold up every tenant's batches behind it). A tenant loads one
-//! model at a time: a load goes on after its caller has gone, and the tenant's next load waits
-//! for it.
+//! sample's room, rather than hold up every tenant's batches behind it). A load or reservation
+//! that waits for the room running batches hold has it left free by all other work once they
+//! end, the oldest such wait first ([`Waiting`]). A tenant loads one model at a time: a load
+//! goes on after its caller has gone, and the tenant's next load waits for it.
 
 use crate::account::{Deadline, Pace};
 use crate::device::types::DeviceError;
@@ -157,10 +158,9 @@ struct State {
     /// off waits for nothing and is not counted: each such refusal made the pin it was
     /// refused beside wake every waiter when dropped.
     looked: u64,
-    /// Loads and reservations waiting for the room running batches hold, oldest first (by
-    /// id): the oldest other tenant's is left free by everyone else's batches, loads and
-    /// reservations (see [`Waiting`]).
-    waiting: std::collections::BTreeMap<u64, (Arc<str>, u64)>,
+    /// Needs of the loads and reservations waiting for the room running batches hold, by id,
+    /// oldest first: the oldest one's is left free by all other work (see [`Waiting`]).
+    waiting: std::collections::BTreeMap<u64, u64>,
     next_waiting: u64,
 }
 
@@ -169,19 +169,22 @@ impl State {
         self.weights + self.reserved + self.freeing
     }
 
-    /// Bytes `tenant`'s work leaves free for another tenant's older wait: the oldest one's
-    /// need, 0 if none.
-    fn held_back(&self, tenant: &str) -> u64 {
-        self.waiting
-            .values()
-            .find(|(t, _)| **t != *tenant)
-            .map_or(0, |(_, need)| *need)
+    /// Bytes work leaves free for the oldest wait ([`Waiting`]): its need, unless that wait
+    /// is `exempt` (the waiting attempt itself); 0 if none. Only the oldest: two waits that
+    /// each left the other's need free could stop each other to their deadlines. Whoever's
+    /// the work, the waiting tenant's own batches included: exempting them let its batches
+    /// take the room its own load waited for while everyone else's were cut.
+    fn held_back(&self, exempt: Option<u64>) -> u64 {
+        match self.waiting.iter().next() {
+            Some((id, need)) if Some(*id) != exempt => *need,
+            _ => 0,
+        }
     }
 
-    /// [`Self::room`] for `tenant`'s work, less what it leaves for an older wait.
-    fn room_left(&self, total: u64, tenant: &str, now: Instant) -> u64 {
+    /// [`Self::room`] for `tenant`'s work, less what it leaves for the oldest wait.
+    fn room_left(&self, total: u64, tenant: &str, exempt: Option<u64>, now: Instant) -> u64 {
         self.room(total, Claim::For(tenant), now)
-            .saturating_sub(self.held_back(tenant))
+            .saturating_sub(self.held_back(exempt))
     }
 
     fn note_peak(&mut self) {
@@ -280,10 +283,12 @@ impl State {
     /// bytes, and returns them, to be freed once the lock is let go ([`Budget::free`]); `None`
     /// (and unloads none) if it would not free enough (a waiter that cannot fit yet must not
     /// empty the device of others' models).
+    /// Unloads the idle models [`Self::victims`] gives until `need` bytes are free, of which
+    /// the claimant charges `charged` at once (the rest is left free for a wait).
     fn make_room(
         &mut self,
         total: u64,
-        need: u64,
+        (need, charged): (u64, u64),
         claim: Claim<'_>,
         now: Instant,
     ) -> Option<Unloaded> {
@@ -308,9 +313,9 @@ impl State {
                 unloaded.slots.push(slot);
             }
         }
-        // Until they are freed, the part of their weights beyond the claim stays counted: no
-        // one else takes memory that is still theirs.
-        unloaded.held = bytes.saturating_sub(need);
+        // Until they are freed, the part of their weights beyond what the claimant charges
+        // stays counted: no one else takes memory that is still theirs.
+        unloaded.held = bytes.saturating_sub(charged);
         self.freeing += unloaded.held;
         Some(unloaded)
     }
@@ -358,7 +363,8 @@ async fn changed(
 
 /// What [`Budget::try_pin`] found.
 enum Attempt {
-    Pinned(Pin),
+    /// Pinned; whether the waiters are to be woken (see [`Budget::try_pin`]).
+    Pinned(Pin, bool),
     Load,
     Loading,
     /// The tenant's load of this other model is under way: a tenant loads one at a time.
@@ -393,8 +399,6 @@ pub struct Pin {
     pub memory: Arc<ModelMemory>,
     /// [`State::looked`] when it was taken.
     looked: u64,
-    /// Its tenant did not own the model when it was taken (see [`Pin`]'s drop).
-    new_owner: bool,
 }
 
 /// A pin dropped makes its model unloadable again, the room others waited for, so it wakes
@@ -452,9 +456,9 @@ impl Drop for Reservation {
 /// woken then must be scheduled on an invocation worker (up to a tick, with guests busy) to
 /// take the room: a tenant whose model was not loaded lost every such race to a neighbour's
 /// batches and was answered `device_busy` at each call's deadline. While this is held, the
-/// oldest waiter's need is left free by every other tenant's batches, loads and reservations,
-/// so that it has the room once the batches running now end. Registered only where those
-/// batches ending would give it the room; dropped when the wait ends.
+/// oldest waiter's need is left free by all other work (batches, loads, reservations, its own
+/// tenant's included), so that it has the room once the batches running now end. Registered
+/// only while those batches ending would give it the room; dropped when the wait ends.
 #[derive(Debug)]
 struct Waiting {
     budget: Arc<Budget>,
@@ -466,6 +470,11 @@ impl Drop for Waiting {
         lock(&self.budget.state).waiting.remove(&self.id);
         self.budget.wake();
     }
+}
+
+/// The id of the wait `waiting` holds, which its own attempts are exempt from.
+fn exempt(waiting: &Option<Waiting>) -> Option<u64> {
+    waiting.as_ref().map(|w| w.id)
 }
 
 /// The budget's state, for metrics and the profile endpoint.
@@ -591,9 +600,9 @@ impl Budget {
                      was unloaded to make room); retry shortly"
                 ))
             };
-            match self.try_pin(name, weights, tenant) {
-                Attempt::Pinned(pin) => {
-                    if pin.new_owner {
+            match self.try_pin(name, weights, tenant, exempt(&waiting)) {
+                Attempt::Pinned(pin, wake) => {
+                    if wake {
                         self.wake();
                     }
                     return Ok(pin);
@@ -626,11 +635,15 @@ impl Budget {
                     }
                 }
                 Attempt::Loading => {
+                    // Another's load of it: its weights are charged, no room is needed.
+                    drop(waiting.take());
                     if deadline.run(notified).await.is_err() {
                         return Err(loading());
                     }
                 }
                 Attempt::Turn(other) => {
+                    // Waiting for the tenant's own load, not for room.
+                    drop(waiting.take());
                     if deadline.run(notified).await.is_err() {
                         return Err(DeviceError::Busy(format!(
                             "model `{name}` was not loaded within the time limit: tenant \
@@ -644,9 +657,7 @@ impl Budget {
                         counted = true;
                         lock(&self.state).deferred += 1;
                     }
-                    if kept.is_none() && waiting.is_none() {
-                        waiting = self.wait_for_batches(tenant, weights);
-                    }
+                    self.wait_for_batches(&mut waiting, tenant, weights, kept.is_some());
                     if deadline.run(changed(kept, notified)).await.is_err() {
                         return Err(DeviceError::Busy(format!(
                             "model `{name}` ({weights} bytes of weights) could not be loaded \
@@ -661,12 +672,23 @@ impl Budget {
 
     /// Pins `name` for `tenant` if it is loaded; otherwise claims its load if there is room
     /// (its weights charged, idle models the tenant may unload unloaded), or says to wait.
-    fn try_pin(self: &Arc<Self>, name: &str, weights: u64, tenant: &Arc<str>) -> Attempt {
+    fn try_pin(
+        self: &Arc<Self>,
+        name: &str,
+        weights: u64,
+        tenant: &Arc<str>,
+        exempt: Option<u64>,
+    ) -> Attempt {
         let mut s = lock(&self.state);
         s.clock += 1;
         let (tick, window, now, looked) = (s.clock, s.resident_for, Instant::now(), s.looked);
+        let waits = !s.waiting.is_empty();
         match s.models.get_mut(name) {
             Some(Slot::Loaded(l)) => {
+                // An idle model pinned is no longer room a wait for the running batches' room
+                // may count on: the waits look again (one that can no longer be met held
+                // everyone's work back until the batches ended).
+                let was_idle = l.pins == 0;
                 // With no window, a use owns nothing once its pin is dropped: a pin's ownership
                 // lasts only while it is held, and every pin of a loop would wake the waiters.
                 let new_owner = !window.is_zero()
@@ -683,9 +705,9 @@ impl Budget {
                     model: Arc::clone(&l.package),
                     memory: Arc::clone(&l.memory),
                     looked,
-                    new_owner,
                 };
-                Attempt::Pinned(pin)
+                // A new owner shrinks every share (see [`Pin`]'s drop).
+                Attempt::Pinned(pin, new_owner || (was_idle && waits))
             }
             Some(Slot::Loading { .. }) => Attempt::Loading,
             None => {
@@ -699,9 +721,10 @@ impl Budget {
                 if let Some(other) = mine {
                     return Attempt::Turn(other);
                 }
-                // Leaving what an older wait of another tenant needs free.
-                let need = weights.saturating_add(s.held_back(tenant));
-                if let Some(unloaded) = s.make_room(self.total, need, Claim::For(tenant), now) {
+                // Leaving what the oldest wait needs free.
+                let need = weights.saturating_add(s.held_back(exempt));
+                let claim = Claim::For(tenant);
+                if let Some(unloaded) = s.make_room(self.total, (need, weights), claim, now) {
                     s.weights += weights;
                     s.loads += 1;
                     s.note_peak();
@@ -823,8 +846,6 @@ impl Budget {
                     model: Arc::clone(&package),
                     memory: Arc::clone(&memory),
                     looked: s.looked,
-                    // Its loader's while it loaded.
-                    new_owner: false,
                 };
                 let mut loaded = Loaded {
                     package,
@@ -880,14 +901,13 @@ impl Budget {
     pub fn room_for(&self, one: u64, tenant: &str) -> u64 {
         let s = lock(&self.state);
         let now = Instant::now();
-        let held_back = s.held_back(tenant);
         let stale = s
             .room(self.total, Claim::Stale, now)
-            .saturating_sub(held_back);
+            .saturating_sub(s.held_back(None));
         if stale >= one {
             return stale;
         }
-        s.room_left(self.total, tenant, now)
+        s.room_left(self.total, tenant, None, now)
     }
 
     /// Bytes a batch led by `tenant` could have once the running batches give their memory
@@ -896,43 +916,43 @@ impl Budget {
     /// that, would have held every tenant's batches up behind a measurement of seconds.
     pub fn room_once_reservations_end(&self, tenant: &str) -> u64 {
         let s = lock(&self.state);
-        s.room_left(self.total, tenant, Instant::now())
+        s.room_left(self.total, tenant, None, Instant::now())
             .saturating_add(s.batches)
     }
 
     /// Bytes `tenant` could claim now: free, or once the models [`Claim::For`] it allows are
     /// unloaded.
     pub fn room_of(&self, tenant: &str) -> u64 {
-        lock(&self.state).room_left(self.total, tenant, Instant::now())
+        lock(&self.state).room_left(self.total, tenant, None, Instant::now())
     }
 
     /// Reserves `need` bytes now for work led by `tenant`, unloading the models [`Claim::For`]
     /// `tenant` allows (those nobody owns first: their last use is older than any owned one's);
     /// or `None`.
     pub fn reserve_now(self: &Arc<Self>, need: u64, tenant: &str) -> Option<Reservation> {
-        self.reserve_held(need, tenant, false, false)
+        self.reserve_held(need, tenant, (false, false), None)
     }
 
     /// [`Self::reserve_now`] for a batch the dispatcher runs (see
     /// [`Self::room_once_reservations_end`]); a refusal counts as a look ([`State::looked`]):
     /// the dispatcher waits for a change after it.
     pub fn reserve_batch(self: &Arc<Self>, need: u64, tenant: &str) -> Option<Reservation> {
-        self.reserve_held(need, tenant, true, true)
+        self.reserve_held(need, tenant, (true, true), None)
     }
 
     /// [`Self::reserve_now`]; `waits`: the caller waits for a change if it fails
-    /// ([`State::looked`]).
+    /// ([`State::looked`]); `exempt`: the caller's own wait ([`State::held_back`]).
     fn reserve_held(
         self: &Arc<Self>,
         need: u64,
         tenant: &str,
-        batch: bool,
-        waits: bool,
+        (batch, waits): (bool, bool),
+        exempt: Option<u64>,
     ) -> Option<Reservation> {
         let mut s = lock(&self.state);
         let now = Instant::now();
-        let with_waits = need.saturating_add(s.held_back(tenant));
-        let Some(unloaded) = s.make_room(self.total, with_waits, Claim::For(tenant), now) else {
+        let room = (need.saturating_add(s.held_back(exempt)), need);
+        let Some(unloaded) = s.make_room(self.total, room, Claim::For(tenant), now) else {
             if waits {
                 s.looked += 1;
             }
@@ -962,8 +982,8 @@ impl Budget {
         deadline: &Deadline,
         what: &str,
     ) -> Result<Reservation, DeviceError> {
-        self.until_room((need, tenant), deadline, what, || {
-            self.reserve_held(need, tenant, false, true)
+        self.until_room((need, tenant), deadline, what, |exempt| {
+            self.reserve_held(need, tenant, (false, true), exempt)
         })
         .await
     }
@@ -979,9 +999,9 @@ impl Budget {
         what: &str,
         done: impl Fn() -> bool,
     ) -> Result<(), DeviceError> {
-        self.until_room((need, tenant), deadline, what, || {
+        self.until_room((need, tenant), deadline, what, |exempt| {
             let mut s = lock(&self.state);
-            if s.room_left(self.total, tenant, Instant::now()) >= need || done() {
+            if s.room_left(self.total, tenant, exempt, Instant::now()) >= need || done() {
                 return Some(());
             }
             s.looked += 1;
@@ -996,7 +1016,7 @@ impl Budget {
         (need, tenant): (u64, &str),
         deadline: &Deadline,
         what: &str,
-        attempt: impl Fn() -> Option<T>,
+        attempt: impl Fn(Option<u64>) -> Option<T>,
     ) -> Result<T, DeviceError> {
         if need > self.total {
             return Err(DeviceError::TooLarge(format!(
@@ -1009,16 +1029,14 @@ impl Budget {
             let notified = self.notify.notified();
             let mut notified = std::pin::pin!(notified);
             notified.as_mut().enable();
-            if let Some(done) = attempt() {
+            if let Some(done) = attempt(exempt(&waiting)) {
                 return Ok(done);
             }
             let kept = {
                 let s = lock(&self.state);
                 s.kept_for_others(self.total, need, Instant::now())
             };
-            if kept.is_none() && waiting.is_none() {
-                waiting = self.wait_for_batches(tenant, need);
-            }
+            self.wait_for_batches(&mut waiting, tenant, need, kept.is_some());
             if deadline.run(changed(kept, notified)).await.is_err() {
                 return Err(DeviceError::Busy(format!(
                     "{what} found no room for {need} bytes of device memory within the time \
@@ -1029,23 +1047,39 @@ impl Budget {
         }
     }
 
-    /// Registers `tenant`'s wait for `need` bytes ([`Waiting`]) if the running batches ending
-    /// would give it the room.
-    fn wait_for_batches(self: &Arc<Self>, tenant: &str, need: u64) -> Option<Waiting> {
+    /// Keeps `waiting` (`tenant`'s wait for `need` bytes, [`Waiting`]) registered while the
+    /// running batches ending would give it the room: registered when they first would, and
+    /// dropped when they no longer would (the room they counted on was pinned since, say), or
+    /// when other tenants' models hold it (`kept`), so that no wait that cannot be met holds
+    /// everyone's work back to its deadline.
+    fn wait_for_batches(
+        self: &Arc<Self>,
+        waiting: &mut Option<Waiting>,
+        tenant: &str,
+        need: u64,
+        kept: bool,
+    ) {
         let mut s = lock(&self.state);
         let then = s
             .room(self.total, Claim::For(tenant), Instant::now())
             .saturating_add(s.batches);
-        if then < need {
-            return None;
+        match (!kept && then >= need, waiting.is_some()) {
+            (true, false) => {
+                let id = s.next_waiting;
+                s.next_waiting += 1;
+                s.waiting.insert(id, need);
+                *waiting = Some(Waiting {
+                    budget: Arc::clone(self),
+                    id,
+                });
+            }
+            (false, true) => {
+                // Its drop takes the lock.
+                drop(s);
+                *waiting = None;
+            }
+            _ => {}
         }
-        let id = s.next_waiting;
-        s.next_waiting += 1;
-        s.waiting.insert(id, (Arc::from(tenant), need));
-        Some(Waiting {
-            budget: Arc::clone(self),
-            id,
-        })
     }
 
     /// Why a claim waits, for its error.
@@ -1059,7 +1093,9 @@ impl Budget {
                 lock(&self.state).resident_for
             )
         } else {
-            "the device's memory is held by running calls".to_string()
+            "the device's memory is held by running calls (or left free for another call \
+             waiting for them)"
+                .to_string()
         }
     }
 

@@ -340,11 +340,12 @@ impl Turn {
     /// others of its invocations wait ahead of it; whether it holds one (not if its deadline
     /// came first: the guest is then stopped at its next epoch check).
     pub async fn take(&self) -> bool {
-        self.take_until(self.until).await
+        self.take_until(self.until, self.ahead).await
     }
 
-    /// [`Turn::take`], waiting until `until` at most.
-    async fn take_until(&self, until: Instant) -> bool {
+    /// [`Turn::take`], waiting until `until` at most, at the front of the tenant's queue if
+    /// `ahead`.
+    async fn take_until(&self, until: Instant, ahead: bool) -> bool {
         if *self.held() {
             return true;
         }
@@ -353,14 +354,13 @@ impl Turn {
             ticket: None,
         };
         loop {
-            let waiting =
-                match self
-                    .cpu
-                    .try_take(&self.tenant, self.weight, queued.ticket, self.ahead)
-                {
-                    Ok(()) => break,
-                    Err(w) => w,
-                };
+            let waiting = match self
+                .cpu
+                .try_take(&self.tenant, self.weight, queued.ticket, ahead)
+            {
+                Ok(()) => break,
+                Err(w) => w,
+            };
             queued.ticket = Some(waiting.ticket);
             // Its own wake, which keeps a permit: one given between the look and the wait is
             // not lost.
@@ -395,7 +395,7 @@ impl Turn {
             return f();
         }
         let place = self.sibling();
-        place.take_until(Instant::now() + wait).await;
+        place.take_until(Instant::now() + wait, true).await;
         let out = f();
         drop(place);
         out
@@ -465,7 +465,12 @@ impl Turn {
     /// pollables, or looking at them again when one is ready; an S3 listing parsing the page
     /// that came), so it runs on a slot of the tenant's share, taken again after each wait
     /// (the call's waker wakes this task, which takes a slot before it polls the call
-    /// again). A call that is ready when first polled never gives the slot back.
+    /// again). A call that is ready when first polled never gives the slot back. Woken, it
+    /// takes the slot at the front of its tenant's queue: behind the tenant's own invocations
+    /// it waited a tick for each of them, and a device wait whose room the neighbours' batches
+    /// gave back holds that room from every other tenant until it takes it (see
+    /// [`crate::device::budget`]), so a tenant spinning in its other invocations kept the
+    /// device's memory unused for a tick per invocation.
     pub async fn off<F: Future>(&self, wait: F) -> F::Output {
         let mut wait = std::pin::pin!(wait);
         let woken = Arc::new(Woken(Notify::new()));
@@ -478,7 +483,7 @@ impl Turn {
             // A wake that came during the poll left its permit: no wake is lost.
             woken.0.notified().await;
             // Past the deadline it polls without one: the call's own deadline ends it.
-            self.take().await;
+            self.take_until(self.until, true).await;
         }
     }
 }
@@ -778,6 +783,44 @@ mod tests {
             // A call ready at once keeps the slot throughout.
             let kept = t.off(async { cpu.load("t").0 }).await;
             assert_eq!(kept, 1);
+        });
+    }
+
+    #[test]
+    fn a_host_call_woken_takes_its_tenants_next_slot_before_its_waiting_invocations() {
+        rt().block_on(async {
+            let cpu = CpuShares::new(1);
+            let (w, b, c) = (turn(&cpu, "t"), turn(&cpu, "t"), turn(&cpu, "t"));
+            at_once("w", w.take()).await;
+            let order = Mutex::new(Vec::new());
+            let got = |who| order.lock().expect("order").push(who);
+            // w waits in a host call (its slot goes to b, c queues behind), is woken while b
+            // still runs, and b's tick hands the slot on: to w, not to c.
+            let call = async {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                w.off(tokio::time::sleep(Duration::from_millis(20))).await;
+                got("w");
+                w.give();
+            };
+            let runs = async {
+                assert!(b.take().await);
+                tokio::time::sleep(Duration::from_millis(60)).await;
+                b.tick().await;
+                got("b");
+                b.give();
+            };
+            let queued = async {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                assert!(c.take().await);
+                got("c");
+                c.give();
+            };
+            tokio::time::timeout(Duration::from_secs(5), async {
+                tokio::join!(call, runs, queued)
+            })
+            .await
+            .expect("no deadlock");
+            assert_eq!(*order.lock().expect("order"), ["w", "c", "b"]);
         });
     }
 

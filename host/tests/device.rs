@@ -430,6 +430,53 @@ async fn pins_taken_and_dropped_while_nobody_looks_wake_nobody() {
     }
 }
 
+/// Pins of a model no wait for the running batches' room counts on wake nobody: each pin of an
+/// idle model woke every waiter while any such wait was registered, and each drop again after
+/// the woken had looked, for as long as a tenant kept pinning its own model in a loop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pins_beside_a_wait_they_do_not_touch_wake_nobody() {
+    let _one = serial().lock().await;
+    let p = Packages::open();
+    let model = "efficientnet_lite0";
+    let w = p.weights(model);
+    // The attacker's model, idle and kept for it within its share; a batch of the rest; a
+    // reservation that the batch's ending will meet, without the attacker's model.
+    let budget = Budget::new(3 * w, RESIDENT_FOR);
+    p.use_model(&budget, model, "attacker").await;
+    let batch = budget.reserve_batch(2 * w, "heavy").expect("the rest");
+    let b = Arc::clone(&budget);
+    let waiting = tokio::spawn(async move {
+        let deadline = Deadline::new(LONG);
+        b.reserve(2 * w, "waiter", &deadline, "a test's reservation")
+            .await
+            .map(drop)
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        budget.snapshot().waiting,
+        1,
+        "the reservation waits for the batch"
+    );
+    let before = budget.snapshot().wakes;
+    for _ in 0..100 {
+        let pin = p.pin(&budget, model, "attacker", LONG).await.expect(model);
+        drop(pin);
+    }
+    let woken = budget.snapshot().wakes - before;
+    assert!(woken <= 2, "{woken} wakes for 100 pins taken and dropped");
+    assert_eq!(
+        budget.snapshot().waiting,
+        1,
+        "still met by the batch's ending"
+    );
+    drop(batch);
+    let reserved = tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("the reservation ends")
+        .expect("join");
+    assert!(reserved.is_ok(), "{reserved:?}");
+}
+
 /// A pin that makes its tenant one of a model's owners shrinks every owner's share: another
 /// owner may be over its own now, its idle model room a waiter may take. Taking it wakes the
 /// waiters (its drop may come seconds later). The waiter slept until the first owner's use went

@@ -160,7 +160,7 @@ struct State {
     looked: u64,
     /// Needs of the loads and reservations waiting for the room running batches hold, by id,
     /// oldest first: the oldest one's is left free by all other work (see [`Waiting`]).
-    waiting: std::collections::BTreeMap<u64, u64>,
+    waiting: std::collections::BTreeMap<u64, (u64, Arc<str>)>,
     next_waiting: u64,
 }
 
@@ -176,9 +176,20 @@ impl State {
     /// take the room its own load waited for while everyone else's were cut.
     fn held_back(&self, exempt: Option<u64>) -> u64 {
         match self.waiting.iter().next() {
-            Some((id, need)) if Some(*id) != exempt => *need,
+            Some((id, (need, _))) if Some(*id) != exempt => *need,
             _ => 0,
         }
+    }
+
+    /// Whether the running batches ending can no longer give the oldest wait its need (its
+    /// tenant's room now and the batches' memory): the wait is then to look again and end, or
+    /// it holds its need back from everyone's work until the batches end.
+    fn oldest_wait_unmet(&self, total: u64, now: Instant) -> bool {
+        self.waiting.values().next().is_some_and(|(need, tenant)| {
+            self.room(total, Claim::For(tenant), now)
+                .saturating_add(self.batches)
+                < *need
+        })
     }
 
     /// [`Self::room`] for `tenant`'s work, less what it leaves for the oldest wait.
@@ -682,12 +693,13 @@ impl Budget {
         let mut s = lock(&self.state);
         s.clock += 1;
         let (tick, window, now, looked) = (s.clock, s.resident_for, Instant::now(), s.looked);
-        let waits = !s.waiting.is_empty();
         match s.models.get_mut(name) {
             Some(Slot::Loaded(l)) => {
-                // An idle model pinned is no longer room a wait for the running batches' room
-                // may count on: the waits look again (one that can no longer be met held
-                // everyone's work back until the batches ended).
+                // An idle model pinned is no longer room the oldest wait for the running
+                // batches' room may count on: if that leaves it unmet, the waits look again
+                // (it held everyone's work back until the batches ended). Only then: a pin
+                // of a model no wait counted on, in a loop, woke every waiter at each pin,
+                // and again at each drop after the woken looked.
                 let was_idle = l.pins == 0;
                 // With no window, a use owns nothing once its pin is dropped: a pin's ownership
                 // lasts only while it is held, and every pin of a loop would wake the waiters.
@@ -707,7 +719,8 @@ impl Budget {
                     looked,
                 };
                 // A new owner shrinks every share (see [`Pin`]'s drop).
-                Attempt::Pinned(pin, new_owner || (was_idle && waits))
+                let wake = new_owner || (was_idle && s.oldest_wait_unmet(self.total, now));
+                Attempt::Pinned(pin, wake)
             }
             Some(Slot::Loading { .. }) => Attempt::Loading,
             None => {
@@ -1067,7 +1080,7 @@ impl Budget {
             (true, false) => {
                 let id = s.next_waiting;
                 s.next_waiting += 1;
-                s.waiting.insert(id, need);
+                s.waiting.insert(id, (need, Arc::from(tenant)));
                 *waiting = Some(Waiting {
                     budget: Arc::clone(self),
                     id,

@@ -19,9 +19,10 @@
 //! where there are more workers than wanting tenants. An invocation that may not
 //! hold another slot waits, behind its tenant's invocations that came before it, until a slot
 //! comes free or the share grows, and no longer than its deadline (the time limit is wall time).
-//! Two waits go to the front of the tenant's queue instead: a model's load (one per tenant at a
-//! time, which other tenants may be waiting for) and an ended invocation's teardown (freeing
-//! its memory; [`Turn::finally`]).
+//! Three waits go ahead of the tenant's queue instead, in the order they came among themselves:
+//! a model's load (one per tenant at a time, which other tenants may be waiting for), an ended
+//! invocation's teardown (freeing its memory; [`Turn::finally`]) and a host call woken from its
+//! wait ([`Turn::off`]).
 
 use super::engine::EPOCH_TICK;
 use crate::account::Pace;
@@ -52,8 +53,12 @@ struct Load {
     running: usize,
     /// Tickets of the invocations waiting for a slot, in the order they came, each with its
     /// wake: the first takes the next slot, so only the first is woken to look again (a slot
-    /// came free, or the share grew), and each behind it when it comes first.
-    queue: VecDeque<(u64, Arc<Notify>)>,
+    /// came free, or the share grew), and each behind it when it comes first. Those that go
+    /// ahead ([`Turn::sibling`], [`Turn::off`]'s wakes; `true`) are before all others, in the
+    /// order they came: put at the very front, the newest went first, and a tenant whose calls
+    /// woke every millisecond kept its oldest (a load, a device wait holding room back from
+    /// everyone) from the front until its deadline.
+    queue: VecDeque<(u64, Arc<Notify>, bool)>,
     /// The next ticket.
     next: u64,
 }
@@ -69,7 +74,7 @@ impl Load {
 
     /// The first waiting invocation looks again (a permit, if it is not waiting yet).
     fn wake_first(&self) {
-        if let Some((_, wake)) = self.queue.front() {
+        if let Some((_, wake, _)) = self.queue.front() {
             wake.notify_one();
         }
     }
@@ -116,7 +121,7 @@ impl Inner {
             return;
         };
         match ticket {
-            Some(t) => load.queue.retain(|(q, _)| *q != t),
+            Some(t) => load.queue.retain(|(q, _, _)| *q != t),
             None => load.running = load.running.saturating_sub(1),
         }
         if !load.wants() {
@@ -189,8 +194,9 @@ impl CpuShares {
         load.weight = weight;
         let (weight, running) = (load.weight(), load.running);
         let first = match ticket {
-            None => ahead || load.queue.is_empty(),
-            Some(t) => load.queue.front().is_some_and(|(q, _)| *q == t),
+            // Ahead of all but those ahead already.
+            None => load.queue.front().is_none_or(|(_, _, a)| ahead && !a),
+            Some(t) => load.queue.front().is_some_and(|(q, _, _)| *q == t),
         };
         // A newcomer counts among the wanting: its own arrival shrinks the shares.
         let newcomer = if load.wants() { 0 } else { weight };
@@ -209,9 +215,12 @@ impl CpuShares {
         let ticket = ticket.unwrap_or_else(|| {
             let t = load.next;
             load.next += 1;
-            let place = (t, Arc::new(Notify::new()));
+            let place = (t, Arc::new(Notify::new()), ahead);
             match ahead {
-                true => load.queue.push_front(place),
+                true => {
+                    let at = load.queue.iter().take_while(|(_, _, a)| *a).count();
+                    load.queue.insert(at, place);
+                }
                 false => load.queue.push_back(place),
             }
             t
@@ -220,7 +229,7 @@ impl CpuShares {
             .queue
             .iter()
             .enumerate()
-            .find_map(|(i, (q, w))| (*q == ticket).then(|| (i, Arc::clone(w))))
+            .find_map(|(i, (q, w, _))| (*q == ticket).then(|| (i, Arc::clone(w))))
             // A ticket not in the queue (never, under the lock): it waits as the first.
             .unwrap_or_else(|| (0, Arc::new(Notify::new())));
         Err(Waiting {
@@ -717,7 +726,7 @@ mod tests {
         let load = |weight, running| Load {
             weight,
             running,
-            queue: VecDeque::from([(0, Arc::new(Notify::new()))]),
+            queue: VecDeque::from([(0, Arc::new(Notify::new()), false)]),
             ..Load::default()
         };
         let mut g = Inner::default();
@@ -821,6 +830,43 @@ mod tests {
             .await
             .expect("no deadlock");
             assert_eq!(*order.lock().expect("order"), ["w", "c", "b"]);
+        });
+    }
+
+    #[test]
+    fn host_calls_woken_take_the_slot_in_the_order_they_woke() {
+        rt().block_on(async {
+            let cpu = CpuShares::new(1);
+            let (w, x, a) = (turn(&cpu, "t"), turn(&cpu, "t"), turn(&cpu, "t"));
+            at_once("w", w.take()).await;
+            let order = Mutex::new(Vec::new());
+            let got = |who| order.lock().expect("order").push(who);
+            // w and x wait in host calls, w woken first; a holds the slot meanwhile and ticks.
+            let first = async {
+                w.off(tokio::time::sleep(Duration::from_millis(5))).await;
+                got("w");
+                w.give();
+            };
+            let second = async {
+                assert!(x.take().await);
+                x.off(tokio::time::sleep(Duration::from_millis(20))).await;
+                got("x");
+                x.give();
+            };
+            let runs = async {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                assert!(a.take().await);
+                tokio::time::sleep(Duration::from_millis(60)).await;
+                a.tick().await;
+                got("a");
+                a.give();
+            };
+            tokio::time::timeout(Duration::from_secs(5), async {
+                tokio::join!(first, second, runs)
+            })
+            .await
+            .expect("no deadlock");
+            assert_eq!(*order.lock().expect("order"), ["w", "x", "a"]);
         });
     }
 

@@ -279,6 +279,46 @@ impl Packages {
         .expect("device")
     }
 
+    /// A device of one worker over these packages that does not adapt (batches bounded by
+    /// `max_batch` alone, whatever the memory model finds efficient), on a 4 GiB budget.
+    fn fixed_device(
+        &self,
+        pool: bool,
+        window: Duration,
+        max_batch: i64,
+        (slice, batch_time): (Duration, Duration),
+    ) -> Arc<hapi_host::device::executor::Device> {
+        hapi_host::device::executor::Device::start(
+            hapi_host::device::types::DeviceConfig {
+                budget: 4 << 30,
+                adapt: false,
+                pool,
+                window,
+                max_batch,
+                slice,
+                batch_time,
+                workers: 1,
+                resident_for: RESIDENT_FOR,
+            },
+            Arc::clone(&self.models),
+        )
+        .expect("device")
+    }
+
+    /// The memory models of `models`, measured on their first load (on a pooled device of its
+    /// own, which goes with them): later loads only load.
+    async fn measured<const N: usize>(&self, models: [&str; N]) -> [Arc<ModelMemory>; N] {
+        let d = self.pooled_device(4 << 30, RESIDENT_FOR);
+        let (t, s) = (Arc::from("measure"), Deadline::new(LONG));
+        let mut memory = Vec::with_capacity(N);
+        for m in models {
+            memory.push(Arc::clone(
+                &d.acquire(m, &t, &s, None).await.expect(m).memory,
+            ));
+        }
+        memory.try_into().expect("one per model")
+    }
+
     fn open() -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
         let text = common::policy_text(&dir.path().join("store"), &dir.path().join("state"));
@@ -1505,15 +1545,11 @@ async fn a_leader_that_cannot_fit_a_sample_does_not_hold_up_a_neighbour_that_can
     let p = Packages::open();
     let (big, small) = ("resnet18", "efficientnet_lite0");
     let device = |budget: u64, resident_for: Duration| p.pooled_device(budget, resident_for);
-    let one = |pin: &hapi_host::device::budget::Pin| pin.memory.segment(0..1).run_bytes(1);
     // The two segments' one-sample runs, from their memory models (measured on first load).
-    let (one_big, one_small) = {
-        let d = device(4 << 30, RESIDENT_FOR);
-        let (b, s) = (Arc::from("measure"), Deadline::new(LONG));
-        let big_pin = d.acquire(big, &b, &s, None).await.expect(big);
-        let small_pin = d.acquire(small, &b, &s, None).await.expect(small);
-        (one(&big_pin), one(&small_pin))
-    };
+    let [one_big, one_small] = p
+        .measured([big, small])
+        .await
+        .map(|m| m.segment(0..1).run_bytes(1));
     assert!(
         one_big > one_small,
         "{one_big} <= {one_small}: the test proves nothing"
@@ -1564,14 +1600,10 @@ async fn a_profiles_memory_does_not_hold_up_the_batches_of_others() {
     let p = Packages::open();
     let (big, small) = ("resnet18", "efficientnet_lite0");
     let device = |budget: u64| p.pooled_device(budget, RESIDENT_FOR);
-    let one = |pin: &hapi_host::device::budget::Pin| pin.memory.segment(0..1).run_bytes(1);
-    let (one_big, one_small) = {
-        let d = device(4 << 30);
-        let (b, s) = (Arc::from("measure"), Deadline::new(LONG));
-        let big_pin = d.acquire(big, &b, &s, None).await.expect(big);
-        let small_pin = d.acquire(small, &b, &s, None).await.expect(small);
-        (one(&big_pin), one(&small_pin))
-    };
+    let [one_big, one_small] = p
+        .measured([big, small])
+        .await
+        .map(|m| m.segment(0..1).run_bytes(1));
     assert!(
         one_big > one_small,
         "{one_big} <= {one_small}: the test proves nothing"
@@ -1724,28 +1756,17 @@ async fn a_profile_stops_when_its_tenants_time_is_up_and_keeps_nothing() {
 /// code after the fix, after it before.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_waiting_for_batch_mates_does_not_hold_up_its_neighbours_due_batches() {
-    use hapi_host::device::executor::Device;
-    use hapi_host::device::types::DeviceConfig;
     let _one = serial().lock().await;
     let p = Packages::open();
     let window = Duration::from_secs(8);
     // Not adapting: batches are bounded by `max_batch` alone, whatever batch sizes the memory
     // model finds efficient on this machine.
-    let d = Device::start(
-        DeviceConfig {
-            budget: 4 << 30,
-            adapt: false,
-            pool: true,
-            window,
-            max_batch: 16,
-            slice: Duration::from_millis(50),
-            batch_time: Duration::from_millis(50),
-            workers: 1,
-            resident_for: RESIDENT_FOR,
-        },
-        Arc::clone(&p.models),
-    )
-    .expect("device");
+    let d = p.fixed_device(
+        true,
+        window,
+        16,
+        (Duration::from_millis(50), Duration::from_millis(50)),
+    );
     let job = |tenant: &Arc<str>, pin, n| common::device_job(tenant, pin, n, window * 3);
     let deadline = Deadline::new(LONG);
     let trickle: Arc<str> = Arc::from("trickle");
@@ -1790,25 +1811,14 @@ async fn a_leader_waiting_for_batch_mates_does_not_hold_up_its_neighbours_due_ba
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unpooled_calls_memory_stays_reserved_while_its_batch_runs() {
     use hapi_host::device::DeviceError;
-    use hapi_host::device::executor::Device;
-    use hapi_host::device::types::DeviceConfig;
     let _one = serial().lock().await;
     let p = Packages::open();
-    let d = Device::start(
-        DeviceConfig {
-            budget: 4 << 30,
-            adapt: false,
-            pool: false,
-            window: Duration::ZERO,
-            max_batch: 128,
-            slice: Duration::from_secs(60),
-            batch_time: Duration::from_secs(60),
-            workers: 1,
-            resident_for: RESIDENT_FOR,
-        },
-        Arc::clone(&p.models),
-    )
-    .expect("device");
+    let d = p.fixed_device(
+        false,
+        Duration::ZERO,
+        128,
+        (Duration::from_secs(60), Duration::from_secs(60)),
+    );
     let t: Arc<str> = Arc::from("t");
     let pin = d
         .acquire("resnet18", &t, &Deadline::new(LONG), None)
@@ -1920,27 +1930,16 @@ async fn a_batch_that_outlives_its_invocation_holds_the_tenants_slot_until_it_en
 /// long batches, while the first tenant's work waited behind them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenant_with_work_queued_stays_active_however_long_its_call() {
-    use hapi_host::device::executor::Device;
-    use hapi_host::device::types::DeviceConfig;
     let _one = serial().lock().await;
     let p = Packages::open();
     // Not adapting: batches of at most 16, long ones (2 s) for a tenant alone, 5 ms slices
     // of one tenant's work while others are active.
-    let d = Device::start(
-        DeviceConfig {
-            budget: 4 << 30,
-            adapt: false,
-            pool: true,
-            window: Duration::ZERO,
-            max_batch: 16,
-            slice: Duration::from_millis(5),
-            batch_time: Duration::from_secs(2),
-            workers: 1,
-            resident_for: RESIDENT_FOR,
-        },
-        Arc::clone(&p.models),
-    )
-    .expect("device");
+    let d = p.fixed_device(
+        true,
+        Duration::ZERO,
+        16,
+        (Duration::from_millis(5), Duration::from_secs(2)),
+    );
     let deadline = Deadline::new(LONG);
     let (long, other): (Arc<str>, Arc<str>) = (Arc::from("long"), Arc::from("other"));
     let long_pin = d
@@ -2001,11 +2000,7 @@ async fn a_load_waiting_for_the_room_of_a_neighbours_batches_gets_it() {
     let small = "efficientnet_lite0";
     // The small model's memory model, measured on its first load, so that the load below only
     // loads.
-    {
-        let d = p.pooled_device(4 << 30, RESIDENT_FOR);
-        let (t, s) = (Arc::from("measure"), Deadline::new(LONG));
-        d.acquire(small, &t, &s, None).await.expect(small);
-    }
+    p.measured([small]).await;
     let room = 2 * p.weights(small);
     let budget = Budget::new(room, RESIDENT_FOR);
     let heavy = "heavy";
@@ -2069,11 +2064,7 @@ async fn of_two_waits_for_the_batches_room_the_older_has_it() {
     let _one = serial().lock().await;
     let p = Packages::open();
     let small = "efficientnet_lite0";
-    {
-        let d = p.pooled_device(4 << 30, RESIDENT_FOR);
-        let (t, s) = (Arc::from("measure"), Deadline::new(LONG));
-        d.acquire(small, &t, &s, None).await.expect(small);
-    }
+    p.measured([small]).await;
     let w = p.weights(small);
     let room = 2 * w;
     let budget = Budget::new(room, RESIDENT_FOR);
@@ -2113,20 +2104,11 @@ async fn a_wait_the_batches_can_no_longer_meet_holds_nothing_back() {
     let _one = serial().lock().await;
     let p = Packages::open();
     let (big, small) = ("resnet18", "efficientnet_lite0");
-    {
-        let d = p.pooled_device(4 << 30, RESIDENT_FOR);
-        let (t, s) = (Arc::from("measure"), Deadline::new(LONG));
-        d.acquire(small, &t, &s, None).await.expect(small);
-        d.acquire(big, &t, &s, None).await.expect(big);
-    }
+    let [big_memory, _] = p.measured([big, small]).await;
     let (wb, ws) = (p.weights(big), p.weights(small));
     // The big model's weights and one sample's run: what its load is let wait for (the budget
     // refuses a model that could never run one sample at once).
-    let one = p
-        .models
-        .memory_known(big)
-        .expect("measured")
-        .one_sample_peak();
+    let one = big_memory.one_sample_peak();
     let total = wb + one;
     // The batch and the small model make the total; without the small one, the batch's room
     // is less than the big model's weights.

@@ -185,11 +185,18 @@ impl State {
     /// tenant's room now and the batches' memory): the wait is then to look again and end, or
     /// it holds its need back from everyone's work until the batches end.
     fn oldest_wait_unmet(&self, total: u64, now: Instant) -> bool {
-        self.waiting.values().next().is_some_and(|(need, tenant)| {
-            self.room(total, Claim::For(tenant), now)
-                .saturating_add(self.batches)
-                < *need
-        })
+        self.waiting
+            .values()
+            .next()
+            .is_some_and(|(need, tenant)| !self.batches_would_meet(total, tenant, *need, now))
+    }
+
+    /// Whether `tenant` would have `need` bytes once the running batches end: its room now and
+    /// the batches' memory (what a [`Waiting`] is registered for while true).
+    fn batches_would_meet(&self, total: u64, tenant: &str, need: u64, now: Instant) -> bool {
+        self.room(total, Claim::For(tenant), now)
+            .saturating_add(self.batches)
+            >= need
     }
 
     /// [`Self::room`] for `tenant`'s work, less what it leaves for the oldest wait.
@@ -1073,10 +1080,8 @@ impl Budget {
         kept: bool,
     ) {
         let mut s = lock(&self.state);
-        let then = s
-            .room(self.total, Claim::For(tenant), Instant::now())
-            .saturating_add(s.batches);
-        match (!kept && then >= need, waiting.is_some()) {
+        let met = s.batches_would_meet(self.total, tenant, need, Instant::now());
+        match (!kept && met, waiting.is_some()) {
             (true, false) => {
                 let id = s.next_waiting;
                 s.next_waiting += 1;

@@ -144,6 +144,16 @@ struct Owed {
 }
 
 impl Queue {
+    /// Whether an upload may join the queue ([`MAX_COMPILE_QUEUE`] waiting or compiling).
+    fn has_room(&self) -> Result<(), FunctionError> {
+        if self.waiting >= MAX_COMPILE_QUEUE {
+            return Err(FunctionError::Busy(format!(
+                "{MAX_COMPILE_QUEUE} uploads are waiting to be compiled; retry later"
+            )));
+        }
+        Ok(())
+    }
+
     /// What `tenant` owes at `now`.
     fn owed(&mut self, tenant: &Tenant, now: Instant) -> f64 {
         let share = f64::from(tenant.limits.compile_share) / 100.0;
@@ -662,6 +672,10 @@ impl Functions {
         }
         self.check_quota(tenant, name, declared, None)?;
         let mut q = lock(&self.queue);
+        // A full queue refuses the upload before its bytes are read (up to the tenant's
+        // `max_function_bytes` each), not once they are all in: every deploy-capable tenant's
+        // upload was read whole only to be refused.
+        q.has_room()?;
         let owed = q.owed(tenant, Instant::now());
         let burst = tenant.limits.compile_burst.as_secs_f64();
         if owed >= burst {
@@ -935,11 +949,7 @@ impl Functions {
     /// [`MAX_COMPILE_QUEUE`] in all.
     fn enqueue(&self) -> Result<Queued, FunctionError> {
         let mut q = lock(&self.queue);
-        if q.waiting >= MAX_COMPILE_QUEUE {
-            return Err(FunctionError::Busy(format!(
-                "{MAX_COMPILE_QUEUE} uploads are waiting to be compiled; retry later"
-            )));
-        }
+        q.has_room()?;
         q.waiting += 1;
         Ok(Queued {
             queue: Arc::clone(&self.queue),
@@ -1002,5 +1012,42 @@ impl Functions {
         drop(table);
         self.retire(&tenant.name, &f);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeSet;
+
+    /// An upload is refused at once while the compile queue is full, before its bytes are
+    /// read: it was refused only once they were all in.
+    #[test]
+    fn a_full_queue_refuses_an_upload_before_its_bytes_are_read() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let functions = Functions::open(dir.path()).expect("state directory");
+        let tenant = |name: &str| Tenant {
+            name: name.into(),
+            token_sha256: [0; 32],
+            grants: Vec::new(),
+            models: BTreeSet::new(),
+            private_models: Vec::new(),
+            limits: crate::policy::Limits::default(),
+            deploy: true,
+            capabilities: crate::policy::Capabilities::default(),
+            functions: BTreeMap::new(),
+        };
+        let full: Vec<Queued> = (0..MAX_COMPILE_QUEUE)
+            .map(|_| functions.enqueue().expect("room"))
+            .collect();
+        let refused = functions.reserve(&tenant("late"), "f", 1 << 20);
+        assert!(
+            matches!(&refused, Err(FunctionError::Busy(m)) if m.contains("waiting to be compiled")),
+            "{refused:?}"
+        );
+        // Refused, it holds no upload in progress for its tenant.
+        drop(full);
+        let reserved = functions.reserve(&tenant("late"), "f", 1 << 20);
+        assert!(reserved.is_ok(), "{reserved:?}");
     }
 }

@@ -2095,9 +2095,10 @@ async fn of_two_waits_for_the_batches_room_the_older_has_it() {
     assert_eq!(budget.snapshot().waiting, 0);
 }
 
-/// A wait for the room running batches hold ends when they no longer could give it that room
-/// (here an idle model it counted on is pinned by another tenant): it held everyone's work
-/// back until its deadline.
+/// A wait for the room running batches hold holds nothing back while they could no longer give
+/// it that room (here an idle model it counted on is pinned by another tenant): it held
+/// everyone's work back until its deadline; then until it was woken, and each pin woke every
+/// waiter.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wait_the_batches_can_no_longer_meet_holds_nothing_back() {
     use hapi_host::device::budget::Budget;
@@ -2133,18 +2134,29 @@ async fn a_wait_the_batches_can_no_longer_meet_holds_nothing_back() {
     });
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(budget.snapshot().waiting, 1, "the big model's load waits");
-    // Another tenant pins the small model: the batch ending no longer gives the load room.
+    assert_eq!(budget.snapshot().held_back, wb, "its need is held back");
+    // Another tenant pins the small model, again and again: while it is pinned, the batch
+    // ending would not give the load room, and its need is held back from nobody; nobody is
+    // woken for it (each pin woke every waiter of the host, and its drop again).
+    let wakes = budget.snapshot().wakes;
+    for _ in 0..100 {
+        let pin = budget
+            .acquire(&p.models, small, &Arc::from("other"), &deadline, None)
+            .await
+            .expect(small);
+        assert_eq!(budget.snapshot().held_back, 0, "held back beside the pin");
+        drop(pin);
+    }
+    assert!(
+        budget.snapshot().wakes - wakes <= 2,
+        "{} wakes for 100 pins",
+        budget.snapshot().wakes - wakes
+    );
     let pinned = budget
         .acquire(&p.models, small, &Arc::from("other"), &deadline, None)
         .await
         .expect(small);
-    let until = std::time::Instant::now() + Duration::from_secs(2);
-    while budget.snapshot().waiting > 0 && std::time::Instant::now() < until {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    // The pin woke it: it looked again while the batch still ran (it looked again only when
-    // the batch ended, racing the next one for the room it held back).
-    assert_eq!(budget.snapshot().waiting, 0, "the wait ended with the pin");
+    assert_eq!(budget.snapshot().held_back, 0, "held back beside the pin");
     drop(batch);
     assert!(
         budget.reserve_batch(total - ws, "heavy").is_some(),
@@ -2153,4 +2165,152 @@ async fn a_wait_the_batches_can_no_longer_meet_holds_nothing_back() {
     let loaded = waiting.await.expect("join");
     assert!(loaded.is_err(), "{loaded:?}");
     drop(pinned);
+}
+
+/// A wait holds its need back from other work only while its waiter looks again after each
+/// change (within `LOOK_GRACE`): a waiter that did not (its tenant kept its other host calls
+/// waking and spinning ahead of it in its queue) kept the room the batches gave back from
+/// everyone until it looked. Once it looks, the room is held back for it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_whose_waiter_does_not_look_holds_nothing_back_for_long() {
+    use hapi_host::device::budget::{Budget, LOOK_GRACE};
+    let _one = serial().lock().await;
+    let p = Packages::open();
+    let model = "resnet18";
+    let [memory] = p.measured([model]).await;
+    let w = p.weights(model);
+    // The model's room, held by a batch (its weights and one sample's run: the budget refuses
+    // a model that could never run one sample).
+    let total = w + memory.one_sample_peak();
+    let budget = Budget::new(total, RESIDENT_FOR);
+    let batch = budget
+        .reserve_batch(total, "heavy")
+        .expect("the whole budget");
+    // The waiter on a runtime of its own, whose one thread the test keeps busy for a second.
+    let (block, blocked) = tokio::sync::oneshot::channel::<()>();
+    let (b, models) = (Arc::clone(&budget), Arc::clone(&p.models));
+    let waiter = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(async move {
+            let load = tokio::spawn(async move {
+                let deadline = Deadline::new(Duration::from_secs(6));
+                b.acquire(&models, model, &Arc::from("light"), &deadline, None)
+                    .await
+                    .map(drop)
+            });
+            blocked.await.expect("told to block");
+            std::thread::sleep(Duration::from_secs(1));
+            load.await.expect("join")
+        })
+    });
+    let until = std::time::Instant::now() + Duration::from_secs(5);
+    while budget.snapshot().waiting == 0 && std::time::Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(budget.snapshot().waiting, 1, "the load waits for the batch");
+    block.send(()).expect("the waiter's runtime");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    // The batch ends while the waiter cannot look: its need is held back for `LOOK_GRACE`,
+    // then the room is anyone's.
+    drop(batch);
+    let ended = std::time::Instant::now();
+    let again = loop {
+        if let Some(r) = budget.reserve_batch(total, "heavy") {
+            break r;
+        }
+        assert!(
+            ended.elapsed() < Duration::from_millis(800),
+            "the room stayed held back for a waiter that did not look"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    };
+    let took = ended.elapsed();
+    assert!(took >= LOOK_GRACE / 2, "not held back at all: {took:?}");
+    // Its thread free again, the waiter looks (the batch's end woke it) and its wait stands:
+    // when this batch ends, the room is the wait's.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    assert_eq!(budget.snapshot().waiting, 1, "the wait stands");
+    drop(again);
+    assert!(
+        budget.reserve_batch(total, "heavy").is_none(),
+        "the room is held back for the wait"
+    );
+    let loaded = tokio::task::spawn_blocking(move || waiter.join().expect("waiter"))
+        .await
+        .expect("join");
+    assert!(loaded.is_ok(), "{loaded:?}");
+}
+
+/// Time alone can make a wait for the batches' room unmeetable: a use growing stale grows
+/// the other owners' shares, and a model the wait counted on as held beyond its owner's share
+/// is within it then. Its need is held back from nobody from then, and it looks again when
+/// the use grows stale: it held its need back from everyone until something else woke it, the
+/// batches' ending at the latest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_time_makes_unmeetable_holds_nothing_back() {
+    use hapi_host::device::budget::Budget;
+    let _one = serial().lock().await;
+    let p = Packages::open();
+    let (wanted, big, small) = ("resnet50", "resnet18", "efficientnet_lite0");
+    let (wl, wb, ws) = (p.weights(wanted), p.weights(big), p.weights(small));
+    // A batch that, with the big model, makes the wanted model's room; the budget is the two
+    // models and the batch.
+    let batch_bytes = wl - wb;
+    let total = wb + ws + batch_bytes;
+    // Among three owners (the waiter, `x` with the big model, `y` with the small one) the big
+    // model is beyond its owner's share and the small one within; among two, the big one is
+    // within; and the small one with the batch is not the wanted model's room.
+    assert!(
+        3 * wb > total && 2 * wb <= total && 3 * ws <= total && ws < wb && wl > wb + ws,
+        "{wl}, {wb}, {ws}: the test proves nothing"
+    );
+    let resident_for = Duration::from_secs(2);
+    let budget = Budget::new(total, resident_for);
+    drop(p.pin(&budget, small, "y", LONG).await.expect(small));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    drop(p.pin(&budget, big, "x", LONG).await.expect(big));
+    // `x`'s use grows stale a second after `y`'s.
+    let x_stale = std::time::Instant::now() + resident_for;
+    let batch = budget
+        .reserve_batch(batch_bytes, "heavy")
+        .expect("the rest");
+    let (b, models) = (Arc::clone(&budget), Arc::clone(&p.models));
+    let waiting = tokio::spawn(async move {
+        let deadline = Deadline::new(Duration::from_secs(4));
+        b.acquire(&models, wanted, &Arc::from("light"), &deadline, None)
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        budget.snapshot().waiting,
+        1,
+        "the wanted model's load waits"
+    );
+    assert_eq!(budget.snapshot().held_back, wl, "its need is held back");
+    // `y`'s use grows stale about 0.7 s from now: the big model is within `x`'s share then.
+    let until = x_stale - Duration::from_millis(150);
+    while budget.snapshot().held_back > 0 && std::time::Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(
+        budget.snapshot().held_back,
+        0,
+        "a wait the batch's ending could no longer meet held its need back"
+    );
+    // It looks again then (at the use growing stale), and ends.
+    let until = x_stale - Duration::from_millis(100);
+    while budget.snapshot().waiting > 0 && std::time::Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(
+        budget.snapshot().waiting,
+        0,
+        "the wait looked again when time changed it"
+    );
+    let loaded = waiting.await.expect("join");
+    assert!(loaded.is_err(), "{loaded:?}");
+    drop(batch);
 }

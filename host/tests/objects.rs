@@ -576,9 +576,9 @@ async fn a_listing_over_two_grants_merges_them_and_shares_its_visit_bound() {
         o.list_within("datasets", "", 100, 4).await,
         Err(ObjectError::TooManyEntries(4))
     );
-    // What the first walk found (one entry, 43 bytes to a guest) is charged while the second
-    // walk charges its three (129): 172 at once.
-    let entry = 43;
+    // What the first walk found (one entry) is charged while the second walk charges its
+    // three: at its peak the listing held the four entries' strings and places at once, as the
+    // host holds them.
     let charged = |limit: u64| {
         let account = hapi_host::account::Account::new(limit);
         let mut two = Arc::unwrap_or_clone(tenant());
@@ -588,16 +588,27 @@ async fn a_listing_over_two_grants_merges_them_and_shares_its_visit_bound() {
         let o = Scoped::new(Arc::new(two), store).charged_to(Arc::clone(&account));
         (o, account)
     };
-    let (o, account) = charged(4 * entry);
-    assert!(o.list("datasets", "", 100).await.is_ok());
+    let (o, account) = charged(1 << 30);
+    let listed = o.list("datasets", "", 100).await.expect("list");
     assert_eq!(account.used(), 0, "released with the listing");
-    let (o, _) = charged(4 * entry - 1);
+    let all: u64 = listed
+        .iter()
+        .map(|m| m.heap_bytes() + hapi_host::store::error::META_SLOT as u64)
+        .sum();
+    let peak = account.peak();
+    assert!(
+        peak >= all,
+        "peak {peak} < {all}: the first walk's entry was held uncharged"
+    );
+    let (o, _) = charged(peak);
+    assert!(o.list("datasets", "", 100).await.is_ok());
+    let (o, _) = charged(peak - 1);
     assert!(
         matches!(
             o.list("datasets", "", 100).await,
             Err(ObjectError::OverLimit(_))
         ),
-        "the first walk's entry was held uncharged"
+        "a limit under its peak charge let it through"
     );
 }
 

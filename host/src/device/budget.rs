@@ -160,9 +160,29 @@ struct State {
     looked: u64,
     /// Needs of the loads and reservations waiting for the room running batches hold, by id,
     /// oldest first: the oldest one's is left free by all other work (see [`Waiting`]).
-    waiting: std::collections::BTreeMap<u64, (u64, Arc<str>)>,
+    waiting: std::collections::BTreeMap<u64, Wait>,
     next_waiting: u64,
+    /// When the waiters were last woken ([`Budget::wake`]); none before the first time.
+    woke: Option<Instant>,
 }
+
+/// A registered wait ([`Waiting`]): what it needs, whose it is, and when it last looked at the
+/// room.
+#[derive(Debug)]
+struct Wait {
+    need: u64,
+    tenant: Arc<str>,
+    looked: Instant,
+}
+
+/// How long after a wake the oldest wait's need stays held back from other work if its waiter
+/// has not looked again since. A waiter woken must be scheduled to look, on a slot of its
+/// tenant's share (at the front of its tenant's queue, but behind its tenant's other woken
+/// host calls, each of which may keep the slot to its next tick): a tenant keeping its other
+/// invocations waking and spinning kept the room its wait held back unused by everyone for a
+/// tick per invocation, some 0.6 s at a concurrency of 64, at each change. Past this, others
+/// may take the room; the wait holds it back again once it looks and finds it still met.
+pub const LOOK_GRACE: Duration = Duration::from_millis(50);
 
 impl State {
     fn used(&self) -> u64 {
@@ -170,25 +190,32 @@ impl State {
     }
 
     /// Bytes work leaves free for the oldest wait ([`Waiting`]): its need, unless that wait
-    /// is `exempt` (the waiting attempt itself); 0 if none. Only the oldest: two waits that
+    /// is `exempt` (the waiting attempt itself), its waiter has stopped looking
+    /// ([`Self::still_looking`]), or the running batches ending could no longer meet it (its
+    /// room was pinned since, or time made a model it counted on another's within its share:
+    /// judged here, when the room is used, so that nothing needs to wake it for that); 0 if
+    /// none. Only the oldest: two waits that
     /// each left the other's need free could stop each other to their deadlines. Whoever's
     /// the work, the waiting tenant's own batches included: exempting them let its batches
     /// take the room its own load waited for while everyone else's were cut.
-    fn held_back(&self, exempt: Option<u64>) -> u64 {
+    fn held_back(&self, total: u64, exempt: Option<u64>, now: Instant) -> u64 {
         match self.waiting.iter().next() {
-            Some((id, (need, _))) if Some(*id) != exempt => *need,
+            Some((id, w))
+                if Some(*id) != exempt
+                    && self.still_looking(w, now)
+                    && self.batches_would_meet(total, &w.tenant, w.need, now) =>
+            {
+                w.need
+            }
             _ => 0,
         }
     }
 
-    /// Whether the running batches ending can no longer give the oldest wait its need (its
-    /// tenant's room now and the batches' memory): the wait is then to look again and end, or
-    /// it holds its need back from everyone's work until the batches end.
-    fn oldest_wait_unmet(&self, total: u64, now: Instant) -> bool {
-        self.waiting
-            .values()
-            .next()
-            .is_some_and(|(need, tenant)| !self.batches_would_meet(total, tenant, *need, now))
+    /// Whether `w`'s waiter has looked at the room since the last wake, or that wake is within
+    /// [`LOOK_GRACE`]: while so, its need is held back.
+    fn still_looking(&self, w: &Wait, now: Instant) -> bool {
+        self.woke
+            .is_none_or(|woke| w.looked >= woke || now.saturating_duration_since(woke) < LOOK_GRACE)
     }
 
     /// Whether `tenant` would have `need` bytes once the running batches end: its room now and
@@ -202,7 +229,7 @@ impl State {
     /// [`Self::room`] for `tenant`'s work, less what it leaves for the oldest wait.
     fn room_left(&self, total: u64, tenant: &str, exempt: Option<u64>, now: Instant) -> u64 {
         self.room(total, Claim::For(tenant), now)
-            .saturating_sub(self.held_back(exempt))
+            .saturating_sub(self.held_back(total, exempt, now))
     }
 
     fn note_peak(&mut self) {
@@ -364,14 +391,14 @@ struct Unloaded {
     held: u64,
 }
 
-/// Waits for `notified` (the budget changed), or at most `kept` (when other tenants' models
-/// hold the room: the next use to grow stale changes what may be unloaded, and nothing wakes
-/// the waiter then).
+/// Waits for `notified` (the budget changed), or at most `until` (the next use to grow stale
+/// changes what may be unloaded, and nothing wakes the waiter then: where other tenants'
+/// models hold the room, or a registered wait counts on room it may take away).
 async fn changed(
-    kept: Option<Duration>,
+    until: Option<Duration>,
     notified: std::pin::Pin<&mut tokio::sync::futures::Notified<'_>>,
 ) {
-    match kept {
+    match until {
         Some(expiry) => {
             let _ = tokio::time::timeout(expiry, notified).await;
         }
@@ -475,8 +502,9 @@ impl Drop for Reservation {
 /// take the room: a tenant whose model was not loaded lost every such race to a neighbour's
 /// batches and was answered `device_busy` at each call's deadline. While this is held, the
 /// oldest waiter's need is left free by all other work (batches, loads, reservations, its own
-/// tenant's included), so that it has the room once the batches running now end. Registered
-/// only while those batches ending would give it the room; dropped when the wait ends.
+/// tenant's included), so that it has the room once the batches running now end, as long as
+/// its waiter looks again within [`LOOK_GRACE`] of each wake. Registered only while those
+/// batches ending would give it the room; dropped when the wait ends.
 #[derive(Debug)]
 struct Waiting {
     budget: Arc<Budget>,
@@ -510,6 +538,8 @@ pub struct BudgetSnapshot {
     pub wakes: u64,
     /// Loads and reservations waiting for the room running batches hold ([`Waiting`]).
     pub waiting: u64,
+    /// Bytes other work leaves free now for the oldest of them ([`State::held_back`]).
+    pub held_back: u64,
 }
 
 impl Budget {
@@ -547,6 +577,7 @@ impl Budget {
     }
 
     fn wake(&self) {
+        lock(&self.state).woke = Some(Instant::now());
         self.wakes
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.changed.notify_all();
@@ -570,6 +601,7 @@ impl Budget {
             deferred: s.deferred,
             wakes: self.wakes.load(std::sync::atomic::Ordering::Relaxed),
             waiting: s.waiting.len() as u64,
+            held_back: s.held_back(self.total, None, Instant::now()),
         }
     }
 
@@ -675,12 +707,12 @@ impl Budget {
                         counted = true;
                         lock(&self.state).deferred += 1;
                     }
-                    self.wait_for_batches(&mut waiting, tenant, weights, kept.is_some());
-                    if deadline.run(changed(kept, notified)).await.is_err() {
+                    let until = self.wait_for_batches(&mut waiting, tenant, weights, kept);
+                    if deadline.run(changed(until, notified)).await.is_err() {
                         return Err(DeviceError::Busy(format!(
                             "model `{name}` ({weights} bytes of weights) could not be loaded \
                              within the time limit: {}; retry later",
-                            self.held_by(kept)
+                            self.held_by(kept, (&**tenant, weights), exempt(&waiting))
                         )));
                     }
                 }
@@ -702,12 +734,10 @@ impl Budget {
         let (tick, window, now, looked) = (s.clock, s.resident_for, Instant::now(), s.looked);
         match s.models.get_mut(name) {
             Some(Slot::Loaded(l)) => {
-                // An idle model pinned is no longer room the oldest wait for the running
-                // batches' room may count on: if that leaves it unmet, the waits look again
-                // (it held everyone's work back until the batches ended). Only then: a pin
-                // of a model no wait counted on, in a loop, woke every waiter at each pin,
-                // and again at each drop after the woken looked.
-                let was_idle = l.pins == 0;
+                // An idle model pinned may be room the oldest wait counted on: the wait then
+                // holds nothing back ([`State::held_back`] judges it when it is used), and
+                // nobody is woken for it. Waking the waiters for it let a tenant pinning such
+                // a model in a loop wake every waiter of the host at each pin.
                 // With no window, a use owns nothing once its pin is dropped: a pin's ownership
                 // lasts only while it is held, and every pin of a loop would wake the waiters.
                 let new_owner = !window.is_zero()
@@ -726,8 +756,7 @@ impl Budget {
                     looked,
                 };
                 // A new owner shrinks every share (see [`Pin`]'s drop).
-                let wake = new_owner || (was_idle && s.oldest_wait_unmet(self.total, now));
-                Attempt::Pinned(pin, wake)
+                Attempt::Pinned(pin, new_owner)
             }
             Some(Slot::Loading { .. }) => Attempt::Loading,
             None => {
@@ -742,7 +771,7 @@ impl Budget {
                     return Attempt::Turn(other);
                 }
                 // Leaving what the oldest wait needs free.
-                let need = weights.saturating_add(s.held_back(exempt));
+                let need = weights.saturating_add(s.held_back(self.total, exempt, now));
                 let claim = Claim::For(tenant);
                 if let Some(unloaded) = s.make_room(self.total, (need, weights), claim, now) {
                     s.weights += weights;
@@ -923,7 +952,7 @@ impl Budget {
         let now = Instant::now();
         let stale = s
             .room(self.total, Claim::Stale, now)
-            .saturating_sub(s.held_back(None));
+            .saturating_sub(s.held_back(self.total, None, now));
         if stale >= one {
             return stale;
         }
@@ -971,7 +1000,10 @@ impl Budget {
     ) -> Option<Reservation> {
         let mut s = lock(&self.state);
         let now = Instant::now();
-        let room = (need.saturating_add(s.held_back(exempt)), need);
+        let room = (
+            need.saturating_add(s.held_back(self.total, exempt, now)),
+            need,
+        );
         let Some(unloaded) = s.make_room(self.total, room, Claim::For(tenant), now) else {
             if waits {
                 s.looked += 1;
@@ -1056,12 +1088,12 @@ impl Budget {
                 let s = lock(&self.state);
                 s.kept_for_others(self.total, need, Instant::now())
             };
-            self.wait_for_batches(&mut waiting, tenant, need, kept.is_some());
-            if deadline.run(changed(kept, notified)).await.is_err() {
+            let until = self.wait_for_batches(&mut waiting, tenant, need, kept);
+            if deadline.run(changed(until, notified)).await.is_err() {
                 return Err(DeviceError::Busy(format!(
                     "{what} found no room for {need} bytes of device memory within the time \
                      limit: {}; retry later",
-                    self.held_by(kept)
+                    self.held_by(kept, (tenant, need), exempt(&waiting))
                 )));
             }
         }
@@ -1070,38 +1102,62 @@ impl Budget {
     /// Keeps `waiting` (`tenant`'s wait for `need` bytes, [`Waiting`]) registered while the
     /// running batches ending would give it the room: registered when they first would, and
     /// dropped when they no longer would (the room they counted on was pinned since, say), or
-    /// when other tenants' models hold it (`kept`), so that no wait that cannot be met holds
-    /// everyone's work back to its deadline.
+    /// when other tenants' models hold it (`kept`: how long until the next use grows stale),
+    /// so that no wait that cannot be met holds everyone's work back to its deadline. Returns
+    /// how long the waiter may wait before it looks again unless woken: `kept`, or while it
+    /// is registered, until the next use grows stale, since time alone changes the room it
+    /// counts on (an owner's use growing stale grows the other owners' shares, and a model it
+    /// counted on as held beyond its owner's share is within it then) and nothing wakes it.
     fn wait_for_batches(
         self: &Arc<Self>,
         waiting: &mut Option<Waiting>,
         tenant: &str,
         need: u64,
-        kept: bool,
-    ) {
+        kept: Option<Duration>,
+    ) -> Option<Duration> {
         let mut s = lock(&self.state);
-        let met = s.batches_would_meet(self.total, tenant, need, Instant::now());
-        match (!kept && met, waiting.is_some()) {
+        let now = Instant::now();
+        let met = s.batches_would_meet(self.total, tenant, need, now);
+        let until = kept.or_else(|| met.then(|| s.next_expiry(now)));
+        match (kept.is_none() && met, waiting.is_some()) {
             (true, false) => {
                 let id = s.next_waiting;
                 s.next_waiting += 1;
-                s.waiting.insert(id, (need, Arc::from(tenant)));
+                let w = Wait {
+                    need,
+                    tenant: Arc::from(tenant),
+                    looked: now,
+                };
+                s.waiting.insert(id, w);
                 *waiting = Some(Waiting {
                     budget: Arc::clone(self),
                     id,
                 });
+            }
+            (true, true) => {
+                // It looked: its need is held back again if that had lapsed ([`LOOK_GRACE`]).
+                if let Some(w) = waiting.as_ref().and_then(|w| s.waiting.get_mut(&w.id)) {
+                    w.looked = now;
+                }
             }
             (false, true) => {
                 // Its drop takes the lock.
                 drop(s);
                 *waiting = None;
             }
-            _ => {}
+            (false, false) => {}
         }
+        until
     }
 
-    /// Why a claim waits, for its error.
-    fn held_by(&self, kept: Option<Duration>) -> String {
+    /// Why `tenant`'s claim of `need` bytes waits, for its error (`own`: its own wait, if
+    /// registered).
+    fn held_by(
+        &self,
+        kept: Option<Duration>,
+        (tenant, need): (&str, u64),
+        own: Option<u64>,
+    ) -> String {
         if kept.is_some() {
             format!(
                 "the device's memory is held by other tenants' models, each tenant within its \
@@ -1111,9 +1167,16 @@ impl Budget {
                 lock(&self.state).resident_for
             )
         } else {
-            "the device's memory is held by running calls (or left free for another call \
-             waiting for them)"
-                .to_string()
+            let s = lock(&self.state);
+            let now = Instant::now();
+            let room = s.room(self.total, Claim::For(tenant), now);
+            if room >= need && s.held_back(self.total, own, now) > 0 {
+                "the device's memory it would take is left free for an older call that waits \
+                 for the memory running calls hold"
+                    .to_string()
+            } else {
+                "the device's memory is held by running calls".to_string()
+            }
         }
     }
 

@@ -66,6 +66,22 @@ impl Held {
             drop(held.split(bytes.min(held.bytes())));
         }
     }
+
+    /// Moves a buffer of `slot`-byte elements from room for `old` to room for `new`, charged
+    /// as the allocator holds it: the new buffer whole before it is taken and beside the old
+    /// one until that is freed, then the old one released. `reserve` makes the room and
+    /// returns the room it was given, charged too where it is more than `new`.
+    pub fn regrow(
+        &mut self,
+        slot: usize,
+        (old, new): (usize, usize),
+        reserve: impl FnOnce() -> usize,
+    ) -> Result<(), ObjectError> {
+        self.grow((new * slot) as u64)?;
+        let given = reserve();
+        self.shrink((old * slot) as u64);
+        self.grow((given.saturating_sub(new) * slot) as u64)
+    }
 }
 
 /// What a listing's kept entries are charged as.
@@ -75,6 +91,19 @@ pub const LISTING_ENTRIES: &str = "a listing's entries, held by the host";
 pub fn string_bytes(s: &str) -> u64 {
     (s.len() + size_of::<String>()) as u64
 }
+
+/// Bytes the allocator takes for a heap block of `n` bytes (glibc's malloc: an 8-byte header,
+/// 16-byte alignment, 32 bytes at least); none for an empty one, which is not allocated.
+pub fn heap_block(n: usize) -> u64 {
+    if n == 0 {
+        0
+    } else {
+        (n + 8).next_multiple_of(16).max(32) as u64
+    }
+}
+
+/// Bytes an [`ObjectMeta`] takes in place, in its vector's slot.
+pub const META_SLOT: usize = size_of::<ObjectMeta>();
 
 /// What `head` and `list` return.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -90,10 +119,18 @@ impl ObjectMeta {
     pub fn guest_bytes(&self) -> u64 {
         (self.key.len() + self.etag.as_ref().map_or(0, String::len) + 40) as u64
     }
+
+    /// Bytes this entry's strings take on the host's heap (its slot is its vector's,
+    /// [`META_SLOT`]): a listing the host holds is charged as the host holds it, some twice
+    /// what the guest's copy takes for short keys.
+    pub fn heap_bytes(&self) -> u64 {
+        heap_block(self.key.capacity()) + self.etag.as_ref().map_or(0, |e| heap_block(e.capacity()))
+    }
 }
 
 /// Keeps the `limit` smallest keys seen, so that listing a huge prefix holds `limit` entries,
-/// not every entry visited; what it holds is charged to the caller ([`Held`]).
+/// not every entry visited; what it holds is charged to the caller ([`Held`]): the entries'
+/// strings and its vector's room, which grows as a vector's does, up to `limit`.
 #[derive(Debug)]
 pub struct Smallest {
     limit: usize,
@@ -136,17 +173,33 @@ impl Smallest {
             return Ok(());
         }
         if self.heap.len() < self.limit {
-            self.held.grow(m.guest_bytes())?;
+            self.room()?;
+            self.held.grow(m.heap_bytes())?;
             self.heap.push(Entry(m));
         } else if self.heap.peek().is_some_and(|top| m.key < top.0.key) {
             // The one it replaces goes first (past the limit the listing fails whole).
             if let Some(out) = self.heap.pop() {
-                self.held.shrink(out.0.guest_bytes());
+                self.held.shrink(out.0.heap_bytes());
             }
-            self.held.grow(m.guest_bytes())?;
+            self.held.grow(m.heap_bytes())?;
             self.heap.push(Entry(m));
         }
         Ok(())
+    }
+
+    /// Room for one more entry: full, the vector doubles (4 at first, `limit` at most),
+    /// charged before it grows.
+    fn room(&mut self) -> Result<(), ObjectError> {
+        let (len, old) = (self.heap.len(), self.heap.capacity());
+        if len < old {
+            return Ok(());
+        }
+        let new = old.max(4).min(self.limit - len) + old;
+        let heap = &mut self.heap;
+        self.held.regrow(META_SLOT, (old, new), || {
+            heap.reserve_exact(new - len);
+            heap.capacity()
+        })
     }
 
     /// The kept entries in key order.
@@ -198,8 +251,11 @@ mod tests {
         for k in [format!("b{long}"), format!("c{long}"), format!("a{long}")] {
             s.push(meta(&k)).expect("within the limit");
         }
-        // Two kept (the third pushed out the largest): two entries' bytes held.
-        assert_eq!(account.used(), 2 * meta(&format!("a{long}")).guest_bytes());
+        // Two kept (the third pushed out the largest): two entries' strings held, and the
+        // room for two.
+        let entry = meta(&format!("a{long}")).heap_bytes();
+        assert_eq!(entry, 320, "a key of 301 bytes in a block of 320");
+        assert_eq!(account.used(), 2 * entry + 2 * META_SLOT as u64);
         let refused = s.push(meta(&"0".repeat(700)));
         assert!(
             matches!(refused, Err(ObjectError::OverLimit(_))),

@@ -22,6 +22,11 @@ const MAX_LIST_PAGE: usize = 16 << 20;
 const LIST_TRIES: u32 = 4;
 const LIST_RETRY_WAIT: Duration = Duration::from_millis(100);
 
+/// Most truncated pages in a row without an entry a listing asks for: a store that answers
+/// with empty pages, each naming a new place to go on from, would otherwise be asked again
+/// until the caller's deadline.
+const MAX_EMPTY_PAGES: usize = 64;
+
 /// Most XML events a page's parser holds while it looks past other elements for more
 /// `<Contents>` (S3 sends about a dozen elements beside them, three events each).
 const MAX_PAGE_LOOKAHEAD: usize = 1024;
@@ -379,11 +384,17 @@ impl S3 {
         let mut kept = Smallest::new(limit, account);
         let mut visits = 0usize;
         let mut page_token: Option<String> = None;
+        let mut empty_pages = 0usize;
         loop {
             let (page, _page_held) = self
                 .list_page((bucket, &b), prefix, page_token.as_deref(), account)
                 .await?;
             let encoded = page.encoding_type.as_deref() == Some("url");
+            empty_pages = if page.contents.is_empty() {
+                empty_pages + 1
+            } else {
+                0
+            };
             for listed in page.contents {
                 visits += 1;
                 if visits > max_visits {
@@ -412,6 +423,13 @@ impl S3 {
             }
             if !page.is_truncated {
                 break;
+            }
+            if empty_pages >= MAX_EMPTY_PAGES {
+                return Err(ObjectError::Io(format!(
+                    "listing `{}`: the store gave {empty_pages} truncated pages in a row \
+                     without an entry",
+                    quote(prefix)
+                )));
             }
             // A truncated page names where the next begins, somewhere new: a store that does
             // not would end the listing short, or go round until the deadline.
@@ -446,13 +464,12 @@ enum Try {
 fn gather(body: &mut Vec<u8>, chunk: &[u8], held: &mut Held) -> Result<(), ObjectError> {
     let need = body.len() + chunk.len();
     if need > body.capacity() {
-        let old = body.capacity();
+        let (old, len) = (body.capacity(), body.len());
         let cap = need.max(old.saturating_mul(2)).min(MAX_LIST_PAGE.max(need));
-        held.grow(cap as u64)?;
-        body.reserve_exact(cap - body.len());
-        held.shrink(old as u64);
-        // Charged at what it asked for; if it was given more, at that.
-        held.grow(body.capacity().saturating_sub(cap) as u64)?;
+        held.regrow(1, (old, cap), || {
+            body.reserve_exact(cap - len);
+            body.capacity()
+        })?;
     }
     body.extend_from_slice(chunk);
     Ok(())
@@ -520,6 +537,8 @@ mod tests {
                 }
                 let n = count.fetch_add(1, Ordering::SeqCst);
                 let (status, body) = &answers[n.min(answers.len() - 1)];
+                // `{n}` in a body is the request's number (a new continuation token each time).
+                let body = body.replace("{n}", &n.to_string());
                 let answer = format!(
                     "HTTP/1.1 {status} X\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
                     body.len()
@@ -588,6 +607,42 @@ mod tests {
             Err(ObjectError::Io(_))
         ));
         assert_eq!(asked.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn a_store_answering_empty_truncated_pages_is_not_asked_without_end() {
+        use std::sync::atomic::Ordering;
+        // Each page empty, truncated, and naming a new token.
+        let empty = "<ListBucketResult><IsTruncated>true</IsTruncated>\
+                     <NextContinuationToken>t{n}</NextContinuationToken>\
+                     <EncodingType>url</EncodingType></ListBucketResult>";
+        let (endpoint, asked) = store(vec![(200, empty.to_string())]).await;
+        // Asked again without end before (a bound here for the test's sake).
+        let e = tokio::time::timeout(Duration::from_secs(30), list(&s3(endpoint), None))
+            .await
+            .expect("the listing ends");
+        assert!(
+            matches!(&e, Err(ObjectError::Io(m)) if m.contains("truncated pages in a row")),
+            "{e:?}"
+        );
+        assert_eq!(asked.load(Ordering::SeqCst), MAX_EMPTY_PAGES);
+        // Empty pages between pages with entries are followed: only a run of them ends it.
+        let mut answers = vec![(200, empty.to_string()); MAX_EMPTY_PAGES - 1];
+        answers.push((
+            200,
+            page(&["p/a"]).replace(
+                "<IsTruncated>false</IsTruncated>",
+                "<IsTruncated>true</IsTruncated><NextContinuationToken>t{n}</NextContinuationToken>",
+            ),
+        ));
+        answers.extend(vec![(200, empty.to_string()); MAX_EMPTY_PAGES - 1]);
+        answers.push((200, page(&["p/b"])));
+        let (endpoint, asked) = store(answers).await;
+        assert_eq!(
+            list(&s3(endpoint), None).await,
+            Ok(vec!["p/a".to_string(), "p/b".to_string()])
+        );
+        assert_eq!(asked.load(Ordering::SeqCst), 2 * MAX_EMPTY_PAGES);
     }
 
     #[tokio::test]

@@ -1,7 +1,7 @@
 //! A tenant's view of the store: keys checked, grants enforced and byte caps charged once here,
 //! for every backend, before any I/O.
 
-use super::error::{Held, LISTING_ENTRIES, ObjectError, ObjectMeta};
+use super::error::{Held, LISTING_ENTRIES, META_SLOT, ObjectError, ObjectMeta};
 use super::keys::{check_key, check_prefix};
 use super::{MAX_LIST, MAX_LIST_VISITS, Store};
 use crate::account::text::quote;
@@ -202,12 +202,32 @@ impl Scoped {
                 ObjectError::TooManyEntries(_) => ObjectError::TooManyEntries(visits as u64),
                 other => other,
             })?;
-            held.grow(found.iter().map(ObjectMeta::guest_bytes).sum())?;
-            listed.extend(found);
+            // The walk's entries are the listing's now: their strings, and its vector, which
+            // is the listing's if it is the first to find any, or else is held until its
+            // entries are moved into the listing's (grown to hold them first).
+            let slots = found.capacity();
+            let strings: u64 = found.iter().map(ObjectMeta::heap_bytes).sum();
+            held.grow((slots * META_SLOT) as u64 + strings)?;
+            if listed.is_empty() {
+                let old = std::mem::replace(&mut listed, found).capacity();
+                held.shrink((old * META_SLOT) as u64);
+            } else {
+                let (len, need) = (listed.len(), listed.len() + found.len());
+                if need > listed.capacity() {
+                    let old = listed.capacity();
+                    let into = &mut listed;
+                    held.regrow(META_SLOT, (old, need), || {
+                        into.reserve_exact(need - len);
+                        into.capacity()
+                    })?;
+                }
+                listed.extend(found);
+                held.shrink((slots * META_SLOT) as u64);
+            }
             // The smallest `limit` after each walk: never more than twice `limit` held, however
             // many grants the prefix covers.
             listed.sort_by(|a, b| a.key.cmp(&b.key));
-            held.shrink(listed.iter().skip(limit).map(ObjectMeta::guest_bytes).sum());
+            held.shrink(listed.iter().skip(limit).map(ObjectMeta::heap_bytes).sum());
             listed.truncate(limit);
         }
         Ok(listed)

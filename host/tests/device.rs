@@ -2167,10 +2167,14 @@ async fn a_wait_the_batches_can_no_longer_meet_holds_nothing_back() {
     drop(pinned);
 }
 
-/// A wait holds its need back from other work only while its waiter looks again after each
-/// change (within `LOOK_GRACE`): a waiter that did not (its tenant kept its other host calls
-/// waking and spinning ahead of it in its queue) kept the room the batches gave back from
-/// everyone until it looked. Once it looks, the room is held back for it again.
+/// Bytes beside a test's budget: room for other tenants' small reservations.
+const SLACK: u64 = 4096;
+
+/// A wait holds its need back from other work only while its waiter takes the room within
+/// `LOOK_GRACE` of its being there: a waiter that did not (its tenant kept its other host
+/// calls waking and spinning ahead of it in its queue) kept the room the batches gave back
+/// from everyone until it looked; and with the grace counted from the last wake, others' wakes
+/// every 10 ms kept it from running out. Once it looks, the room is held back for it again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wait_whose_waiter_does_not_look_holds_nothing_back_for_long() {
     use hapi_host::device::budget::{Budget, LOOK_GRACE};
@@ -2181,10 +2185,10 @@ async fn a_wait_whose_waiter_does_not_look_holds_nothing_back_for_long() {
     let w = p.weights(model);
     // The model's room, held by a batch (its weights and one sample's run: the budget refuses
     // a model that could never run one sample).
-    let total = w + memory.one_sample_peak();
+    let total = w + memory.one_sample_peak() + SLACK;
     let budget = Budget::new(total, RESIDENT_FOR);
     let batch = budget
-        .reserve_batch(total, "heavy")
+        .reserve_batch(total - SLACK, "heavy")
         .expect("the whole budget");
     // The waiter on a runtime of its own, whose one thread the test keeps busy for a second.
     let (block, blocked) = tokio::sync::oneshot::channel::<()>();
@@ -2213,12 +2217,21 @@ async fn a_wait_whose_waiter_does_not_look_holds_nothing_back_for_long() {
     assert_eq!(budget.snapshot().waiting, 1, "the load waits for the batch");
     block.send(()).expect("the waiter's runtime");
     tokio::time::sleep(Duration::from_millis(50)).await;
-    // The batch ends while the waiter cannot look: its need is held back for `LOOK_GRACE`,
-    // then the room is anyone's.
+    // Another tenant's small reservations wake everyone every 10 ms once they fit.
+    let quiet = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (b, q) = (Arc::clone(&budget), Arc::clone(&quiet));
+    let noise = tokio::spawn(async move {
+        while !q.load(std::sync::atomic::Ordering::Relaxed) {
+            drop(b.reserve_now(1, "noise"));
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    });
+    // The batch ends while the waiter cannot look: its need is held back for `LOOK_GRACE`
+    // from then, however often others wake the waiters, then the room is anyone's.
     drop(batch);
     let ended = std::time::Instant::now();
     let again = loop {
-        if let Some(r) = budget.reserve_batch(total, "heavy") {
+        if let Some(r) = budget.reserve_batch(total - SLACK, "heavy") {
             break r;
         }
         assert!(
@@ -2229,19 +2242,109 @@ async fn a_wait_whose_waiter_does_not_look_holds_nothing_back_for_long() {
     };
     let took = ended.elapsed();
     assert!(took >= LOOK_GRACE / 2, "not held back at all: {took:?}");
+    quiet.store(true, std::sync::atomic::Ordering::Relaxed);
+    noise.await.expect("noise");
     // Its thread free again, the waiter looks (the batch's end woke it) and its wait stands:
     // when this batch ends, the room is the wait's.
     tokio::time::sleep(Duration::from_millis(1200)).await;
     assert_eq!(budget.snapshot().waiting, 1, "the wait stands");
     drop(again);
     assert!(
-        budget.reserve_batch(total, "heavy").is_none(),
+        budget.reserve_batch(total - SLACK, "heavy").is_none(),
         "the room is held back for the wait"
     );
     let loaded = tokio::task::spawn_blocking(move || waiter.join().expect("waiter"))
         .await
         .expect("join");
     assert!(loaded.is_ok(), "{loaded:?}");
+}
+
+/// Waits for the running batches' room behind one that holds nothing back (its waiter quiet
+/// past `LOOK_GRACE`) are held for in turn: only the oldest wait's need was held back, so while
+/// it held nothing, nobody's was, and a neighbour's batch took the room a later wait waited
+/// for. A claim refused because its room is left for an older wait is told so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_behind_one_that_holds_nothing_is_held_for_and_a_claim_is_told_why() {
+    use hapi_host::device::budget::Budget;
+    let _one = serial().lock().await;
+    let budget = Budget::new(1000, RESIDENT_FOR);
+    let batch = budget.reserve_batch(600, "heavy").expect("room");
+    // The oldest wait, on a runtime whose one thread the test keeps busy for a second.
+    let (block, blocked) = tokio::sync::oneshot::channel::<()>();
+    let b = Arc::clone(&budget);
+    let first = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(async move {
+            let wait = tokio::spawn(async move {
+                let deadline = Deadline::new(Duration::from_secs(6));
+                b.reserve(800, "first", &deadline, "a call").await.map(drop)
+            });
+            blocked.await.expect("told to block");
+            std::thread::sleep(Duration::from_secs(1));
+            wait.await.expect("join")
+        })
+    });
+    let until = std::time::Instant::now() + Duration::from_secs(5);
+    while budget.snapshot().waiting == 0 && std::time::Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(
+        budget.snapshot().held_back,
+        800,
+        "the first wait's need is held back"
+    );
+    // 300 bytes are free but left for the first wait: the claim is told that, not that other
+    // tenants' models hold the device's memory.
+    let deadline = Deadline::new(Duration::from_millis(200));
+    let told = budget
+        .reserve(300, "told", &deadline, "a call")
+        .await
+        .map(drop);
+    assert!(
+        matches!(&told, Err(hapi_host::device::DeviceError::Busy(m)) if m.contains("left free for an older call")),
+        "{told:?}"
+    );
+    let b = Arc::clone(&budget);
+    let second = tokio::spawn(async move {
+        let deadline = Deadline::new(Duration::from_secs(5));
+        b.reserve(300, "second", &deadline, "a call").await
+    });
+    let until = std::time::Instant::now() + Duration::from_secs(5);
+    while budget.snapshot().waiting < 2 && std::time::Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(
+        budget.snapshot().waiting,
+        2,
+        "the second wait is registered"
+    );
+    block.send(()).expect("the first waiter's runtime");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    // The batch ends while the first waiter cannot look; a neighbour tries for 750 bytes all
+    // the while, which would leave the second wait too little.
+    drop(batch);
+    let ended = std::time::Instant::now();
+    let mut taken = None;
+    while taken.is_none() && ended.elapsed() < Duration::from_millis(600) {
+        taken = budget.reserve_batch(750, "heavy");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    assert!(
+        taken.is_none(),
+        "the neighbour took the room the second wait waited for"
+    );
+    // The second wait has its room (kept until the first has looked again).
+    let got = second.await.expect("join");
+    assert!(got.is_ok(), "{got:?}");
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    drop(got);
+    let first = tokio::task::spawn_blocking(move || first.join().expect("first"))
+        .await
+        .expect("join");
+    assert!(first.is_ok(), "{first:?}");
 }
 
 /// Time alone can make a wait for the batches' room unmeetable: a use growing stale grows

@@ -100,14 +100,24 @@ impl ObjectsCtx {
     }
 
     /// Runs a store call on the invocation's turn: the local store's work (on a blocking
-    /// thread, paced by the turn) holds the tenant's slot as guest code does; a remote store's
-    /// waits give it back.
-    async fn on_turn<F: Future>(here: bool, turn: &Turn, call: F) -> F::Output {
+    /// thread, paced by the turn) holds the tenant's slot as guest code does, and stops at the
+    /// deadline itself; a remote store's waits give it back, and it is not polled past the
+    /// deadline (`None`).
+    async fn on_turn<F: Future>(here: bool, turn: &Turn, call: F) -> Option<F::Output> {
         if here {
-            turn.hold(call).await
+            Some(turn.hold(call).await)
         } else {
-            turn.off(call).await
+            turn.off_within(call).await
         }
+    }
+
+    /// The invocation's stop at its time limit, inside an object store call.
+    fn out_of_time(&self) -> wasmtime::Error {
+        Stop::Time {
+            limit: self.caller.deadline.limit(),
+            during: "in an object store call",
+        }
+        .trap()
     }
 
     /// Checks the next call against the grants of the tenant as the policy in force has it: a
@@ -122,19 +132,12 @@ impl ObjectsCtx {
     /// deadline (the local store's job stops there, `Stopped`), any failure stops the
     /// invocation at its time limit instead, a store's own failure recorded first.
     fn failed<T>(&mut self, key: &str, e: ObjectError) -> Answer<T> {
-        let out_of_time = || {
-            Err(Stop::Time {
-                limit: self.caller.deadline.limit(),
-                during: "in an object store call",
-            }
-            .trap())
-        };
         let kind = match &e {
             ObjectError::NotFound(_) => Failure::NotFound,
             ObjectError::Denied(_) => Failure::Denied,
             ObjectError::TooLarge(_) => Failure::TooLarge,
             ObjectError::TooManyEntries(_) => Failure::TooManyEntries,
-            ObjectError::Stopped(_) => return out_of_time(),
+            ObjectError::Stopped(_) => return Err(self.out_of_time()),
             ObjectError::OverLimit(over) => return Err(Stop::from(over.clone()).trap()),
             ObjectError::Io(m) => {
                 tracing::warn!(
@@ -147,7 +150,7 @@ impl ObjectsCtx {
             }
         };
         if self.caller.deadline.expired() {
-            return out_of_time();
+            return Err(self.out_of_time());
         }
         self.last_failure = Some((kind, quote(key)));
         Ok(Err(to_wit(key, e)))
@@ -180,6 +183,7 @@ impl ObjectsCtx {
         })
         .await;
         self.read_time += started.elapsed();
+        let read = read.ok_or_else(|| self.out_of_time())?;
         match read {
             Ok(b) => Ok(Ok(b)),
             Err(Step::Failed(e)) => self.failed(key, e),
@@ -219,6 +223,7 @@ impl wit::Host for ObjectsCtx {
         let here = self.scoped.works_here();
         let r = Self::on_turn(here, &turn, self.scoped.head(&bucket, &key)).await;
         self.read_time += started.elapsed();
+        let r = r.ok_or_else(|| self.out_of_time())?;
         match r {
             Ok(m) => {
                 self.caller
@@ -243,6 +248,7 @@ impl wit::Host for ObjectsCtx {
         let here = self.scoped.works_here();
         let r = Self::on_turn(here, &turn, self.scoped.list(&bucket, &prefix, limit)).await;
         self.read_time += started.elapsed();
+        let r = r.ok_or_else(|| self.out_of_time())?;
         match r {
             Ok(list) => {
                 let bytes = list.iter().map(ObjectMeta::guest_bytes).sum();

@@ -16,7 +16,9 @@
 //! its deadline, a batch's too (the dispatcher passes over a leader that cannot get one
 //! sample's room, rather than hold up every tenant's batches behind it). A load or reservation
 //! that waits for the room running batches hold has it left free by all other work once they
-//! end, the oldest such wait first ([`Waiting`]). A tenant loads one model at a time: a load
+//! end, the oldest such wait first among those the batches' ending could still meet and whose
+//! waiter takes the room within [`LOOK_GRACE`] of its being there ([`Waiting`]). A tenant
+//! loads one model at a time: a load
 //! goes on after its caller has gone, and the tenant's next load waits for it.
 
 use crate::account::{Deadline, Pace};
@@ -162,21 +164,23 @@ struct State {
     /// oldest first: the oldest one's is left free by all other work (see [`Waiting`]).
     waiting: std::collections::BTreeMap<u64, Wait>,
     next_waiting: u64,
-    /// When the waiters were last woken ([`Budget::wake`]); none before the first time.
-    woke: Option<Instant>,
 }
 
-/// A registered wait ([`Waiting`]): what it needs, whose it is, and when it last looked at the
-/// room.
+/// A registered wait ([`Waiting`]): what it needs, whose it is, and since when its room has
+/// been there for it to take while its waiter has not looked.
 #[derive(Debug)]
 struct Wait {
     need: u64,
     tenant: Arc<str>,
-    looked: Instant,
+    /// Set by the first wake that finds the wait's room free ([`Budget::wake`]), cleared when
+    /// its waiter looks: set by the first such wake only, so that wakes coming faster than
+    /// [`LOOK_GRACE`] (every batch's end) do not keep the grace from running out; and only
+    /// when its room is free, so that another tenant's wakes alone cannot make it lapse.
+    unseen: Option<Instant>,
 }
 
-/// How long after a wake the oldest wait's need stays held back from other work if its waiter
-/// has not looked again since. A waiter woken must be scheduled to look, on a slot of its
+/// How long a wait's need stays held back from other work once its room is free for it, if
+/// its waiter has not looked since. A waiter woken must be scheduled to look, on a slot of its
 /// tenant's share (at the front of its tenant's queue, but behind its tenant's other woken
 /// host calls, each of which may keep the slot to its next tick): a tenant keeping its other
 /// invocations waking and spinning kept the room its wait held back unused by everyone for a
@@ -199,23 +203,34 @@ impl State {
     /// the work, the waiting tenant's own batches included: exempting them let its batches
     /// take the room its own load waited for while everyone else's were cut.
     fn held_back(&self, total: u64, exempt: Option<u64>, now: Instant) -> u64 {
-        match self.waiting.iter().next() {
-            Some((id, w))
-                if Some(*id) != exempt
-                    && self.still_looking(w, now)
-                    && self.batches_would_meet(total, &w.tenant, w.need, now) =>
-            {
-                w.need
-            }
+        match self.holder(total, now) {
+            Some((id, w)) if Some(id) != exempt => w.need,
             _ => 0,
         }
     }
 
-    /// Whether `w`'s waiter has looked at the room since the last wake, or that wake is within
-    /// [`LOOK_GRACE`]: while so, its need is held back.
-    fn still_looking(&self, w: &Wait, now: Instant) -> bool {
-        self.woke
-            .is_none_or(|woke| w.looked >= woke || now.saturating_duration_since(woke) < LOOK_GRACE)
+    /// The wait whose need is held back: the oldest whose waiter is still looking and that
+    /// the running batches ending would meet. Not merely the oldest: one that holds nothing
+    /// (its room pinned since, its waiter gone quiet) left every later wait unprotected.
+    fn holder(&self, total: u64, now: Instant) -> Option<(u64, &Wait)> {
+        self.waiting
+            .iter()
+            .find(|(_, w)| {
+                still_looking(w, now) && self.batches_would_meet(total, &w.tenant, w.need, now)
+            })
+            .map(|(id, w)| (*id, w))
+    }
+
+    /// How long until the wait holding its need back stops doing so if its waiter does not
+    /// look ([`LOOK_GRACE`]), if its room is free now: the later waits may have it then.
+    fn next_lapse(&self, total: u64, now: Instant) -> Option<Duration> {
+        let (_, w) = self.holder(total, now)?;
+        let since = w.unseen?;
+        Some(
+            LOOK_GRACE
+                .saturating_sub(now.saturating_duration_since(since))
+                .max(Duration::from_millis(1)),
+        )
     }
 
     /// Whether `tenant` would have `need` bytes once the running batches end: its room now and
@@ -365,10 +380,21 @@ impl State {
         Some(unloaded)
     }
 
-    /// When a claim of `need` bytes cannot be met: `Some` (how long until the next use grows
-    /// stale) if unloading idle models whoever's would meet it, so that other tenants' models
-    /// hold the room; `None` if running calls hold it.
-    fn kept_for_others(&self, total: u64, need: u64, now: Instant) -> Option<Duration> {
+    /// When `tenant`'s claim of `need` bytes cannot be met: `Some` (how long until the next
+    /// use grows stale) if unloading idle models whoever's would meet it, so that other
+    /// tenants' models hold the room; `None` if running calls hold it, or if the room is the
+    /// tenant's but left free for an older wait (that claim waits as a wait for the batches'
+    /// room too, and is told why).
+    fn kept_for_others(
+        &self,
+        total: u64,
+        tenant: &str,
+        need: u64,
+        now: Instant,
+    ) -> Option<Duration> {
+        if self.room(total, Claim::For(tenant), now) >= need {
+            return None;
+        }
         (self.room(total, Claim::Any, now) >= need).then(|| self.next_expiry(now))
     }
 
@@ -376,6 +402,13 @@ impl State {
     fn room(&self, total: u64, claim: Claim<'_>, now: Instant) -> u64 {
         self.victims(total, u64::MAX, claim, now).1
     }
+}
+
+/// Whether `w`'s waiter is still to be waited for: it has looked since its room was free, or
+/// that was within [`LOOK_GRACE`]. While so, its need is held back.
+fn still_looking(w: &Wait, now: Instant) -> bool {
+    w.unseen
+        .is_none_or(|since| now.saturating_duration_since(since) < LOOK_GRACE)
 }
 
 /// Models unloaded to make room, to be freed by the claimant that unloaded them once the
@@ -577,7 +610,25 @@ impl Budget {
     }
 
     fn wake(&self) {
-        lock(&self.state).woke = Some(Instant::now());
+        {
+            let mut s = lock(&self.state);
+            let now = Instant::now();
+            // Waits whose room is free now: their waiters are to take it within
+            // `LOOK_GRACE`.
+            let free: Vec<u64> = s
+                .waiting
+                .iter()
+                .filter(|(_, w)| {
+                    w.unseen.is_none() && s.room(self.total, Claim::For(&w.tenant), now) >= w.need
+                })
+                .map(|(id, _)| *id)
+                .collect();
+            for id in free {
+                if let Some(w) = s.waiting.get_mut(&id) {
+                    w.unseen = Some(now);
+                }
+            }
+        }
         self.wakes
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.changed.notify_all();
@@ -791,7 +842,7 @@ impl Budget {
                     // The caller waits for a change.
                     s.looked += 1;
                     Attempt::NoRoom {
-                        kept: s.kept_for_others(self.total, weights, now),
+                        kept: s.kept_for_others(self.total, tenant, weights, now),
                     }
                 }
             }
@@ -1086,7 +1137,7 @@ impl Budget {
             }
             let kept = {
                 let s = lock(&self.state);
-                s.kept_for_others(self.total, need, Instant::now())
+                s.kept_for_others(self.total, tenant, need, Instant::now())
             };
             let until = self.wait_for_batches(&mut waiting, tenant, need, kept);
             if deadline.run(changed(until, notified)).await.is_err() {
@@ -1118,7 +1169,15 @@ impl Budget {
         let mut s = lock(&self.state);
         let now = Instant::now();
         let met = s.batches_would_meet(self.total, tenant, need, now);
-        let until = kept.or_else(|| met.then(|| s.next_expiry(now)));
+        // While registered: at the next use growing stale, or when the wait holding room back
+        // stops doing so (its waiter quiet past `LOOK_GRACE`), whichever comes first.
+        let until = kept.or_else(|| {
+            met.then(|| {
+                let expiry = s.next_expiry(now);
+                s.next_lapse(self.total, now)
+                    .map_or(expiry, |l| l.min(expiry))
+            })
+        });
         match (kept.is_none() && met, waiting.is_some()) {
             (true, false) => {
                 let id = s.next_waiting;
@@ -1126,7 +1185,7 @@ impl Budget {
                 let w = Wait {
                     need,
                     tenant: Arc::from(tenant),
-                    looked: now,
+                    unseen: None,
                 };
                 s.waiting.insert(id, w);
                 *waiting = Some(Waiting {
@@ -1137,7 +1196,7 @@ impl Budget {
             (true, true) => {
                 // It looked: its need is held back again if that had lapsed ([`LOOK_GRACE`]).
                 if let Some(w) = waiting.as_ref().and_then(|w| s.waiting.get_mut(&w.id)) {
-                    w.looked = now;
+                    w.unseen = None;
                 }
             }
             (false, true) => {

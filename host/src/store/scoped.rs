@@ -225,8 +225,10 @@ impl Scoped {
                 held.shrink((slots * META_SLOT) as u64);
             }
             // The smallest `limit` after each walk: never more than twice `limit` held, however
-            // many grants the prefix covers.
-            listed.sort_by(|a, b| a.key.cmp(&b.key));
+            // many grants the prefix covers. Sorted in place (a stable sort takes a buffer as
+            // long as the listing, uncharged); the walks' keys are distinct, none inside
+            // another's prefix.
+            listed.sort_unstable_by(|a, b| a.key.cmp(&b.key));
             held.shrink(listed.iter().skip(limit).map(ObjectMeta::heap_bytes).sum());
             listed.truncate(limit);
         }

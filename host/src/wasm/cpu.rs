@@ -497,6 +497,30 @@ impl Turn {
     }
 }
 
+impl Turn {
+    /// [`Self::off`] for a call with no deadline of its own (a remote store's request, a
+    /// guest's `wasi:io/poll`): it is not polled past the invocation's deadline, and answers
+    /// `None` there. Past it, [`Self::off`] polls without a slot, and each poll may be work
+    /// for the tenant (an S3 listing parsing the page that came, a poll of 10,000 pollables
+    /// building their futures again), done outside its share until the invocation's guard
+    /// ended it, its grace later.
+    pub async fn off_within<F: Future>(&self, wait: F) -> Option<F::Output> {
+        let until = self.until;
+        let mut wait = std::pin::pin!(wait);
+        let within = std::future::poll_fn(|cx| {
+            if Instant::now() >= until {
+                return Poll::Ready(None);
+            }
+            wait.as_mut().poll(cx).map(Some)
+        });
+        // The timer wakes it at the deadline, when it answers at once.
+        self.off(tokio::time::timeout_at(until.into(), within))
+            .await
+            .ok()
+            .flatten()
+    }
+}
+
 impl Drop for Turn {
     fn drop(&mut self) {
         self.give();
@@ -792,6 +816,40 @@ mod tests {
             // A call ready at once keeps the slot throughout.
             let kept = t.off(async { cpu.load("t").0 }).await;
             assert_eq!(kept, 1);
+        });
+    }
+
+    /// A call with no deadline of its own is not polled past the invocation's, however often
+    /// it wakes: each poll may be work for the tenant, and past the deadline it would be
+    /// polled without a slot.
+    #[test]
+    fn a_call_is_not_polled_past_the_invocations_deadline() {
+        rt().block_on(async {
+            let cpu = CpuShares::new(1);
+            let until = Instant::now() + Duration::from_millis(30);
+            let t = Turn::new(&cpu, "t", 1, until);
+            at_once("a slot", t.take()).await;
+            let polls: Mutex<Vec<Instant>> = Mutex::new(Vec::new());
+            // Busy for 2 ms at each poll, then wakes itself at once, for 40 polls (80 ms).
+            let busy = std::future::poll_fn(|cx| {
+                let mut seen = polls.lock().expect("polls");
+                seen.push(Instant::now());
+                if seen.len() >= 40 {
+                    return Poll::Ready(());
+                }
+                drop(seen);
+                let spin = Instant::now() + Duration::from_millis(2);
+                while Instant::now() < spin {
+                    std::hint::spin_loop();
+                }
+                cx.waker().wake_by_ref();
+                Poll::<()>::Pending
+            });
+            assert_eq!(t.off_within(busy).await, None);
+            let polls = polls.lock().expect("polls");
+            let late = polls.iter().filter(|&&at| at >= until).count();
+            assert!(polls.len() > 1, "{} polls", polls.len());
+            assert_eq!(late, 0, "{late} of {} polls past the deadline", polls.len());
         });
     }
 

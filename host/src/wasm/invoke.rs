@@ -47,6 +47,8 @@ pub struct State {
     nn: NnCtx,
     /// The invocation's run slot, given back while the guest blocks in `wasi:io/poll`.
     turn: Arc<Turn>,
+    /// The invocation's time limit (for the stop a `wasi:io/poll` past its deadline makes).
+    limit: Duration,
 }
 
 impl std::fmt::Debug for State {
@@ -194,6 +196,7 @@ fn linker(engine: &Engine, caps: Capabilities) -> wasmtime::Result<Linker<State>
     io::poll::add_to_linker::<State, super::poll::HasBounded>(&mut l, |s| super::poll::Bounded {
         table: &mut s.table,
         turn: &s.turn,
+        limit: s.limit,
     })?;
     io::streams::add_to_linker::<State, HasTable>(&mut l, |s| &mut s.table)?;
     cli::exit::add_to_linker::<State, WasiCli>(&mut l, State::cli)?;
@@ -579,6 +582,7 @@ async fn run(
         models: ModelsCtx::new(caller.clone(), Arc::clone(&models)),
         nn: NnCtx::new(caller, device, models),
         turn: Arc::clone(&turn),
+        limit: limits.timeout,
     };
     let mut store = Store::new(pre.engine(), state);
     store.limiter(|s| &mut s.limiter);

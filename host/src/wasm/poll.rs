@@ -18,6 +18,18 @@ use wasmtime_wasi::p2::bindings::io::poll;
 pub struct Bounded<'a> {
     pub table: &'a mut ResourceTable,
     pub turn: &'a Turn,
+    /// The invocation's time limit: a wait past its deadline stops it there
+    /// ([`Turn::off_within`]).
+    pub limit: std::time::Duration,
+}
+
+/// The invocation's stop at its time limit, in `wasi:io/poll`.
+fn out_of_time(limit: std::time::Duration) -> wasmtime::Error {
+    crate::caps::caller::Stop::Time {
+        limit,
+        during: "in wasi:io/poll",
+    }
+    .trap()
 }
 
 /// Links [`Bounded`] (`add_to_linker::<State, HasBounded>`).
@@ -36,17 +48,19 @@ impl poll::Host for Bounded<'_> {
                 pollables.len()
             ));
         }
-        let turn = self.turn;
-        turn.off(poll::Host::poll(&mut *self.table, pollables))
+        let (turn, limit) = (self.turn, self.limit);
+        turn.off_within(poll::Host::poll(&mut *self.table, pollables))
             .await
+            .unwrap_or_else(|| Err(out_of_time(limit)))
     }
 }
 
 impl poll::HostPollable for Bounded<'_> {
     async fn block(&mut self, pollable: Resource<DynPollable>) -> wasmtime::Result<()> {
-        let turn = self.turn;
-        turn.off(poll::HostPollable::block(&mut *self.table, pollable))
+        let (turn, limit) = (self.turn, self.limit);
+        turn.off_within(poll::HostPollable::block(&mut *self.table, pollable))
             .await
+            .unwrap_or_else(|| Err(out_of_time(limit)))
     }
 
     async fn ready(&mut self, pollable: Resource<DynPollable>) -> wasmtime::Result<bool> {
@@ -83,6 +97,7 @@ mod tests {
         let mut bounded = Bounded {
             table: &mut table,
             turn: &turn,
+            limit: std::time::Duration::from_secs(60),
         };
         let e = poll::Host::poll(&mut bounded, copies(MAX_HANDLES + 1))
             .await

@@ -2347,6 +2347,76 @@ async fn a_wait_behind_one_that_holds_nothing_is_held_for_and_a_claim_is_told_wh
     assert!(first.is_ok(), "{first:?}");
 }
 
+/// Two waits whose waiters were slow to look do not hold the room for each other: the first's
+/// grace ran out, the second held the room back with no grace of its own running (none began
+/// without a wake), and the first, looking, was refused for the second's hold and held the
+/// room back again itself, each waiting for the other until a deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_waits_whose_waiters_were_slow_do_not_hold_the_room_for_each_other() {
+    use hapi_host::device::budget::Budget;
+    let _one = serial().lock().await;
+    let budget = Budget::new(1000, RESIDENT_FOR);
+    let batch = budget.reserve_batch(600, "heavy").expect("room");
+    // A wait of `tenant` on a runtime whose one thread the test keeps busy for `busy` once
+    // told to.
+    let slow = |tenant: &'static str, busy: Duration| {
+        let (block, blocked) = tokio::sync::oneshot::channel::<()>();
+        let b = Arc::clone(&budget);
+        let thread = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            rt.block_on(async move {
+                let wait = tokio::spawn(async move {
+                    let deadline = Deadline::new(Duration::from_secs(3));
+                    b.reserve(800, tenant, &deadline, "a call").await
+                });
+                blocked.await.expect("told to block");
+                std::thread::sleep(busy);
+                wait.await.expect("join")
+            })
+        });
+        (block, thread)
+    };
+    let registered = |n: u64| {
+        let budget = Arc::clone(&budget);
+        async move {
+            let until = std::time::Instant::now() + Duration::from_secs(5);
+            while budget.snapshot().waiting < n && std::time::Instant::now() < until {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            assert_eq!(budget.snapshot().waiting, n, "{n} waits registered");
+        }
+    };
+    let (block1, first) = slow("first", Duration::from_millis(300));
+    registered(1).await;
+    block1.send(()).expect("the first waiter's runtime");
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    // The batch ends while the first waiter cannot look; the second registers meanwhile.
+    drop(batch);
+    let ended = std::time::Instant::now();
+    let (block2, second) = slow("second", Duration::from_millis(300));
+    registered(2).await;
+    block2.send(()).expect("the second waiter's runtime");
+    // Each looks again after some 300 ms: one of them has the room then.
+    let first = tokio::task::spawn_blocking(move || first.join().expect("first"))
+        .await
+        .expect("join");
+    let took = ended.elapsed();
+    let second = tokio::task::spawn_blocking(move || second.join().expect("second"))
+        .await
+        .expect("join");
+    assert!(
+        first.is_ok() || second.is_ok(),
+        "neither wait had the room: {first:?}, {second:?}"
+    );
+    assert!(
+        took < Duration::from_secs(2),
+        "the first wait took {took:?}"
+    );
+}
+
 /// Time alone can make a wait for the batches' room unmeetable: a use growing stale grows
 /// the other owners' shares, and a model the wait counted on as held beyond its owner's share
 /// is within it then. Its need is held back from nobody from then, and it looks again when

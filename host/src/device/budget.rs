@@ -172,10 +172,11 @@ struct State {
 struct Wait {
     need: u64,
     tenant: Arc<str>,
-    /// Set by the first wake that finds the wait's room free ([`Budget::wake`]), cleared when
-    /// its waiter looks: set by the first such wake only, so that wakes coming faster than
-    /// [`LOOK_GRACE`] (every batch's end) do not keep the grace from running out; and only
-    /// when its room is free, so that another tenant's wakes alone cannot make it lapse.
+    /// When its grace began ([`State::start_grace`]: the first use of the room that found it
+    /// the holder with its room free), cleared when its waiter looks: not renewed by later
+    /// wakes, so that wakes coming faster than [`LOOK_GRACE`] (every batch's end) do not keep
+    /// it from running out; and begun only when its room is free for it, so that other
+    /// tenants' wakes alone cannot make it run out.
     unseen: Option<Instant>,
 }
 
@@ -193,13 +194,12 @@ impl State {
         self.weights + self.reserved + self.freeing
     }
 
-    /// Bytes work leaves free for the oldest wait ([`Waiting`]): its need, unless that wait
-    /// is `exempt` (the waiting attempt itself), its waiter has stopped looking
-    /// ([`Self::still_looking`]), or the running batches ending could no longer meet it (its
-    /// room was pinned since, or time made a model it counted on another's within its share:
-    /// judged here, when the room is used, so that nothing needs to wake it for that); 0 if
-    /// none. Only the oldest: two waits that
-    /// each left the other's need free could stop each other to their deadlines. Whoever's
+    /// Bytes work leaves free for the wait holding room back ([`Self::holder`]): its need,
+    /// unless that wait is `exempt` (the waiting attempt itself); 0 if none. Whether the running
+    /// batches ending could still meet a wait (its room may have been pinned since, or time
+    /// made a model it counted on another's within its share) is judged here, when the room is
+    /// used, so that nothing needs to wake it for that. One wait only: two waits that each
+    /// left the other's need free could stop each other to their deadlines. Whoever's
     /// the work, the waiting tenant's own batches included: exempting them let its batches
     /// take the room its own load waited for while everyone else's were cut.
     fn held_back(&self, total: u64, exempt: Option<u64>, now: Instant) -> u64 {
@@ -213,12 +213,49 @@ impl State {
     /// the running batches ending would meet. Not merely the oldest: one that holds nothing
     /// (its room pinned since, its waiter gone quiet) left every later wait unprotected.
     fn holder(&self, total: u64, now: Instant) -> Option<(u64, &Wait)> {
-        self.waiting
-            .iter()
-            .find(|(_, w)| {
-                still_looking(w, now) && self.batches_would_meet(total, &w.tenant, w.need, now)
-            })
-            .map(|(id, w)| (*id, w))
+        // A tenant's room once the batches end, looked up once however many of its waits come
+        // before the holder (each look walks the models).
+        let mut rooms: Vec<(&str, u64)> = Vec::new();
+        for (id, w) in &self.waiting {
+            if !still_looking(w, now) {
+                continue;
+            }
+            let room = match rooms.iter().find(|(t, _)| *t == &*w.tenant) {
+                Some((_, room)) => *room,
+                None => {
+                    let room = self
+                        .room(total, Claim::For(&w.tenant), now)
+                        .saturating_add(self.batches);
+                    rooms.push((&w.tenant, room));
+                    room
+                }
+            };
+            if room >= w.need {
+                return Some((*id, w));
+            }
+        }
+        None
+    }
+
+    /// Starts the grace ([`LOOK_GRACE`]) of the wait holding room back, if its room is free
+    /// for it now and none is running: from the first time anyone uses the room after that
+    /// (a wake, a batch's reservation, the dispatcher's look), whichever wait holds it then. A
+    /// wait becomes the holder without any wake when the one before it stops holding (its
+    /// grace ran out); started only at wakes, its grace never began, and two waits whose
+    /// waiters were slow each found the room held for the other and held it from everyone.
+    fn start_grace(&mut self, total: u64, now: Instant) {
+        let Some((id, need, tenant)) = self
+            .holder(total, now)
+            .filter(|(_, w)| w.unseen.is_none())
+            .map(|(id, w)| (id, w.need, Arc::clone(&w.tenant)))
+        else {
+            return;
+        };
+        if self.room(total, Claim::For(&tenant), now) >= need
+            && let Some(w) = self.waiting.get_mut(&id)
+        {
+            w.unseen = Some(now);
+        }
     }
 
     /// How long until the wait holding its need back stops doing so if its waiter does not
@@ -242,7 +279,8 @@ impl State {
     }
 
     /// [`Self::room`] for `tenant`'s work, less what it leaves for the oldest wait.
-    fn room_left(&self, total: u64, tenant: &str, exempt: Option<u64>, now: Instant) -> u64 {
+    fn room_left(&mut self, total: u64, tenant: &str, exempt: Option<u64>, now: Instant) -> u64 {
+        self.start_grace(total, now);
         self.room(total, Claim::For(tenant), now)
             .saturating_sub(self.held_back(total, exempt, now))
     }
@@ -536,7 +574,7 @@ impl Drop for Reservation {
 /// batches and was answered `device_busy` at each call's deadline. While this is held, the
 /// oldest waiter's need is left free by all other work (batches, loads, reservations, its own
 /// tenant's included), so that it has the room once the batches running now end, as long as
-/// its waiter looks again within [`LOOK_GRACE`] of each wake. Registered only while those
+/// its waiter takes the room within [`LOOK_GRACE`] of its being free. Registered only while those
 /// batches ending would give it the room; dropped when the wait ends.
 #[derive(Debug)]
 struct Waiting {
@@ -612,22 +650,7 @@ impl Budget {
     fn wake(&self) {
         {
             let mut s = lock(&self.state);
-            let now = Instant::now();
-            // Waits whose room is free now: their waiters are to take it within
-            // `LOOK_GRACE`.
-            let free: Vec<u64> = s
-                .waiting
-                .iter()
-                .filter(|(_, w)| {
-                    w.unseen.is_none() && s.room(self.total, Claim::For(&w.tenant), now) >= w.need
-                })
-                .map(|(id, _)| *id)
-                .collect();
-            for id in free {
-                if let Some(w) = s.waiting.get_mut(&id) {
-                    w.unseen = Some(now);
-                }
-            }
+            s.start_grace(self.total, Instant::now());
         }
         self.wakes
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -701,6 +724,7 @@ impl Budget {
                      was unloaded to make room); retry shortly"
                 ))
             };
+            self.looking(&waiting);
             match self.try_pin(name, weights, tenant, exempt(&waiting)) {
                 Attempt::Pinned(pin, wake) => {
                     if wake {
@@ -821,7 +845,8 @@ impl Budget {
                 if let Some(other) = mine {
                     return Attempt::Turn(other);
                 }
-                // Leaving what the oldest wait needs free.
+                // Leaving what the wait holding room back needs free.
+                s.start_grace(self.total, now);
                 let need = weights.saturating_add(s.held_back(self.total, exempt, now));
                 let claim = Claim::For(tenant);
                 if let Some(unloaded) = s.make_room(self.total, (need, weights), claim, now) {
@@ -999,8 +1024,9 @@ impl Budget {
     /// within its share: a leader that cannot have one sample's room by these rules is passed
     /// over (see the dispatcher) and waits for those models to go stale, as a load does.
     pub fn room_for(&self, one: u64, tenant: &str) -> u64 {
-        let s = lock(&self.state);
+        let mut s = lock(&self.state);
         let now = Instant::now();
+        s.start_grace(self.total, now);
         let stale = s
             .room(self.total, Claim::Stale, now)
             .saturating_sub(s.held_back(self.total, None, now));
@@ -1015,7 +1041,7 @@ impl Budget {
     /// give it. Not what profiles and calls reserved whole hold: the dispatcher, waiting for
     /// that, would have held every tenant's batches up behind a measurement of seconds.
     pub fn room_once_reservations_end(&self, tenant: &str) -> u64 {
-        let s = lock(&self.state);
+        let mut s = lock(&self.state);
         s.room_left(self.total, tenant, None, Instant::now())
             .saturating_add(s.batches)
     }
@@ -1051,6 +1077,7 @@ impl Budget {
     ) -> Option<Reservation> {
         let mut s = lock(&self.state);
         let now = Instant::now();
+        s.start_grace(self.total, now);
         let room = (
             need.saturating_add(s.held_back(self.total, exempt, now)),
             need,
@@ -1132,6 +1159,7 @@ impl Budget {
             let notified = self.notify.notified();
             let mut notified = std::pin::pin!(notified);
             notified.as_mut().enable();
+            self.looking(&waiting);
             if let Some(done) = attempt(exempt(&waiting)) {
                 return Ok(done);
             }
@@ -1168,6 +1196,7 @@ impl Budget {
     ) -> Option<Duration> {
         let mut s = lock(&self.state);
         let now = Instant::now();
+        s.start_grace(self.total, now);
         let met = s.batches_would_meet(self.total, tenant, need, now);
         // While registered: at the next use growing stale, or when the wait holding room back
         // stops doing so (its waiter quiet past `LOOK_GRACE`), whichever comes first.
@@ -1193,20 +1222,27 @@ impl Budget {
                     id,
                 });
             }
-            (true, true) => {
-                // It looked: its need is held back again if that had lapsed ([`LOOK_GRACE`]).
-                if let Some(w) = waiting.as_ref().and_then(|w| s.waiting.get_mut(&w.id)) {
-                    w.unseen = None;
-                }
-            }
             (false, true) => {
                 // Its drop takes the lock.
                 drop(s);
                 *waiting = None;
             }
-            (false, false) => {}
+            (true, true) | (false, false) => {}
         }
         until
+    }
+
+    /// `waiting`'s waiter looks at the room: its grace ([`LOOK_GRACE`]) ends, and its need is
+    /// held back again if the grace had run out. Before its attempt, so that the attempt is
+    /// exempt from its own hold: after it, a waiter whose grace had run out was refused for
+    /// the room held for the wait behind it, then held the room back again itself, and the two
+    /// each waited for the other.
+    fn looking(&self, waiting: &Option<Waiting>) {
+        if let Some(w) = waiting
+            && let Some(wait) = lock(&self.state).waiting.get_mut(&w.id)
+        {
+            wait.unseen = None;
+        }
     }
 
     /// Why `tenant`'s claim of `need` bytes waits, for its error (`own`: its own wait, if

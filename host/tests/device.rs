@@ -2170,6 +2170,28 @@ async fn a_wait_the_batches_can_no_longer_meet_holds_nothing_back() {
 /// Bytes beside a test's budget: room for other tenants' small reservations.
 const SLACK: u64 = 4096;
 
+/// Runs `work` on a runtime of its own, whose one thread the test keeps busy for `busy` once
+/// told to (the sender): a waiter that cannot look. Joined, the thread gives `work`'s answer.
+fn on_a_runtime_kept_busy<T: Send + 'static>(
+    busy: Duration,
+    work: impl Future<Output = T> + Send + 'static,
+) -> (tokio::sync::oneshot::Sender<()>, std::thread::JoinHandle<T>) {
+    let (block, blocked) = tokio::sync::oneshot::channel::<()>();
+    let thread = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(async move {
+            let work = tokio::spawn(work);
+            blocked.await.expect("told to block");
+            std::thread::sleep(busy);
+            work.await.expect("join")
+        })
+    });
+    (block, thread)
+}
+
 /// A wait holds its need back from other work only while its waiter takes the room within
 /// `LOOK_GRACE` of its being there: a waiter that did not (its tenant kept its other host
 /// calls waking and spinning ahead of it in its queue) kept the room the batches gave back
@@ -2191,24 +2213,12 @@ async fn a_wait_whose_waiter_does_not_look_holds_nothing_back_for_long() {
         .reserve_batch(total - SLACK, "heavy")
         .expect("the whole budget");
     // The waiter on a runtime of its own, whose one thread the test keeps busy for a second.
-    let (block, blocked) = tokio::sync::oneshot::channel::<()>();
     let (b, models) = (Arc::clone(&budget), Arc::clone(&p.models));
-    let waiter = std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("runtime");
-        rt.block_on(async move {
-            let load = tokio::spawn(async move {
-                let deadline = Deadline::new(Duration::from_secs(6));
-                b.acquire(&models, model, &Arc::from("light"), &deadline, None)
-                    .await
-                    .map(drop)
-            });
-            blocked.await.expect("told to block");
-            std::thread::sleep(Duration::from_secs(1));
-            load.await.expect("join")
-        })
+    let (block, waiter) = on_a_runtime_kept_busy(Duration::from_secs(1), async move {
+        let deadline = Deadline::new(Duration::from_secs(6));
+        b.acquire(&models, model, &Arc::from("light"), &deadline, None)
+            .await
+            .map(drop)
     });
     let until = std::time::Instant::now() + Duration::from_secs(5);
     while budget.snapshot().waiting == 0 && std::time::Instant::now() < until {
@@ -2270,22 +2280,10 @@ async fn a_wait_behind_one_that_holds_nothing_is_held_for_and_a_claim_is_told_wh
     let budget = Budget::new(1000, RESIDENT_FOR);
     let batch = budget.reserve_batch(600, "heavy").expect("room");
     // The oldest wait, on a runtime whose one thread the test keeps busy for a second.
-    let (block, blocked) = tokio::sync::oneshot::channel::<()>();
     let b = Arc::clone(&budget);
-    let first = std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("runtime");
-        rt.block_on(async move {
-            let wait = tokio::spawn(async move {
-                let deadline = Deadline::new(Duration::from_secs(6));
-                b.reserve(800, "first", &deadline, "a call").await.map(drop)
-            });
-            blocked.await.expect("told to block");
-            std::thread::sleep(Duration::from_secs(1));
-            wait.await.expect("join")
-        })
+    let (block, first) = on_a_runtime_kept_busy(Duration::from_secs(1), async move {
+        let deadline = Deadline::new(Duration::from_secs(6));
+        b.reserve(800, "first", &deadline, "a call").await.map(drop)
     });
     let until = std::time::Instant::now() + Duration::from_secs(5);
     while budget.snapshot().waiting == 0 && std::time::Instant::now() < until {
@@ -2360,24 +2358,11 @@ async fn two_waits_whose_waiters_were_slow_do_not_hold_the_room_for_each_other()
     // A wait of `tenant` on a runtime whose one thread the test keeps busy for `busy` once
     // told to.
     let slow = |tenant: &'static str, busy: Duration| {
-        let (block, blocked) = tokio::sync::oneshot::channel::<()>();
         let b = Arc::clone(&budget);
-        let thread = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("runtime");
-            rt.block_on(async move {
-                let wait = tokio::spawn(async move {
-                    let deadline = Deadline::new(Duration::from_secs(3));
-                    b.reserve(800, tenant, &deadline, "a call").await
-                });
-                blocked.await.expect("told to block");
-                std::thread::sleep(busy);
-                wait.await.expect("join")
-            })
-        });
-        (block, thread)
+        on_a_runtime_kept_busy(busy, async move {
+            let deadline = Deadline::new(Duration::from_secs(3));
+            b.reserve(800, tenant, &deadline, "a call").await
+        })
     };
     let registered = |n: u64| {
         let budget = Arc::clone(&budget);

@@ -372,10 +372,94 @@ fn s3_env() -> Vec<(&'static str, String)> {
 }
 
 /// The eval-split grid.
+/// `eval-split`'s options: the grid (`--full`, `--drift`), or a part of it.
+#[derive(Debug, Default, PartialEq)]
+struct SplitOptions {
+    full: bool,
+    drift_only: bool,
+    models: Option<Vec<String>>,
+    batches: Option<Vec<String>>,
+    bandwidths: Option<Vec<u32>>,
+}
+
+impl SplitOptions {
+    const KNOWN: &str =
+        "known: --full, --drift, --models A,B, --batches N,M, --bandwidths MBIT,MBIT";
+
+    fn parse(args: &[String]) -> Result<Self, String> {
+        let mut o = Self::default();
+        let mut it = args.iter();
+        while let Some(a) = it.next() {
+            let mut value = || {
+                it.next()
+                    .filter(|v| !v.starts_with("--"))
+                    .ok_or(format!("eval-split: {a} needs a comma-separated list"))
+            };
+            match a.as_str() {
+                "--full" => o.full = true,
+                "--drift" => o.drift_only = true,
+                "--models" => {
+                    let list = value()?;
+                    let models = list_of(a, list, |m| {
+                        (!m.is_empty() && m.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'))
+                            .then(|| m.to_string())
+                            .ok_or("a model package's name (letters, digits, _)")
+                    })?;
+                    o.models = Some(models);
+                }
+                "--batches" => {
+                    let list = value()?;
+                    o.batches = Some(list_of(a, list, |b| match b.parse::<usize>() {
+                        Ok(1..=1024) => Ok(b.to_string()),
+                        _ => Err("a batch size of 1 to 1024"),
+                    })?);
+                }
+                "--bandwidths" => {
+                    let list = value()?;
+                    o.bandwidths = Some(list_of(a, list, |b| match b.parse::<u32>() {
+                        Ok(m @ 1..=100_000) => Ok(m),
+                        _ => Err("a rate in Mbit/s, 1 to 100000"),
+                    })?);
+                }
+                other => {
+                    return Err(format!(
+                        "unknown option `{other}` for `eval-split` ({})",
+                        Self::KNOWN
+                    ));
+                }
+            }
+        }
+        if o.full && o.drift_only {
+            return Err("eval-split: --full and --drift exclude each other".into());
+        }
+        if o.drift_only && (o.models.is_some() || o.batches.is_some() || o.bandwidths.is_some()) {
+            return Err(
+                "eval-split: --drift runs its own cases; --models, --batches and --bandwidths \
+                 choose a part of the grid (with or without --full), not of the drift case"
+                    .into(),
+            );
+        }
+        Ok(o)
+    }
+}
+
+/// A comma-separated list, each item checked; an empty item or list is an error naming it.
+fn list_of<T>(
+    option: &str,
+    list: &str,
+    item: impl Fn(&str) -> Result<T, &'static str>,
+) -> Result<Vec<T>, String> {
+    list.split(',')
+        .map(|x| {
+            item(x.trim()).map_err(|want| format!("eval-split: {option}: `{x}` is not {want}"))
+        })
+        .collect()
+}
+
 struct Grid {
-    models: &'static [&'static str],
-    batches: &'static [&'static str],
-    bandwidths: &'static [u32],
+    models: Vec<String>,
+    batches: Vec<String>,
+    bandwidths: Vec<u32>,
     /// Iterations per fixed split, and of each adaptive run.
     fixed: usize,
     adaptive: usize,
@@ -390,32 +474,21 @@ const DRIFT_ITERS: usize = 120;
 /// storage and compute tiers in two network namespaces over a tc-shaped veth pair, one core
 /// each; then the drift case.
 pub fn eval_split(args: &[String]) -> Result<(), String> {
-    let full = args.iter().any(|a| a == "--full");
-    let drift_only = args.iter().any(|a| a == "--drift");
-    if let Some(bad) = args
-        .iter()
-        .find(|a| !matches!(a.as_str(), "--full" | "--drift"))
-    {
-        return Err(format!(
-            "unknown option `{bad}` for `eval-split` (known: --full, --drift)"
-        ));
-    }
-    if full && drift_only {
-        return Err("eval-split: --full and --drift exclude each other".into());
-    }
-    let grid = if drift_only {
+    let opts = SplitOptions::parse(args)?;
+    let owned = |list: &[&str]| list.iter().map(|m| (*m).to_string()).collect::<Vec<_>>();
+    let mut grid = if opts.drift_only {
         // The cases the drift case is judged against (its model at both of its bandwidths).
         Grid {
-            models: &["efficientnet_lite0"],
-            batches: &["32"],
-            bandwidths: &[50, 1000],
+            models: owned(&["efficientnet_lite0"]),
+            batches: owned(&["32"]),
+            bandwidths: vec![50, 1000],
             fixed: 4,
             adaptive: 40,
         }
-    } else if full {
+    } else if opts.full {
         // The paper's models, bandwidths and two batch sizes.
         Grid {
-            models: &[
+            models: owned(&[
                 "alexnet",
                 "resnet18",
                 "resnet50",
@@ -423,22 +496,34 @@ pub fn eval_split(args: &[String]) -> Result<(), String> {
                 "densenet121",
                 "vit_b_16",
                 "efficientnet_lite0",
-            ],
-            batches: &["32", "64"],
-            bandwidths: &[50, 250, 1000],
+            ]),
+            batches: owned(&["32", "64"]),
+            bandwidths: vec![50, 250, 1000],
             fixed: 3,
             adaptive: 30,
         }
     } else {
         Grid {
-            models: &["efficientnet_lite0", "resnet18", "alexnet"],
-            batches: &["32"],
-            bandwidths: &[50, 250, 1000],
+            models: owned(&["efficientnet_lite0", "resnet18", "alexnet"]),
+            batches: owned(&["32"]),
+            bandwidths: vec![50, 250, 1000],
             fixed: 4,
             adaptive: 40,
         }
     };
-    let (models, batches, bandwidths) = (grid.models, grid.batches, grid.bandwidths);
+    // A part of the grid (`--models`, `--batches`, `--bandwidths`): those cases, no drift case
+    // (which is judged against Lite0's sweeps at 50 and 1000 Mbit/s).
+    let part = opts.models.is_some() || opts.batches.is_some() || opts.bandwidths.is_some();
+    if let Some(m) = opts.models {
+        grid.models = m;
+    }
+    if let Some(b) = opts.batches {
+        grid.batches = b;
+    }
+    if let Some(b) = opts.bandwidths {
+        grid.bandwidths = b;
+    }
+    let (models, batches, bandwidths) = (&grid.models, &grid.batches, &grid.bandwidths);
     let iters = grid.fixed.to_string();
     let adaptive = grid.adaptive.to_string();
     // Enough photos for the adaptive run at the largest batch in one epoch, and for the drift
@@ -456,6 +541,15 @@ pub fn eval_split(args: &[String]) -> Result<(), String> {
         return Err("eval-split pins each tier to its own core: it needs at least 2".into());
     }
     let env = setup::run()?;
+    if let Some(m) = models
+        .iter()
+        .find(|m| !env.models.join(m).join("manifest.json").is_file())
+    {
+        return Err(format!(
+            "eval-split: --models: no model package `{m}` in {}",
+            env.models.display()
+        ));
+    }
     let bins = build(&env)?;
     let out = env.workspace.join("target/eval-split");
     let _ = std::fs::remove_dir_all(&out);
@@ -548,25 +642,27 @@ pub fn eval_split(args: &[String]) -> Result<(), String> {
     // bandwidth through the same schedule: the best split in hindsight per phase, measured
     // minutes apart rather than before the whole drift case (this machine's speed drifts).
     let sweep_at = |mbit: u32| out.join(format!("bw-{mbit}mbit/efficientnet_lite0-b32.json"));
-    let drift = drift_case(&env, &bins, &link, &host.url, &out, "auto").and_then(|auto| {
-        let mut fixed: Vec<String> = Vec::new();
-        for mbit in [1000, 50] {
-            let best = sh::output(
-                Command::new(bins.join("hapi-eval"))
-                    .arg("best-split")
-                    .arg(sweep_at(mbit))
-                    .envs(env.vars()),
-            )?;
-            let best = best.trim().to_string();
-            if !fixed.contains(&best) {
-                fixed.push(best);
+    let drift = (!part).then(|| {
+        drift_case(&env, &bins, &link, &host.url, &out, "auto").and_then(|auto| {
+            let mut fixed: Vec<String> = Vec::new();
+            for mbit in [1000, 50] {
+                let best = sh::output(
+                    Command::new(bins.join("hapi-eval"))
+                        .arg("best-split")
+                        .arg(sweep_at(mbit))
+                        .envs(env.vars()),
+                )?;
+                let best = best.trim().to_string();
+                if !fixed.contains(&best) {
+                    fixed.push(best);
+                }
             }
-        }
-        let runs = fixed
-            .iter()
-            .map(|split| drift_case(&env, &bins, &link, &host.url, &out, split))
-            .collect::<Result<Vec<_>, String>>()?;
-        Ok((auto, runs))
+            let runs = fixed
+                .iter()
+                .map(|split| drift_case(&env, &bins, &link, &host.url, &out, split))
+                .collect::<Result<Vec<_>, String>>()?;
+            Ok((auto, runs))
+        })
     });
     drop(host);
     drop(weed);
@@ -579,6 +675,13 @@ pub fn eval_split(args: &[String]) -> Result<(), String> {
             .args(&files)
             .envs(env.vars()),
     )?;
+    let Some(drift) = drift else {
+        println!(
+            "eval-split took {:.0} s (a part of the grid: no drift case)",
+            started.elapsed().as_secs_f64()
+        );
+        return Ok(());
+    };
     let (auto, fixed) = drift?;
     let mut cmd = Command::new(bins.join("hapi-eval"));
     cmd.arg("drift-summary")
@@ -683,4 +786,66 @@ fn drift_case(
     std::fs::write(&run.switches, format!("[{}]\n", switches.join(", ")))
         .map_err(|e| e.to_string())?;
     Ok(run)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::SplitOptions;
+
+    fn parse(args: &[&str]) -> Result<SplitOptions, String> {
+        SplitOptions::parse(&args.iter().map(|a| (*a).to_string()).collect::<Vec<_>>())
+    }
+
+    #[test]
+    fn a_part_of_the_grid_is_chosen_by_lists() {
+        let o = parse(&[
+            "--full",
+            "--models",
+            "resnet50,densenet121",
+            "--bandwidths",
+            "250",
+        ])
+        .expect("a part of the full grid");
+        assert!(o.full && !o.drift_only);
+        assert_eq!(
+            o.models.as_deref(),
+            Some(&["resnet50".to_string(), "densenet121".to_string()][..])
+        );
+        assert_eq!(o.bandwidths.as_deref(), Some(&[250][..]));
+        assert_eq!(o.batches, None);
+        assert_eq!(
+            parse(&[]).expect("the default grid"),
+            SplitOptions::default()
+        );
+    }
+
+    #[test]
+    fn a_bad_list_or_option_says_which_and_why() {
+        for (args, want) in [
+            (
+                &["--bandwidths", "250,fast"][..],
+                "`fast` is not a rate in Mbit/s",
+            ),
+            (&["--bandwidths", "0"][..], "`0` is not a rate in Mbit/s"),
+            (&["--batches", "32,"][..], "`` is not a batch size"),
+            (
+                &["--models", "../etc"][..],
+                "`../etc` is not a model package's name",
+            ),
+            (&["--models"][..], "--models needs a comma-separated list"),
+            (
+                &["--models", "--full"][..],
+                "--models needs a comma-separated list",
+            ),
+            (
+                &["--drift", "--models", "alexnet"][..],
+                "--drift runs its own cases",
+            ),
+            (&["--full", "--drift"][..], "exclude each other"),
+            (&["--fast"][..], "unknown option `--fast`"),
+        ] {
+            let e = parse(args).expect_err(want);
+            assert!(e.contains(want), "{args:?}: {e}");
+        }
+    }
 }

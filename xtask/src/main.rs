@@ -38,13 +38,15 @@ commands:
   demo               the quick start's job: Fashion-MNIST in the local store, hapi-host, and
                      hapi-train on EfficientNet-Lite0 with --split auto, then --split none,
                      side by side (options: --train-limit N, --test-limit N, --epochs N)
-  eval-split [--full | --drift]
+  eval-split [--full | --drift] [--models A,B] [--batches N,M] [--bandwidths MBIT,MBIT]
                      split choice against every split: storage and compute tiers in two
                      network namespaces over a tc-shaped veth pair, one core each (needs
                      root); table, target/eval-split/summary.json and split-choice.svg;
                      --drift: only EfficientNet-Lite0 at 50 and 1000 Mbit/s, then the
                      drift case (the link 1000 -> 50 -> 1000 Mbit/s under --split auto,
-                     then under each bandwidth's best fixed split)
+                     then under each bandwidth's best fixed split); --models, --batches,
+                     --bandwidths: only those cases of the grid (default or --full), no
+                     drift case
   cluster up [--nodes N] [--link MBIT] [--fashion-mnist] | cluster down
                      a storage tier of N nodes (default 3) in network namespaces: SeaweedFS
                      master, filer and S3 on a metadata node, a volume server and a hapi-host

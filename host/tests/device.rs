@@ -2196,7 +2196,10 @@ fn on_a_runtime_kept_busy<T: Send + 'static>(
 /// `LOOK_GRACE` of its being there: a waiter that did not (its tenant kept its other host
 /// calls waking and spinning ahead of it in its queue) kept the room the batches gave back
 /// from everyone until it looked; and with the grace counted from the last wake, others' wakes
-/// every 10 ms kept it from running out. Once it looks, the room is held back for it again.
+/// every 10 ms kept it from running out. Once its grace has run out, the wait holds nothing
+/// back when its waiter looks again: it held the room back again at each look, so that a
+/// waiter slow to look each time drained the device for its need and left it idle for a grace
+/// at every look, to its deadline. The waiter still takes the room when it finds it free.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wait_whose_waiter_does_not_look_holds_nothing_back_for_long() {
     use hapi_host::device::budget::{Budget, LOOK_GRACE};
@@ -2254,15 +2257,17 @@ async fn a_wait_whose_waiter_does_not_look_holds_nothing_back_for_long() {
     assert!(took >= LOOK_GRACE / 2, "not held back at all: {took:?}");
     quiet.store(true, std::sync::atomic::Ordering::Relaxed);
     noise.await.expect("noise");
-    // Its thread free again, the waiter looks (the batch's end woke it) and its wait stands:
-    // when this batch ends, the room is the wait's.
+    // Its thread free again, the waiter looks (the batch's end woke it) and is refused: its
+    // wait stands, and holds nothing back.
     tokio::time::sleep(Duration::from_millis(1200)).await;
     assert_eq!(budget.snapshot().waiting, 1, "the wait stands");
-    drop(again);
-    assert!(
-        budget.reserve_batch(total - SLACK, "heavy").is_none(),
-        "the room is held back for the wait"
+    assert_eq!(
+        budget.snapshot().held_back,
+        0,
+        "a wait whose grace ran out held the room back again when its waiter looked"
     );
+    // When this batch ends, the waiter, woken, finds the room free and takes it.
+    drop(again);
     let loaded = tokio::task::spawn_blocking(move || waiter.join().expect("waiter"))
         .await
         .expect("join");
@@ -2357,11 +2362,12 @@ async fn two_waits_whose_waiters_were_slow_do_not_hold_the_room_for_each_other()
     let batch = budget.reserve_batch(600, "heavy").expect("room");
     // A wait of `tenant` on a runtime whose one thread the test keeps busy for `busy` once
     // told to.
+    // Each gives its room back once it has it: the other may have it then.
     let slow = |tenant: &'static str, busy: Duration| {
         let b = Arc::clone(&budget);
         on_a_runtime_kept_busy(busy, async move {
             let deadline = Deadline::new(Duration::from_secs(3));
-            b.reserve(800, tenant, &deadline, "a call").await
+            b.reserve(800, tenant, &deadline, "a call").await.map(drop)
         })
     };
     let registered = |n: u64| {
@@ -2470,5 +2476,152 @@ async fn a_wait_time_makes_unmeetable_holds_nothing_back() {
     );
     let loaded = waiting.await.expect("join");
     assert!(loaded.is_err(), "{loaded:?}");
+    drop(batch);
+}
+
+/// A wait the running batches' ending would meet is held for even where a neighbour's model,
+/// kept for it within its share, holds room too: such a wait was not registered (its room
+/// counted as held by other tenants' models), so it held nothing back, and each batch that
+/// ended gave its room to the next before the waiter could look, to its deadline, whenever a
+/// neighbour kept a model in use.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_the_batches_would_meet_is_held_for_beside_a_neighbours_model() {
+    use hapi_host::device::budget::Budget;
+    let _one = serial().lock().await;
+    let p = Packages::open();
+    let small = "efficientnet_lite0";
+    p.measured([small]).await;
+    let ws = p.weights(small);
+    // The neighbour's model, idle and kept for it within its half; a batch of the other half.
+    let budget = Budget::new(2 * ws, RESIDENT_FOR);
+    p.use_model(&budget, small, "x").await;
+    let batch = budget.reserve_batch(ws, "heavy").expect("the other half");
+    let b = Arc::clone(&budget);
+    // The reservation is kept until the test ends (given back at once, the room would be
+    // free again for the next batch).
+    let waiting = tokio::spawn(async move {
+        let deadline = Deadline::new(Duration::from_secs(5));
+        b.reserve(ws, "light", &deadline, "a test's reservation")
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(budget.snapshot().waiting, 1, "the reservation waits");
+    assert_eq!(budget.snapshot().held_back, ws, "its need is held back");
+    // The batch ends, and the next one tries at once, before the waiter can look (or after
+    // it has taken the room).
+    drop(batch);
+    let next = budget.reserve_batch(ws, "heavy");
+    assert!(
+        next.is_none(),
+        "the next batch took the room the waiting reservation needs"
+    );
+    let reserved = tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("the reservation ends")
+        .expect("join");
+    assert!(reserved.is_ok(), "{reserved:?}");
+    assert_eq!(budget.snapshot().waiting, 0);
+    drop(reserved);
+}
+
+/// With no residency window (`resident_for = 0`), a registered waiter waits for a change, not
+/// for a clock: it looked every millisecond (the next use to grow stale was taken as 1 ms away
+/// when none would), each look a refusal, so that every neighbour's pin held longer than that
+/// woke every waiter when dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_no_residency_a_waiter_does_not_poll_and_pins_wake_nobody() {
+    use hapi_host::device::budget::Budget;
+    let _one = serial().lock().await;
+    let p = Packages::open();
+    let small = "efficientnet_lite0";
+    let [memory] = p.measured([small]).await;
+    let ws = p.weights(small);
+    let rest = memory.one_sample_peak() + SLACK;
+    let budget = Budget::new(ws + rest, Duration::ZERO);
+    // The model pinned the whole time by `a`; a batch of the rest; a reservation of half of
+    // it, which the batch's ending meets.
+    let held = p.pin(&budget, small, "a", LONG).await.expect(small);
+    let batch = budget.reserve_batch(rest, "heavy").expect("the rest");
+    let b = Arc::clone(&budget);
+    let waiting = tokio::spawn(async move {
+        let deadline = Deadline::new(Duration::from_secs(10));
+        b.reserve(rest / 2, "light", &deadline, "a test's reservation")
+            .await
+            .map(drop)
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(budget.snapshot().waiting, 1, "the reservation waits");
+    let before = budget.snapshot().wakes;
+    for _ in 0..20 {
+        let pin = p.pin(&budget, small, "other", LONG).await.expect(small);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        drop(pin);
+    }
+    let woken = budget.snapshot().wakes - before;
+    assert!(woken <= 2, "{woken} wakes for 20 pins held 20 ms each");
+    drop(batch);
+    let reserved = tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("the reservation ends")
+        .expect("join");
+    assert!(reserved.is_ok(), "{reserved:?}");
+    drop(held);
+}
+
+/// A wait that ends wakes the waiters only if it held room back: every registered wait that
+/// ended (met, aborted at its deadline, or dropped) woke every waiter, each of whom looked
+/// again, so that a tenant's waits ending in turn made work for every waiter of the host.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_that_held_nothing_back_wakes_nobody_when_it_ends() {
+    use hapi_host::device::budget::Budget;
+    let _one = serial().lock().await;
+    let budget = Budget::new(1000, RESIDENT_FOR);
+    let batch = budget.reserve_batch(600, "heavy").expect("room");
+    // Twenty waits of 500 bytes, each met by the batch's ending; the oldest holds its need.
+    let mut waits = Vec::new();
+    for i in 0..20 {
+        let b = Arc::clone(&budget);
+        waits.push(tokio::spawn(async move {
+            let deadline = Deadline::new(LONG);
+            b.reserve(500, &format!("t{i}"), &deadline, "a test's reservation")
+                .await
+                .map(drop)
+        }));
+        let until = std::time::Instant::now() + Duration::from_secs(5);
+        while budget.snapshot().waiting <= i && std::time::Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+    assert_eq!(budget.snapshot().waiting, 20, "twenty waits registered");
+    assert_eq!(budget.snapshot().held_back, 500, "the oldest's need held");
+    let before = budget.snapshot().wakes;
+    // The newest ends (its caller gone): it held nothing back.
+    let newest = waits.pop().expect("twenty");
+    newest.abort();
+    let _ = newest.await;
+    assert_eq!(budget.snapshot().waiting, 19);
+    assert_eq!(
+        budget.snapshot().wakes - before,
+        0,
+        "a wait that held nothing back woke the waiters when it ended"
+    );
+    // The oldest ends: it held room back, the next holds it now, and the waiters are woken.
+    let oldest = waits.remove(0);
+    oldest.abort();
+    let _ = oldest.await;
+    assert_eq!(budget.snapshot().waiting, 18);
+    assert_eq!(
+        budget.snapshot().held_back,
+        500,
+        "the next oldest's need held"
+    );
+    assert!(
+        budget.snapshot().wakes - before >= 1,
+        "the holder's end woke nobody"
+    );
+    for w in waits {
+        w.abort();
+        let _ = w.await;
+    }
     drop(batch);
 }

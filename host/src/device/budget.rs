@@ -178,6 +178,10 @@ struct Wait {
     /// it from running out; and begun only when its room is free for it, so that other
     /// tenants' wakes alone cannot make it run out.
     unseen: Option<Instant>,
+    /// Its grace ran out before its waiter looked: it holds nothing back from then on. Held
+    /// again at the waiter's next look, a waiter slow to look each time drained the device
+    /// for its need and left it idle for a grace at every look, to its deadline.
+    lapsed: bool,
 }
 
 /// How long a wait's need stays held back from other work once its room is free for it, if
@@ -186,7 +190,8 @@ struct Wait {
 /// host calls, each of which may keep the slot to its next tick): a tenant keeping its other
 /// invocations waking and spinning kept the room its wait held back unused by everyone for a
 /// tick per invocation, some 0.6 s at a concurrency of 64, at each change. Past this, others
-/// may take the room; the wait holds it back again once it looks and finds it still met.
+/// may take the room, and the wait holds nothing back any more (its waiter still takes the room
+/// when it looks and finds it free).
 pub const LOOK_GRACE: Duration = Duration::from_millis(50);
 
 impl State {
@@ -204,15 +209,16 @@ impl State {
     /// take the room its own load waited for while everyone else's were cut.
     fn held_back(&self, total: u64, exempt: Option<u64>, now: Instant) -> u64 {
         match self.holder(total, now) {
-            Some((id, w)) if Some(id) != exempt => w.need,
+            Some((id, w, _)) if Some(id) != exempt => w.need,
             _ => 0,
         }
     }
 
     /// The wait whose need is held back: the oldest whose waiter is still looking and that
     /// the running batches ending would meet. Not merely the oldest: one that holds nothing
-    /// (its room pinned since, its waiter gone quiet) left every later wait unprotected.
-    fn holder(&self, total: u64, now: Instant) -> Option<(u64, &Wait)> {
+    /// (its room pinned since, its waiter gone quiet) left every later wait unprotected. With
+    /// its room now ([`Self::room`] for its tenant, the batches not counted).
+    fn holder(&self, total: u64, now: Instant) -> Option<(u64, &Wait, u64)> {
         // A tenant's room once the batches end, looked up once however many of its waits come
         // before the holder (each look walks the models).
         let mut rooms: Vec<(&str, u64)> = Vec::new();
@@ -223,15 +229,13 @@ impl State {
             let room = match rooms.iter().find(|(t, _)| *t == &*w.tenant) {
                 Some((_, room)) => *room,
                 None => {
-                    let room = self
-                        .room(total, Claim::For(&w.tenant), now)
-                        .saturating_add(self.batches);
+                    let room = self.room(total, Claim::For(&w.tenant), now);
                     rooms.push((&w.tenant, room));
                     room
                 }
             };
-            if room >= w.need {
-                return Some((*id, w));
+            if room.saturating_add(self.batches) >= w.need {
+                return Some((*id, w, room));
             }
         }
         None
@@ -244,16 +248,14 @@ impl State {
     /// grace ran out); started only at wakes, its grace never began, and two waits whose
     /// waiters were slow each found the room held for the other and held it from everyone.
     fn start_grace(&mut self, total: u64, now: Instant) {
-        let Some((id, need, tenant)) = self
+        let Some(id) = self
             .holder(total, now)
-            .filter(|(_, w)| w.unseen.is_none())
-            .map(|(id, w)| (id, w.need, Arc::clone(&w.tenant)))
+            .filter(|(_, w, room)| w.unseen.is_none() && *room >= w.need)
+            .map(|(id, ..)| id)
         else {
             return;
         };
-        if self.room(total, Claim::For(&tenant), now) >= need
-            && let Some(w) = self.waiting.get_mut(&id)
-        {
+        if let Some(w) = self.waiting.get_mut(&id) {
             w.unseen = Some(now);
         }
     }
@@ -261,7 +263,7 @@ impl State {
     /// How long until the wait holding its need back stops doing so if its waiter does not
     /// look ([`LOOK_GRACE`]), if its room is free now: the later waits may have it then.
     fn next_lapse(&self, total: u64, now: Instant) -> Option<Duration> {
-        let (_, w) = self.holder(total, now)?;
+        let (_, w, _) = self.holder(total, now)?;
         let since = w.unseen?;
         Some(
             LOOK_GRACE
@@ -289,8 +291,11 @@ impl State {
         self.peak = self.peak.max(self.used());
     }
 
-    /// How long until the next use of a model passes `resident_for` (at least 1 ms).
-    fn next_expiry(&self, now: Instant) -> Duration {
+    /// How long until the next use of a model passes `resident_for` (at least 1 ms); `None`
+    /// when no use will (none unpinned is within it: with no window, none ever is), since
+    /// time alone then changes nothing, and a waiter looked every 1 ms while a neighbour's pin
+    /// was held, each look a refusal that made the pin's drop wake every waiter.
+    fn next_expiry(&self, now: Instant) -> Option<Duration> {
         self.models
             .values()
             .filter_map(|s| match s {
@@ -305,8 +310,7 @@ impl State {
             })
             .filter(|d| !d.is_zero())
             .min()
-            .unwrap_or(self.resident_for)
-            .max(Duration::from_millis(1))
+            .map(|d| d.max(Duration::from_millis(1)))
     }
 
     /// The idle models to unload for `claim` until `need` bytes are free, in the order
@@ -418,22 +422,14 @@ impl State {
         Some(unloaded)
     }
 
-    /// When `tenant`'s claim of `need` bytes cannot be met: `Some` (how long until the next
-    /// use grows stale) if unloading idle models whoever's would meet it, so that other
-    /// tenants' models hold the room; `None` if running calls hold it, or if the room is the
-    /// tenant's but left free for an older wait (that claim waits as a wait for the batches'
-    /// room too, and is told why).
-    fn kept_for_others(
-        &self,
-        total: u64,
-        tenant: &str,
-        need: u64,
-        now: Instant,
-    ) -> Option<Duration> {
-        if self.room(total, Claim::For(tenant), now) >= need {
-            return None;
-        }
-        (self.room(total, Claim::Any, now) >= need).then(|| self.next_expiry(now))
+    /// When `tenant`'s claim of `need` bytes cannot be met: whether unloading idle models
+    /// whoever's would meet it, so that other tenants' models hold the room (it may wait for
+    /// the running batches' room as well); not if only running calls hold it, or if the room
+    /// is the tenant's but left free for an older wait (that claim waits as a wait for the
+    /// batches' room too, and is told why).
+    fn kept_for_others(&self, total: u64, tenant: &str, need: u64, now: Instant) -> bool {
+        self.room(total, Claim::For(tenant), now) < need
+            && self.room(total, Claim::Any, now) >= need
     }
 
     /// Bytes a claim could have: free now, or once the models it may unload are.
@@ -443,10 +439,11 @@ impl State {
 }
 
 /// Whether `w`'s waiter is still to be waited for: it has looked since its room was free, or
-/// that was within [`LOOK_GRACE`]. While so, its need is held back.
+/// that was within [`LOOK_GRACE`], and it has not lapsed since. While so, its need is held back.
 fn still_looking(w: &Wait, now: Instant) -> bool {
-    w.unseen
-        .is_none_or(|since| now.saturating_duration_since(since) < LOOK_GRACE)
+    !w.lapsed
+        && w.unseen
+            .is_none_or(|since| now.saturating_duration_since(since) < LOOK_GRACE)
 }
 
 /// Models unloaded to make room, to be freed by the claimant that unloaded them once the
@@ -485,11 +482,11 @@ enum Attempt {
     Loading,
     /// The tenant's load of this other model is under way: a tenant loads one at a time.
     Turn(String),
-    /// No room yet. `kept`: other tenants' models within their shares hold it, until at most
-    /// this long from now (when the next use of a model passes `resident_for`, shares
-    /// change without anything else waking the waiter).
+    /// No room yet. `kept`: other tenants' models within their shares hold it (until the
+    /// next use of a model passes `resident_for`, when shares change without anything else
+    /// waking the waiter).
     NoRoom {
-        kept: Option<Duration>,
+        kept: bool,
     },
 }
 
@@ -583,9 +580,20 @@ struct Waiting {
 }
 
 impl Drop for Waiting {
+    /// Wakes the waiters only if this wait held room back: any other's removal changes no
+    /// one's room (each wait that ended woke every waiter, a wake storm a tenant could repeat).
     fn drop(&mut self) {
-        lock(&self.budget.state).waiting.remove(&self.id);
-        self.budget.wake();
+        let held = {
+            let mut s = lock(&self.budget.state);
+            let held = s
+                .holder(self.budget.total, Instant::now())
+                .is_some_and(|(id, ..)| id == self.id);
+            s.waiting.remove(&self.id);
+            held
+        };
+        if held {
+            self.budget.wake();
+        }
     }
 }
 
@@ -778,7 +786,7 @@ impl Budget {
                     }
                 }
                 Attempt::NoRoom { kept } => {
-                    if kept.is_some() && !counted {
+                    if kept && !counted {
                         counted = true;
                         lock(&self.state).deferred += 1;
                     }
@@ -1180,34 +1188,32 @@ impl Budget {
 
     /// Keeps `waiting` (`tenant`'s wait for `need` bytes, [`Waiting`]) registered while the
     /// running batches ending would give it the room: registered when they first would, and
-    /// dropped when they no longer would (the room they counted on was pinned since, say), or
-    /// when other tenants' models hold it (`kept`: how long until the next use grows stale),
-    /// so that no wait that cannot be met holds everyone's work back to its deadline. Returns
-    /// how long the waiter may wait before it looks again unless woken: `kept`, or while it
-    /// is registered, until the next use grows stale, since time alone changes the room it
-    /// counts on (an owner's use growing stale grows the other owners' shares, and a model it
-    /// counted on as held beyond its owner's share is within it then) and nothing wakes it.
+    /// dropped when they no longer would (the room they counted on was pinned since, say), so
+    /// that no wait that cannot be met holds everyone's work back to its deadline. Whether
+    /// other tenants' models hold the room too (`kept`) does not matter: such a wait was left
+    /// unregistered, and the dispatcher took the room of each batch that ended for the next
+    /// before its waiter could look, to its deadline, whenever a neighbour kept a model in use.
+    /// Returns how long the waiter may wait before it looks again unless woken: while it is
+    /// registered or other tenants' models hold its room, until the next use grows stale,
+    /// since time alone changes the room (an owner's use growing stale grows the other owners'
+    /// shares, and a model a wait counted on as held beyond its owner's share is within it
+    /// then) and nothing wakes it; and while registered, until the wait holding room back
+    /// stops doing so (its waiter quiet past `LOOK_GRACE`), if that is sooner.
     fn wait_for_batches(
         self: &Arc<Self>,
         waiting: &mut Option<Waiting>,
         tenant: &str,
         need: u64,
-        kept: Option<Duration>,
+        kept: bool,
     ) -> Option<Duration> {
         let mut s = lock(&self.state);
         let now = Instant::now();
         s.start_grace(self.total, now);
         let met = s.batches_would_meet(self.total, tenant, need, now);
-        // While registered: at the next use growing stale, or when the wait holding room back
-        // stops doing so (its waiter quiet past `LOOK_GRACE`), whichever comes first.
-        let until = kept.or_else(|| {
-            met.then(|| {
-                let expiry = s.next_expiry(now);
-                s.next_lapse(self.total, now)
-                    .map_or(expiry, |l| l.min(expiry))
-            })
-        });
-        match (kept.is_none() && met, waiting.is_some()) {
+        let expiry = (met || kept).then(|| s.next_expiry(now)).flatten();
+        let lapse = met.then(|| s.next_lapse(self.total, now)).flatten();
+        let until = expiry.into_iter().chain(lapse).min();
+        match (met, waiting.is_some()) {
             (true, false) => {
                 let id = s.next_waiting;
                 s.next_waiting += 1;
@@ -1215,6 +1221,7 @@ impl Budget {
                     need,
                     tenant: Arc::from(tenant),
                     unseen: None,
+                    lapsed: false,
                 };
                 s.waiting.insert(id, w);
                 *waiting = Some(Waiting {
@@ -1232,34 +1239,38 @@ impl Budget {
         until
     }
 
-    /// `waiting`'s waiter looks at the room: its grace ([`LOOK_GRACE`]) ends, and its need is
-    /// held back again if the grace had run out. Before its attempt, so that the attempt is
-    /// exempt from its own hold: after it, a waiter whose grace had run out was refused for
-    /// the room held for the wait behind it, then held the room back again itself, and the two
-    /// each waited for the other.
+    /// `waiting`'s waiter looks at the room: its grace ([`LOOK_GRACE`]) ends. If the grace had
+    /// run out, the wait has lapsed and holds nothing back from then on. Before its attempt, so
+    /// that the attempt is exempt from its own hold: after it, a waiter whose grace had run
+    /// out was refused for the room held for the wait behind it, then held the room back again
+    /// itself, and the two each waited for the other.
     fn looking(&self, waiting: &Option<Waiting>) {
         if let Some(w) = waiting
             && let Some(wait) = lock(&self.state).waiting.get_mut(&w.id)
+            && let Some(since) = wait.unseen.take()
+            && since.elapsed() >= LOOK_GRACE
         {
-            wait.unseen = None;
+            wait.lapsed = true;
         }
     }
 
     /// Why `tenant`'s claim of `need` bytes waits, for its error (`own`: its own wait, if
     /// registered).
-    fn held_by(
-        &self,
-        kept: Option<Duration>,
-        (tenant, need): (&str, u64),
-        own: Option<u64>,
-    ) -> String {
-        if kept.is_some() {
+    fn held_by(&self, kept: bool, (tenant, need): (&str, u64), own: Option<u64>) -> String {
+        let models = || {
             format!(
-                "the device's memory is held by other tenants' models, each tenant within its \
-                 share of the {} byte budget (a model stays its tenant's while in use and for \
-                 {:?} after)",
+                "other tenants' models, each tenant within its share of the {} byte budget (a \
+                 model stays its tenant's while in use and for {:?} after)",
                 self.total,
                 lock(&self.state).resident_for
+            )
+        };
+        if kept && own.is_none() {
+            format!("the device's memory is held by {}", models())
+        } else if kept {
+            format!(
+                "the device's memory is held by running calls, and by {}",
+                models()
             )
         } else {
             let s = lock(&self.state);

@@ -34,7 +34,9 @@ pub struct Connections {
 #[derive(Debug, Default)]
 struct State {
     open: usize,
-    per_client: HashMap<IpAddr, usize>,
+    /// Each client address's connections (so that a newcomer at its address's cap finds what
+    /// it may close in its own, not by walking every open connection under this lock).
+    per_client: HashMap<IpAddr, Client>,
     /// Connections that may be closed for a newcomer, in the order they are: by (whether it
     /// is kept: it carried an authenticated request, of the operator or of a tenant within its
     /// [`busy_cap`] of kept idle connections; when it became idle).
@@ -51,6 +53,16 @@ struct State {
     /// The cap on a client's, likewise.
     per_client_max: usize,
     next: u64,
+}
+
+/// A client address's open connections.
+#[derive(Debug, Default)]
+struct Client {
+    open: usize,
+    /// Those of them chosen to be closed (not yet gone).
+    closing: usize,
+    /// Those of them that may be closed for a newcomer, keyed as in [`State::idle`].
+    idle: BTreeMap<(bool, u64), u64>,
 }
 
 #[derive(Debug)]
@@ -92,13 +104,19 @@ impl State {
         }
     }
 
-    /// Whether client `ip` has `cap` connections that stay (open, less those closing). Those
-    /// closing are counted only when it has that many open: every newcomer asks.
+    /// Whether client `ip` has `cap` connections that stay (open, less those closing).
     fn at_cap(&self, ip: IpAddr, cap: usize) -> bool {
-        let open = self.per_client.get(&ip).copied().unwrap_or(0);
-        open >= cap && {
-            let closing = self.conns.values().filter(|c| c.ip == ip && c.closing);
-            open - closing.count() >= cap
+        self.per_client
+            .get(&ip)
+            .is_some_and(|c| c.open - c.closing >= cap)
+    }
+
+    /// Connection `id` (of client `ip`) is chosen to be closed, or no longer is (`by` 1 or
+    /// -1), in the host's count and its client's.
+    fn count_closing(&mut self, ip: IpAddr, by: isize) {
+        self.closing = self.closing.saturating_add_signed(by);
+        if let Some(c) = self.per_client.get_mut(&ip) {
+            c.closing = c.closing.saturating_add_signed(by);
         }
     }
 
@@ -111,6 +129,9 @@ impl State {
             return;
         };
         self.idle.remove(&key);
+        if let Some(client) = self.per_client.get_mut(&c.ip) {
+            client.idle.remove(&key);
+        }
         if let (true, Some((t, _))) = (key.0, &c.last)
             && let Some(n) = self.kept.get_mut(t)
         {
@@ -127,7 +148,8 @@ impl State {
         if let Some(c) = self.conns.get_mut(&id) {
             c.closing = true;
             c.close.notify_one();
-            self.closing += 1;
+            let ip = c.ip;
+            self.count_closing(ip, 1);
         }
     }
 
@@ -142,8 +164,9 @@ impl State {
         if c.owed {
             c.owed = false;
             c.closing = true;
-            self.closing += 1;
             c.close.notify_one();
+            let ip = c.ip;
+            self.count_closing(ip, 1);
             return;
         }
         // A tenant's idle connections past its cap rank with those that never carried a
@@ -165,7 +188,9 @@ impl State {
             };
         let key = (kept, seq);
         c.idle = Some(key);
+        let ip = c.ip;
         self.idle.insert(key, id);
+        self.per_client.entry(ip).or_default().idle.insert(key, id);
         self.next += 1;
     }
 }
@@ -188,11 +213,11 @@ impl Drop for Counted {
         s.unhold(self.track.id);
         s.unidle(self.track.id);
         if s.conns.remove(&self.track.id).is_some_and(|c| c.closing) {
-            s.closing -= 1;
+            s.count_closing(self.ip, -1);
         }
-        if let Some(n) = s.per_client.get_mut(&self.ip) {
-            *n -= 1;
-            if *n == 0 {
+        if let Some(c) = s.per_client.get_mut(&self.ip) {
+            c.open -= 1;
+            if c.open == 0 {
                 s.per_client.remove(&self.ip);
             }
         }
@@ -242,9 +267,9 @@ impl Connections {
         // their new connections out by polling `/healthz` on its cap of connections.
         let own = if s.at_cap(ip, per_client) {
             let own = s
-                .idle
-                .values()
-                .find(|id| s.conns.get(id).is_some_and(|c| c.ip == ip))
+                .per_client
+                .get(&ip)
+                .and_then(|c| c.idle.values().next())
                 .copied();
             Some(own?)
         } else {
@@ -269,7 +294,7 @@ impl Connections {
             s.close(victim);
         }
         s.open += 1;
-        *s.per_client.entry(ip).or_default() += 1;
+        s.per_client.entry(ip).or_default().open += 1;
         let id = s.next;
         s.next += 1;
         s.conns.insert(
@@ -352,8 +377,9 @@ impl Track {
             // connection closes after it.
             if c.closing {
                 c.closing = false;
-                s.closing -= 1;
                 c.owed = true;
+                let ip = c.ip;
+                s.count_closing(ip, -1);
             }
         }
         Ok(Arc::new(Busy(self.clone())))
@@ -518,6 +544,103 @@ mod tests {
     use super::*;
     use std::future::Future;
     use std::task::Context;
+
+    /// Each client's counts and closable connections are those of its connections.
+    fn check(c: &Connections) {
+        let s = lock(&c.state);
+        let mut ips: Vec<IpAddr> = s.conns.values().map(|c| c.ip).collect();
+        ips.sort_unstable();
+        ips.dedup();
+        assert_eq!(
+            s.per_client
+                .keys()
+                .copied()
+                .collect::<std::collections::BTreeSet<_>>(),
+            ips.iter().copied().collect(),
+            "the clients are those with connections"
+        );
+        for ip in ips {
+            let client = &s.per_client[&ip];
+            let mine = || s.conns.values().filter(move |c| c.ip == ip);
+            assert_eq!(client.open, mine().count(), "{ip}: open");
+            assert_eq!(client.closing, mine().filter(|c| c.closing).count(), "{ip}");
+            let idle: BTreeMap<(bool, u64), u64> = s
+                .idle
+                .iter()
+                .filter(|(_, id)| s.conns[*id].ip == ip)
+                .map(|(k, id)| (*k, *id))
+                .collect();
+            assert_eq!(client.idle, idle, "{ip}: closable");
+        }
+        let closing = s.conns.values().filter(|c| c.closing).count();
+        assert_eq!(s.closing, closing, "closing in all");
+        assert_eq!(s.open, s.conns.len(), "open in all");
+    }
+
+    /// Connections entering, carrying requests (authenticated, some taking a close back),
+    /// finishing and going, from three addresses at small caps, in a fixed pseudo-random
+    /// order: each client's counts stay those of its connections throughout.
+    #[test]
+    fn each_clients_counts_follow_its_connections() {
+        let c = Arc::new(Connections::default());
+        let ips: [IpAddr; 3] = [
+            [10, 0, 0, 1].into(),
+            [10, 0, 0, 2].into(),
+            [10, 0, 0, 3].into(),
+        ];
+        let mut open: Vec<Counted> = Vec::new();
+        let mut busy: Vec<Arc<Busy>> = Vec::new();
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut next = |n: usize| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            usize::try_from(x % n as u64).expect("small")
+        };
+        let mut closed = 0;
+        for _ in 0..5_000 {
+            match next(6) {
+                0 | 1 => {
+                    if let Some(k) = c.enter(ips[next(3)], 6, 3) {
+                        open.push(k);
+                    }
+                }
+                2 if !open.is_empty() => {
+                    let i = next(open.len());
+                    let tenant = ["t1", "t2"][next(2)];
+                    if let Ok(b) = open[i].track().busy(Some((tenant, 2))) {
+                        busy.push(b);
+                    }
+                }
+                3 if !busy.is_empty() => {
+                    let i = next(busy.len());
+                    busy.swap_remove(i);
+                }
+                4 if !open.is_empty() => {
+                    // A connection's task ends: one told to close first (each told once:
+                    // the first look takes the notice).
+                    let i = match open.iter().position(|k| ready(k.closed())) {
+                        Some(i) => {
+                            closed += 1;
+                            i
+                        }
+                        None => next(open.len()),
+                    };
+                    open.swap_remove(i);
+                }
+                _ => {}
+            }
+            check(&c);
+        }
+        assert!(
+            closed > 100,
+            "only {closed} closed for newcomers: the test proves little"
+        );
+        drop(busy);
+        drop(open);
+        check(&c);
+        assert!(lock(&c.state).per_client.is_empty());
+    }
 
     /// Connection `c` carries an operator's request (no tenant's cap).
     fn busy(c: &Counted) -> Arc<Busy> {

@@ -2196,10 +2196,7 @@ fn on_a_runtime_kept_busy<T: Send + 'static>(
 /// `LOOK_GRACE` of its being there: a waiter that did not (its tenant kept its other host
 /// calls waking and spinning ahead of it in its queue) kept the room the batches gave back
 /// from everyone until it looked; and with the grace counted from the last wake, others' wakes
-/// every 10 ms kept it from running out. Once its grace has run out, the wait holds nothing
-/// back when its waiter looks again: it held the room back again at each look, so that a
-/// waiter slow to look each time drained the device for its need and left it idle for a grace
-/// at every look, to its deadline. The waiter still takes the room when it finds it free.
+/// every 10 ms kept it from running out. Once it looks, the room is held back for it again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wait_whose_waiter_does_not_look_holds_nothing_back_for_long() {
     use hapi_host::device::budget::{Budget, LOOK_GRACE};
@@ -2257,17 +2254,15 @@ async fn a_wait_whose_waiter_does_not_look_holds_nothing_back_for_long() {
     assert!(took >= LOOK_GRACE / 2, "not held back at all: {took:?}");
     quiet.store(true, std::sync::atomic::Ordering::Relaxed);
     noise.await.expect("noise");
-    // Its thread free again, the waiter looks (the batch's end woke it) and is refused: its
-    // wait stands, and holds nothing back.
+    // Its thread free again, the waiter looks (the batch's end woke it) and its wait stands:
+    // when this batch ends, the room is the wait's.
     tokio::time::sleep(Duration::from_millis(1200)).await;
     assert_eq!(budget.snapshot().waiting, 1, "the wait stands");
-    assert_eq!(
-        budget.snapshot().held_back,
-        0,
-        "a wait whose grace ran out held the room back again when its waiter looked"
-    );
-    // When this batch ends, the waiter, woken, finds the room free and takes it.
     drop(again);
+    assert!(
+        budget.reserve_batch(total - SLACK, "heavy").is_none(),
+        "the room is held back for the wait"
+    );
     let loaded = tokio::task::spawn_blocking(move || waiter.join().expect("waiter"))
         .await
         .expect("join");
@@ -2307,7 +2302,7 @@ async fn a_wait_behind_one_that_holds_nothing_is_held_for_and_a_claim_is_told_wh
         .await
         .map(drop);
     assert!(
-        matches!(&told, Err(hapi_host::device::DeviceError::Busy(m)) if m.contains("left free for an older call")),
+        matches!(&told, Err(hapi_host::device::DeviceError::Busy(m)) if m.contains("left free for another call")),
         "{told:?}"
     );
     let b = Arc::clone(&budget);
@@ -2361,8 +2356,8 @@ async fn two_waits_whose_waiters_were_slow_do_not_hold_the_room_for_each_other()
     let budget = Budget::new(1000, RESIDENT_FOR);
     let batch = budget.reserve_batch(600, "heavy").expect("room");
     // A wait of `tenant` on a runtime whose one thread the test keeps busy for `busy` once
-    // told to.
-    // Each gives its room back once it has it: the other may have it then.
+    // told to; each gives its room back once it has it, so that the other may have it then
+    // (the first, lapsed, waits behind the second).
     let slow = |tenant: &'static str, busy: Duration| {
         let b = Arc::clone(&budget);
         on_a_runtime_kept_busy(busy, async move {
@@ -2623,5 +2618,179 @@ async fn a_wait_that_held_nothing_back_wakes_nobody_when_it_ends() {
         w.abort();
         let _ = w.await;
     }
+    drop(batch);
+}
+
+/// Runs `work` on a runtime of its own, whose one thread the test keeps busy for each duration
+/// it sends (a waiter that cannot look, again and again); joined once the sender is dropped,
+/// the thread gives `work`'s answer.
+fn on_a_runtime_blocked_at_will<T: Send + 'static>(
+    work: impl Future<Output = T> + Send + 'static,
+) -> (
+    tokio::sync::mpsc::UnboundedSender<Duration>,
+    std::thread::JoinHandle<T>,
+) {
+    let (block, mut blocks) = tokio::sync::mpsc::unbounded_channel::<Duration>();
+    let thread = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(async move {
+            let work = tokio::spawn(work);
+            while let Some(busy) = blocks.recv().await {
+                std::thread::sleep(busy);
+            }
+            work.await.expect("join")
+        })
+    });
+    (block, thread)
+}
+
+/// A wait whose waiter is late at every look is held for `MAX_LAPSES` times at most: each time
+/// its grace ran out, its waiter's next look held the room back again, so that the device
+/// drained of others' work for its need and sat idle for a grace at every look, to the call's
+/// deadline. A waiter late once is held for again (behind the waits registered meanwhile).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_whose_waiter_is_late_at_every_look_is_held_for_a_bounded_number_of_times() {
+    use hapi_host::device::budget::{Budget, LOOK_GRACE, MAX_LAPSES};
+    let _one = serial().lock().await;
+    let p = Packages::open();
+    let model = "resnet18";
+    let [memory] = p.measured([model]).await;
+    let w = p.weights(model);
+    let total = w + memory.one_sample_peak() + SLACK;
+    let budget = Budget::new(total, RESIDENT_FOR);
+    let mut batch = budget
+        .reserve_batch(total - SLACK, "heavy")
+        .expect("the whole budget");
+    let (b, models) = (Arc::clone(&budget), Arc::clone(&p.models));
+    let (block, waiter) = on_a_runtime_blocked_at_will(async move {
+        let deadline = Deadline::new(Duration::from_secs(20));
+        b.acquire(&models, model, &Arc::from("light"), &deadline, None)
+            .await
+            .map(drop)
+    });
+    let until = std::time::Instant::now() + Duration::from_secs(5);
+    while budget.snapshot().waiting == 0 && std::time::Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(budget.snapshot().waiting, 1, "the load waits for the batch");
+    assert_eq!(budget.snapshot().held_back, w, "its need is held back");
+    // Each round: the waiter's thread busy for 400 ms, the batch ends meanwhile, and a
+    // neighbour's next batch tries every 2 ms until it has the room; then the waiter looks.
+    let mut held_for = Vec::new();
+    let mut held_after_look = Vec::new();
+    for _ in 0..=MAX_LAPSES {
+        block
+            .send(Duration::from_millis(400))
+            .expect("the waiter's runtime");
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        drop(batch);
+        let ended = std::time::Instant::now();
+        batch = loop {
+            if let Some(r) = budget.reserve_batch(total - SLACK, "heavy") {
+                break r;
+            }
+            assert!(
+                ended.elapsed() < Duration::from_millis(350),
+                "the room stayed held back for a waiter that did not look"
+            );
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        };
+        held_for.push(ended.elapsed());
+        // Its thread free again, the waiter looks (the batch's end woke it) and is refused.
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        assert_eq!(budget.snapshot().waiting, 1, "the wait stands");
+        held_after_look.push(budget.snapshot().held_back);
+    }
+    println!("held for {held_for:?}; held back after each look {held_after_look:?}");
+    let lapses = usize::try_from(MAX_LAPSES).expect("small");
+    // Held for at each batch's end until its last lapse, then not at all.
+    for (i, took) in held_for.iter().enumerate() {
+        if i < lapses {
+            assert!(*took >= LOOK_GRACE / 2, "round {i}: not held for: {took:?}");
+        } else {
+            assert!(
+                *took < LOOK_GRACE / 2,
+                "round {i}: held for past its lapses: {took:?}"
+            );
+        }
+    }
+    let mut want = vec![w; lapses - 1];
+    want.extend([0, 0]);
+    assert_eq!(
+        held_after_look, want,
+        "held back after each of the waiter's late looks"
+    );
+    // The room free, the waiter (on time now) takes it.
+    drop(batch);
+    drop(block);
+    let loaded = tokio::task::spawn_blocking(move || waiter.join().expect("waiter"))
+        .await
+        .expect("join");
+    assert!(loaded.is_ok(), "{loaded:?}");
+}
+
+/// A wait that comes to hold the room back without any wake (the wait before it made
+/// unmeetable by a pin of its tenant's own model, which wakes nobody) is woken when its grace
+/// begins, whoever begins it: begun at the dispatcher's look, which woke nobody, the grace ran
+/// out while its waiter slept on, and the wait lapsed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_that_comes_to_hold_the_room_unwoken_is_woken_when_its_grace_begins() {
+    use hapi_host::device::budget::Budget;
+    let _one = serial().lock().await;
+    let p = Packages::open();
+    let small = "efficientnet_lite0";
+    p.measured([small]).await;
+    let ws = p.weights(small);
+    // `a`'s model, idle and within its share; a batch of `ws`; `ws` free.
+    let budget = Budget::new(3 * ws, RESIDENT_FOR);
+    p.use_model(&budget, small, "a").await;
+    let batch = budget.reserve_batch(ws, "heavy").expect("a third");
+    let reserve = |need: u64, tenant: &'static str| {
+        let b = Arc::clone(&budget);
+        tokio::spawn(async move {
+            let deadline = Deadline::new(Duration::from_secs(10));
+            b.reserve(need, tenant, &deadline, "a test's reservation")
+                .await
+        })
+    };
+    let registered = |n: u64| {
+        let budget = Arc::clone(&budget);
+        async move {
+            let until = std::time::Instant::now() + Duration::from_secs(5);
+            while budget.snapshot().waiting < n && std::time::Instant::now() < until {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            assert_eq!(budget.snapshot().waiting, n, "{n} waits registered");
+        }
+    };
+    // `a`'s wait: its own model and the batch's room meet it; `c`'s, behind it: the free room
+    // meets it, but it is left for `a`'s.
+    let first = reserve(ws * 5 / 2, "a");
+    registered(1).await;
+    let second = reserve(ws, "c");
+    registered(2).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(budget.snapshot().held_back, ws * 5 / 2, "`a`'s need held");
+    assert!(
+        !second.is_finished(),
+        "`c`'s wait took the room left for `a`'s"
+    );
+    // `a` pins its model: its wait can no longer be met, and `c`'s holds the room now, free
+    // for it; nobody is woken. The dispatcher looks at the room.
+    let pin = p.pin(&budget, small, "a", LONG).await.expect(small);
+    assert_eq!(budget.snapshot().held_back, ws, "`c`'s need held");
+    let _ = budget.room_for(1, "heavy");
+    let got = tokio::time::timeout(Duration::from_secs(2), second)
+        .await
+        .expect("`c`'s waiter was not woken when its grace began")
+        .expect("join");
+    assert!(got.is_ok(), "{got:?}");
+    drop(got);
+    drop(pin);
+    first.abort();
+    let _ = first.await;
     drop(batch);
 }

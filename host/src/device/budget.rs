@@ -34,6 +34,35 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// The budget's state, locked: when let go, it wakes the waiters if a wait's grace began
+/// meanwhile ([`State::grace_started`]).
+struct Locked<'a> {
+    state: MutexGuard<'a, State>,
+    budget: &'a Budget,
+}
+
+impl std::ops::Deref for Locked<'_> {
+    type Target = State;
+    fn deref(&self) -> &State {
+        &self.state
+    }
+}
+
+impl std::ops::DerefMut for Locked<'_> {
+    fn deref_mut(&mut self) -> &mut State {
+        &mut self.state
+    }
+}
+
+impl Drop for Locked<'_> {
+    fn drop(&mut self) {
+        if std::mem::take(&mut self.state.grace_started) {
+            // Notifying under the lock: the woken take it once it is let go.
+            self.budget.wake_all();
+        }
+    }
+}
+
 #[derive(Debug)]
 enum Slot {
     /// Being loaded for `tenant`; others wait for it.
@@ -164,6 +193,11 @@ struct State {
     /// oldest first: the oldest one's is left free by all other work (see [`Waiting`]).
     waiting: std::collections::BTreeMap<u64, Wait>,
     next_waiting: u64,
+    /// A wait's grace began under the lock now held ([`State::start_grace`]): the waiters are
+    /// woken when it is let go ([`Locked`]), so that the wait's waiter knows to look. A grace
+    /// begun at a use that woke nobody (the dispatcher's look, a batch's reservation, a pin
+    /// that made the wait before it unmeetable) ran out unseen, and the wait lapsed.
+    grace_started: bool,
 }
 
 /// A registered wait ([`Waiting`]): what it needs, whose it is, and since when its room has
@@ -178,11 +212,18 @@ struct Wait {
     /// it from running out; and begun only when its room is free for it, so that other
     /// tenants' wakes alone cannot make it run out.
     unseen: Option<Instant>,
-    /// Its grace ran out before its waiter looked: it holds nothing back from then on. Held
-    /// again at the waiter's next look, a waiter slow to look each time drained the device
-    /// for its need and left it idle for a grace at every look, to its deadline.
-    lapsed: bool,
+    /// Times its grace ran out before its waiter looked ([`MAX_LAPSES`] at most). A wait
+    /// that lapsed goes to the back of the line at its waiter's next look, and once it has
+    /// lapsed `MAX_LAPSES` times it holds nothing back any more: held again at every look, a
+    /// waiter slow to look each time drained the device for its need and left it idle for a
+    /// grace at every look, to its deadline.
+    lapses: u32,
 }
+
+/// Graces ([`LOOK_GRACE`]) a wait may let run out before it holds nothing back: a waiter late
+/// once (a busy host) is held for again, behind the waits registered meanwhile; one late at
+/// every look costs the others at most this many drains of the device and graces per call.
+pub const MAX_LAPSES: u32 = 2;
 
 /// How long a wait's need stays held back from other work once its room is free for it, if
 /// its waiter has not looked since. A waiter woken must be scheduled to look, on a slot of its
@@ -190,8 +231,9 @@ struct Wait {
 /// host calls, each of which may keep the slot to its next tick): a tenant keeping its other
 /// invocations waking and spinning kept the room its wait held back unused by everyone for a
 /// tick per invocation, some 0.6 s at a concurrency of 64, at each change. Past this, others
-/// may take the room, and the wait holds nothing back any more (its waiter still takes the room
-/// when it looks and finds it free).
+/// may take the room, and the wait holds nothing back until its waiter looks, then again from
+/// the back of the line, [`MAX_LAPSES`] times at most (its waiter still takes the room when it
+/// looks and finds it free).
 pub const LOOK_GRACE: Duration = Duration::from_millis(50);
 
 impl State {
@@ -257,6 +299,7 @@ impl State {
         };
         if let Some(w) = self.waiting.get_mut(&id) {
             w.unseen = Some(now);
+            self.grace_started = true;
         }
     }
 
@@ -439,9 +482,10 @@ impl State {
 }
 
 /// Whether `w`'s waiter is still to be waited for: it has looked since its room was free, or
-/// that was within [`LOOK_GRACE`], and it has not lapsed since. While so, its need is held back.
+/// that was within [`LOOK_GRACE`], and it has not lapsed [`MAX_LAPSES`] times. While so, its
+/// need is held back.
 fn still_looking(w: &Wait, now: Instant) -> bool {
-    !w.lapsed
+    w.lapses < MAX_LAPSES
         && w.unseen
             .is_none_or(|since| now.saturating_duration_since(since) < LOOK_GRACE)
 }
@@ -528,7 +572,7 @@ pub struct Pin {
 /// wait ends without it.)
 impl Drop for Pin {
     fn drop(&mut self) {
-        let mut s = lock(&self.budget.state);
+        let mut s = self.budget.locked();
         s.clock += 1;
         let tick = s.clock;
         if let Some(Slot::Loaded(l)) = s.models.get_mut(&self.name) {
@@ -554,7 +598,7 @@ pub struct Reservation {
 
 impl Drop for Reservation {
     fn drop(&mut self) {
-        let mut s = lock(&self.budget.state);
+        let mut s = self.budget.locked();
         s.reserved -= self.bytes;
         if self.batch {
             s.batches -= self.bytes;
@@ -584,7 +628,7 @@ impl Drop for Waiting {
     /// one's room (each wait that ended woke every waiter, a wake storm a tenant could repeat).
     fn drop(&mut self) {
         let held = {
-            let mut s = lock(&self.budget.state);
+            let mut s = self.budget.locked();
             let held = s
                 .holder(self.budget.total, Instant::now())
                 .is_some_and(|(id, ..)| id == self.id);
@@ -650,24 +694,39 @@ impl Budget {
         }
         drop(slots);
         if held > 0 {
-            lock(&self.state).freeing -= held;
+            self.locked().freeing -= held;
             self.wake();
         }
     }
 
     fn wake(&self) {
         {
-            let mut s = lock(&self.state);
+            let mut s = self.locked();
             s.start_grace(self.total, Instant::now());
+            // Woken below.
+            s.grace_started = false;
         }
+        self.wake_all();
+    }
+
+    /// Wakes every waiter (blocking and async) to look at the room again.
+    fn wake_all(&self) {
         self.wakes
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.changed.notify_all();
         self.notify.notify_waiters();
     }
 
+    /// The state, locked ([`Locked`]).
+    fn locked(&self) -> Locked<'_> {
+        Locked {
+            state: lock(&self.state),
+            budget: self,
+        }
+    }
+
     pub fn snapshot(&self) -> BudgetSnapshot {
-        let s = lock(&self.state);
+        let s = self.locked();
         BudgetSnapshot {
             total: self.total,
             weights: s.weights,
@@ -732,7 +791,7 @@ impl Budget {
                      was unloaded to make room); retry shortly"
                 ))
             };
-            self.looking(&waiting);
+            self.looking(&mut waiting);
             match self.try_pin(name, weights, tenant, exempt(&waiting)) {
                 Attempt::Pinned(pin, wake) => {
                     if wake {
@@ -788,7 +847,7 @@ impl Budget {
                 Attempt::NoRoom { kept } => {
                     if kept && !counted {
                         counted = true;
-                        lock(&self.state).deferred += 1;
+                        self.locked().deferred += 1;
                     }
                     let until = self.wait_for_batches(&mut waiting, tenant, weights, kept);
                     if deadline.run(changed(until, notified)).await.is_err() {
@@ -812,7 +871,7 @@ impl Budget {
         tenant: &Arc<str>,
         exempt: Option<u64>,
     ) -> Attempt {
-        let mut s = lock(&self.state);
+        let mut s = self.locked();
         s.clock += 1;
         let (tick, window, now, looked) = (s.clock, s.resident_for, Instant::now(), s.looked);
         match s.models.get_mut(name) {
@@ -967,7 +1026,7 @@ impl Budget {
         tenant: &Arc<str>,
         loaded: Result<(Arc<ModelPackage>, Arc<ModelMemory>), String>,
     ) -> Result<Pin, DeviceError> {
-        let mut s = lock(&self.state);
+        let mut s = self.locked();
         let result = match loaded {
             Ok((package, memory)) => self.fits_one_sample(name, weights, &memory).map(|()| {
                 s.clock += 1;
@@ -1032,7 +1091,7 @@ impl Budget {
     /// within its share: a leader that cannot have one sample's room by these rules is passed
     /// over (see the dispatcher) and waits for those models to go stale, as a load does.
     pub fn room_for(&self, one: u64, tenant: &str) -> u64 {
-        let mut s = lock(&self.state);
+        let mut s = self.locked();
         let now = Instant::now();
         s.start_grace(self.total, now);
         let stale = s
@@ -1049,7 +1108,7 @@ impl Budget {
     /// give it. Not what profiles and calls reserved whole hold: the dispatcher, waiting for
     /// that, would have held every tenant's batches up behind a measurement of seconds.
     pub fn room_once_reservations_end(&self, tenant: &str) -> u64 {
-        let mut s = lock(&self.state);
+        let mut s = self.locked();
         s.room_left(self.total, tenant, None, Instant::now())
             .saturating_add(s.batches)
     }
@@ -1057,7 +1116,8 @@ impl Budget {
     /// Bytes `tenant` could claim now: free, or once the models [`Claim::For`] it allows are
     /// unloaded.
     pub fn room_of(&self, tenant: &str) -> u64 {
-        lock(&self.state).room_left(self.total, tenant, None, Instant::now())
+        self.locked()
+            .room_left(self.total, tenant, None, Instant::now())
     }
 
     /// Reserves `need` bytes now for work led by `tenant`, unloading the models [`Claim::For`]
@@ -1083,7 +1143,7 @@ impl Budget {
         (batch, waits): (bool, bool),
         exempt: Option<u64>,
     ) -> Option<Reservation> {
-        let mut s = lock(&self.state);
+        let mut s = self.locked();
         let now = Instant::now();
         s.start_grace(self.total, now);
         let room = (
@@ -1138,7 +1198,7 @@ impl Budget {
         done: impl Fn() -> bool,
     ) -> Result<(), DeviceError> {
         self.until_room((need, tenant), deadline, what, |exempt| {
-            let mut s = lock(&self.state);
+            let mut s = self.locked();
             if s.room_left(self.total, tenant, exempt, Instant::now()) >= need || done() {
                 return Some(());
             }
@@ -1167,12 +1227,12 @@ impl Budget {
             let notified = self.notify.notified();
             let mut notified = std::pin::pin!(notified);
             notified.as_mut().enable();
-            self.looking(&waiting);
+            self.looking(&mut waiting);
             if let Some(done) = attempt(exempt(&waiting)) {
                 return Ok(done);
             }
             let kept = {
-                let s = lock(&self.state);
+                let s = self.locked();
                 s.kept_for_others(self.total, tenant, need, Instant::now())
             };
             let until = self.wait_for_batches(&mut waiting, tenant, need, kept);
@@ -1206,9 +1266,14 @@ impl Budget {
         need: u64,
         kept: bool,
     ) -> Option<Duration> {
-        let mut s = lock(&self.state);
+        let mut s = self.locked();
         let now = Instant::now();
         s.start_grace(self.total, now);
+        // A look (as the refused attempt before it was): a pin taken since that attempt, and
+        // held now, wakes the waiters when dropped. Counted only at the attempt, a pin taken
+        // between the two made the next use to grow stale none (its only use pinned), and its
+        // drop, seeing no look, woke nobody: the waiter slept past the use growing stale.
+        s.looked += 1;
         let met = s.batches_would_meet(self.total, tenant, need, now);
         let expiry = (met || kept).then(|| s.next_expiry(now)).flatten();
         let lapse = met.then(|| s.next_lapse(self.total, now)).flatten();
@@ -1221,7 +1286,7 @@ impl Budget {
                     need,
                     tenant: Arc::from(tenant),
                     unseen: None,
-                    lapsed: false,
+                    lapses: 0,
                 };
                 s.waiting.insert(id, w);
                 *waiting = Some(Waiting {
@@ -1240,17 +1305,33 @@ impl Budget {
     }
 
     /// `waiting`'s waiter looks at the room: its grace ([`LOOK_GRACE`]) ends. If the grace had
-    /// run out, the wait has lapsed and holds nothing back from then on. Before its attempt, so
-    /// that the attempt is exempt from its own hold: after it, a waiter whose grace had run
-    /// out was refused for the room held for the wait behind it, then held the room back again
+    /// run out, the wait has lapsed: it goes to the back of the line, or, at its
+    /// [`MAX_LAPSES`]th lapse, holds nothing back from then on. Before its attempt, so that the
+    /// attempt is exempt from its own hold: after it, a waiter whose grace had run out was
+    /// refused for the room held for the wait behind it, then held the room back again
     /// itself, and the two each waited for the other.
-    fn looking(&self, waiting: &Option<Waiting>) {
-        if let Some(w) = waiting
-            && let Some(wait) = lock(&self.state).waiting.get_mut(&w.id)
-            && let Some(since) = wait.unseen.take()
-            && since.elapsed() >= LOOK_GRACE
+    fn looking(&self, waiting: &mut Option<Waiting>) {
+        let Some(w) = waiting.as_mut() else {
+            return;
+        };
+        let mut s = self.locked();
+        let Some(wait) = s.waiting.get_mut(&w.id) else {
+            return;
+        };
+        let Some(since) = wait.unseen.take() else {
+            return;
+        };
+        if since.elapsed() < LOOK_GRACE || wait.lapses >= MAX_LAPSES {
+            return;
+        }
+        wait.lapses += 1;
+        if wait.lapses < MAX_LAPSES
+            && let Some(wait) = s.waiting.remove(&w.id)
         {
-            wait.lapsed = true;
+            let id = s.next_waiting;
+            s.next_waiting += 1;
+            s.waiting.insert(id, wait);
+            w.id = id;
         }
     }
 
@@ -1262,7 +1343,7 @@ impl Budget {
                 "other tenants' models, each tenant within its share of the {} byte budget (a \
                  model stays its tenant's while in use and for {:?} after)",
                 self.total,
-                lock(&self.state).resident_for
+                self.locked().resident_for
             )
         };
         if kept && own.is_none() {
@@ -1273,11 +1354,11 @@ impl Budget {
                 models()
             )
         } else {
-            let s = lock(&self.state);
+            let s = self.locked();
             let now = Instant::now();
             let room = s.room(self.total, Claim::For(tenant), now);
             if room >= need && s.held_back(self.total, own, now) > 0 {
-                "the device's memory it would take is left free for an older call that waits \
+                "the device's memory it would take is left free for another call that waits \
                  for the memory running calls hold"
                     .to_string()
             } else {

@@ -2176,20 +2176,15 @@ fn on_a_runtime_kept_busy<T: Send + 'static>(
     busy: Duration,
     work: impl Future<Output = T> + Send + 'static,
 ) -> (tokio::sync::oneshot::Sender<()>, std::thread::JoinHandle<T>) {
-    let (block, blocked) = tokio::sync::oneshot::channel::<()>();
-    let thread = std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("runtime");
-        rt.block_on(async move {
-            let work = tokio::spawn(work);
-            blocked.await.expect("told to block");
-            std::thread::sleep(busy);
-            work.await.expect("join")
-        })
+    let (told, tell) = tokio::sync::oneshot::channel::<()>();
+    let (block, thread) = on_a_runtime_blocked_at_will(work);
+    // Once told, the one block; then the sender goes, and the thread ends with `work`.
+    tokio::spawn(async move {
+        if tell.await.is_ok() {
+            let _ = block.send(busy);
+        }
     });
-    (block, thread)
+    (told, thread)
 }
 
 /// A wait holds its need back from other work only while its waiter takes the room within

@@ -2170,6 +2170,28 @@ async fn a_wait_the_batches_can_no_longer_meet_holds_nothing_back() {
 /// Bytes beside a test's budget: room for other tenants' small reservations.
 const SLACK: u64 = 4096;
 
+/// A budget of `model`'s room and `SLACK`, and a neighbour's batch holding that room (the
+/// model's weights and one sample's run: the budget refuses a model that could never run one
+/// sample); with the model's weights and the budget's total.
+async fn a_batch_holding_the_room_of(
+    p: &Packages,
+    model: &str,
+) -> (
+    Arc<Budget>,
+    u64,
+    u64,
+    hapi_host::device::budget::Reservation,
+) {
+    let [memory] = p.measured([model]).await;
+    let w = p.weights(model);
+    let total = w + memory.one_sample_peak() + SLACK;
+    let budget = Budget::new(total, RESIDENT_FOR);
+    let batch = budget
+        .reserve_batch(total - SLACK, "heavy")
+        .expect("the whole budget");
+    (budget, w, total, batch)
+}
+
 /// Runs `work` on a runtime of its own, whose one thread the test keeps busy for `busy` once
 /// told to (the sender): a waiter that cannot look. Joined, the thread gives `work`'s answer.
 fn on_a_runtime_kept_busy<T: Send + 'static>(
@@ -2194,19 +2216,11 @@ fn on_a_runtime_kept_busy<T: Send + 'static>(
 /// every 10 ms kept it from running out. Once it looks, the room is held back for it again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wait_whose_waiter_does_not_look_holds_nothing_back_for_long() {
-    use hapi_host::device::budget::{Budget, LOOK_GRACE};
+    use hapi_host::device::budget::LOOK_GRACE;
     let _one = serial().lock().await;
     let p = Packages::open();
     let model = "resnet18";
-    let [memory] = p.measured([model]).await;
-    let w = p.weights(model);
-    // The model's room, held by a batch (its weights and one sample's run: the budget refuses
-    // a model that could never run one sample).
-    let total = w + memory.one_sample_peak() + SLACK;
-    let budget = Budget::new(total, RESIDENT_FOR);
-    let batch = budget
-        .reserve_batch(total - SLACK, "heavy")
-        .expect("the whole budget");
+    let (budget, _, total, batch) = a_batch_holding_the_room_of(&p, model).await;
     // The waiter on a runtime of its own, whose one thread the test keeps busy for a second.
     let (b, models) = (Arc::clone(&budget), Arc::clone(&p.models));
     let (block, waiter) = on_a_runtime_kept_busy(Duration::from_secs(1), async move {
@@ -2648,17 +2662,11 @@ fn on_a_runtime_blocked_at_will<T: Send + 'static>(
 /// deadline. A waiter late once is held for again (behind the waits registered meanwhile).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wait_whose_waiter_is_late_at_every_look_is_held_for_a_bounded_number_of_times() {
-    use hapi_host::device::budget::{Budget, LOOK_GRACE, MAX_LAPSES};
+    use hapi_host::device::budget::{LOOK_GRACE, MAX_LAPSES};
     let _one = serial().lock().await;
     let p = Packages::open();
     let model = "resnet18";
-    let [memory] = p.measured([model]).await;
-    let w = p.weights(model);
-    let total = w + memory.one_sample_peak() + SLACK;
-    let budget = Budget::new(total, RESIDENT_FOR);
-    let mut batch = budget
-        .reserve_batch(total - SLACK, "heavy")
-        .expect("the whole budget");
+    let (budget, w, total, mut batch) = a_batch_holding_the_room_of(&p, model).await;
     let (b, models) = (Arc::clone(&budget), Arc::clone(&p.models));
     let (block, waiter) = on_a_runtime_blocked_at_will(async move {
         let deadline = Deadline::new(Duration::from_secs(20));

@@ -2797,3 +2797,43 @@ async fn a_wait_that_comes_to_hold_the_room_unwoken_is_woken_when_its_grace_begi
     let _ = first.await;
     drop(batch);
 }
+
+/// A wait that takes the room held for it wakes the waiters no more than its end does (here
+/// once: the room left still meets its need, so it held room back to its end): its waiter's
+/// own attempt, finding its wait the holder with its room free, began that wait's grace again,
+/// and the lock's release woke every waiter of the host for a grace nobody needed, once per
+/// wait held for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_that_takes_the_room_held_for_it_wakes_the_waiters_once() {
+    use hapi_host::device::budget::Budget;
+    let _one = serial().lock().await;
+    let budget = Budget::new(1000, RESIDENT_FOR);
+    let batch = budget.reserve_batch(600, "heavy").expect("room");
+    let b = Arc::clone(&budget);
+    let wait = tokio::spawn(async move {
+        let deadline = Deadline::new(LONG);
+        b.reserve(500, "light", &deadline, "a test's reservation")
+            .await
+    });
+    let until = std::time::Instant::now() + Duration::from_secs(5);
+    while budget.snapshot().waiting < 1 && std::time::Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    assert_eq!(budget.snapshot().held_back, 500, "the wait's need held");
+    let before = budget.snapshot().wakes;
+    // The batch ends (one wake); the waiter takes the room and its wait ends (one more).
+    drop(batch);
+    let got = tokio::time::timeout(Duration::from_secs(5), wait)
+        .await
+        .expect("the waiter did not take the room")
+        .expect("join");
+    assert!(got.is_ok(), "{got:?}");
+    assert_eq!(budget.snapshot().waiting, 0);
+    assert_eq!(
+        budget.snapshot().wakes - before,
+        2,
+        "wakes from the batch's end to the wait's end: the batch's end, the wait's end, and no \
+         other"
+    );
+    drop(got);
+}

@@ -193,7 +193,7 @@ struct State {
     /// oldest first: the oldest one's is left free by all other work (see [`Waiting`]).
     waiting: std::collections::BTreeMap<u64, Wait>,
     next_waiting: u64,
-    /// A wait's grace began under the lock now held ([`State::start_grace`]): the waiters are
+    /// A wait's grace began under the lock now held ([`State::hold`]): the waiters are
     /// woken when it is let go ([`Locked`]), so that the wait's waiter knows to look. A grace
     /// begun at a use that woke nobody (the dispatcher's look, a batch's reservation, a pin
     /// that made the wait before it unmeetable) ran out unseen, and the wait lapsed.
@@ -206,8 +206,9 @@ struct State {
 struct Wait {
     need: u64,
     tenant: Arc<str>,
-    /// When its grace began ([`State::start_grace`]: the first use of the room that found it
-    /// the holder with its room free), cleared when its waiter looks: not renewed by later
+    /// When its grace began ([`State::hold`]: the first use of the room, other than its own
+    /// waiter's attempt, that found it the holder with its room free), cleared when its waiter
+    /// looks: not renewed by later
     /// wakes, so that wakes coming faster than [`LOOK_GRACE`] (every batch's end) do not keep
     /// it from running out; and begun only when its room is free for it, so that other
     /// tenants' wakes alone cannot make it run out.
@@ -249,6 +250,28 @@ impl State {
     /// left the other's need free could stop each other to their deadlines. Whoever's
     /// the work, the waiting tenant's own batches included: exempting them let its batches
     /// take the room its own load waited for while everyone else's were cut.
+    ///
+    /// A use of the room: starts the holder's grace ([`LOOK_GRACE`]) if its room is free for it
+    /// now and none is running, unless it is `exempt` (its waiter is looking now: a grace
+    /// begun at the waiter's own attempt woke every waiter once for nothing). The holder is
+    /// found once: starting a grace never changes which wait holds the room.
+    fn hold(&mut self, total: u64, exempt: Option<u64>, now: Instant) -> u64 {
+        let Some((id, w, room)) = self.holder(total, now) else {
+            return 0;
+        };
+        if Some(id) == exempt {
+            return 0;
+        }
+        let (need, starts) = (w.need, w.unseen.is_none() && room >= w.need);
+        if starts && let Some(w) = self.waiting.get_mut(&id) {
+            w.unseen = Some(now);
+            self.grace_started = true;
+        }
+        need
+    }
+
+    /// [`Self::hold`] without using the room: no grace begins (a snapshot's figure, a refusal's
+    /// reason).
     fn held_back(&self, total: u64, exempt: Option<u64>, now: Instant) -> u64 {
         match self.holder(total, now) {
             Some((id, w, _)) if Some(id) != exempt => w.need,
@@ -284,23 +307,14 @@ impl State {
     }
 
     /// Starts the grace ([`LOOK_GRACE`]) of the wait holding room back, if its room is free
-    /// for it now and none is running: from the first time anyone uses the room after that
-    /// (a wake, a batch's reservation, the dispatcher's look), whichever wait holds it then. A
-    /// wait becomes the holder without any wake when the one before it stops holding (its
-    /// grace ran out); started only at wakes, its grace never began, and two waits whose
-    /// waiters were slow each found the room held for the other and held it from everyone.
+    /// for it now and none is running ([`Self::hold`], no wait exempt): from the first time
+    /// anyone but its own waiter uses the room after that (a wake, a batch's reservation, the
+    /// dispatcher's look, another wait's end), whichever wait holds it then. A wait becomes the holder without any wake when the one
+    /// before it stops holding (its grace ran out); started only at wakes, its grace never
+    /// began, and two waits whose waiters were slow each found the room held for the other and
+    /// held it from everyone.
     fn start_grace(&mut self, total: u64, now: Instant) {
-        let Some(id) = self
-            .holder(total, now)
-            .filter(|(_, w, room)| w.unseen.is_none() && *room >= w.need)
-            .map(|(id, ..)| id)
-        else {
-            return;
-        };
-        if let Some(w) = self.waiting.get_mut(&id) {
-            w.unseen = Some(now);
-            self.grace_started = true;
-        }
+        self.hold(total, None, now);
     }
 
     /// How long until the wait holding its need back stops doing so if its waiter does not
@@ -323,11 +337,12 @@ impl State {
             >= need
     }
 
-    /// [`Self::room`] for `tenant`'s work, less what it leaves for the oldest wait.
+    /// [`Self::room`] for `tenant`'s work, less what it leaves for the wait holding room back
+    /// ([`Self::hold`]).
     fn room_left(&mut self, total: u64, tenant: &str, exempt: Option<u64>, now: Instant) -> u64 {
-        self.start_grace(total, now);
+        let held = self.hold(total, exempt, now);
         self.room(total, Claim::For(tenant), now)
-            .saturating_sub(self.held_back(total, exempt, now))
+            .saturating_sub(held)
     }
 
     fn note_peak(&mut self) {
@@ -624,15 +639,23 @@ struct Waiting {
 }
 
 impl Drop for Waiting {
-    /// Wakes the waiters only if this wait held room back: any other's removal changes no
-    /// one's room (each wait that ended woke every waiter, a wake storm a tenant could repeat).
+    /// Wakes the waiters if this wait held room back: any other's removal changes no one's
+    /// room (each wait that ended woke every waiter, a wake storm a tenant could repeat). A
+    /// wait whose own claim took its room holds nothing by then, yet the claim may have freed
+    /// the next holder's room (models unloaded that it could not unload): that holder's grace
+    /// begins here, and [`Locked`] wakes the waiters for it; otherwise it saw its room free
+    /// only at its own timer or the next change.
     fn drop(&mut self) {
         let held = {
             let mut s = self.budget.locked();
+            let now = Instant::now();
             let held = s
-                .holder(self.budget.total, Instant::now())
+                .holder(self.budget.total, now)
                 .is_some_and(|(id, ..)| id == self.id);
             s.waiting.remove(&self.id);
+            if !held {
+                s.start_grace(self.budget.total, now);
+            }
             held
         };
         if held {
@@ -661,7 +684,7 @@ pub struct BudgetSnapshot {
     pub wakes: u64,
     /// Loads and reservations waiting for the room running batches hold ([`Waiting`]).
     pub waiting: u64,
-    /// Bytes other work leaves free now for the oldest of them ([`State::held_back`]).
+    /// Bytes other work leaves free now for the one holding room back ([`State::held_back`]).
     pub held_back: u64,
 }
 
@@ -877,7 +900,7 @@ impl Budget {
         match s.models.get_mut(name) {
             Some(Slot::Loaded(l)) => {
                 // An idle model pinned may be room the oldest wait counted on: the wait then
-                // holds nothing back ([`State::held_back`] judges it when it is used), and
+                // holds nothing back ([`State::hold`] judges it when it is used), and
                 // nobody is woken for it. Waking the waiters for it let a tenant pinning such
                 // a model in a loop wake every waiter of the host at each pin.
                 // With no window, a use owns nothing once its pin is dropped: a pin's ownership
@@ -913,8 +936,7 @@ impl Budget {
                     return Attempt::Turn(other);
                 }
                 // Leaving what the wait holding room back needs free.
-                s.start_grace(self.total, now);
-                let need = weights.saturating_add(s.held_back(self.total, exempt, now));
+                let need = weights.saturating_add(s.hold(self.total, exempt, now));
                 let claim = Claim::For(tenant);
                 if let Some(unloaded) = s.make_room(self.total, (need, weights), claim, now) {
                     s.weights += weights;
@@ -1093,14 +1115,13 @@ impl Budget {
     pub fn room_for(&self, one: u64, tenant: &str) -> u64 {
         let mut s = self.locked();
         let now = Instant::now();
-        s.start_grace(self.total, now);
-        let stale = s
-            .room(self.total, Claim::Stale, now)
-            .saturating_sub(s.held_back(self.total, None, now));
+        let held = s.hold(self.total, None, now);
+        let stale = s.room(self.total, Claim::Stale, now).saturating_sub(held);
         if stale >= one {
             return stale;
         }
-        s.room_left(self.total, tenant, None, now)
+        s.room(self.total, Claim::For(tenant), now)
+            .saturating_sub(held)
     }
 
     /// Bytes a batch led by `tenant` could have once the running batches give their memory
@@ -1135,7 +1156,7 @@ impl Budget {
     }
 
     /// [`Self::reserve_now`]; `waits`: the caller waits for a change if it fails
-    /// ([`State::looked`]); `exempt`: the caller's own wait ([`State::held_back`]).
+    /// ([`State::looked`]); `exempt`: the caller's own wait ([`State::hold`]).
     fn reserve_held(
         self: &Arc<Self>,
         need: u64,
@@ -1145,11 +1166,7 @@ impl Budget {
     ) -> Option<Reservation> {
         let mut s = self.locked();
         let now = Instant::now();
-        s.start_grace(self.total, now);
-        let room = (
-            need.saturating_add(s.held_back(self.total, exempt, now)),
-            need,
-        );
+        let room = (need.saturating_add(s.hold(self.total, exempt, now)), need);
         let Some(unloaded) = s.make_room(self.total, room, Claim::For(tenant), now) else {
             if waits {
                 s.looked += 1;

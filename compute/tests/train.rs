@@ -817,7 +817,14 @@ fn narrow_types_on_the_wire_cut_the_bytes_and_train_alike() {
         .expect("measured")
         .1;
     assert_eq!(bytes(&auto), bytes(same));
-    assert_eq!(max_diff(&losses(&auto), &losses(same)), 0.0, "{reason}");
+    // The same dtype's features, and so its losses, as the other tests compare runs: within
+    // 1e-6, not bit for bit. The host pools the trainer's requests into device batches as they
+    // arrive, and libtorch's kernels round a sample's values by the batch's shape, so two runs
+    // whose requests were pooled differently (tests running beside this one) differ in the last
+    // bits of some features (7.2e-7 in the losses, seen in a full suite). f16 and bf16 differ
+    // from f32 and from each other by 50 and more times that (printed above).
+    let d = max_diff(&losses(&auto), &losses(same));
+    assert!(d <= 1e-6, "{reason}: losses differ from {chosen}'s by {d}");
     // An unknown dtype is a usage error naming the choices.
     let o = trainer(
         &fx,

@@ -147,8 +147,30 @@ impl Metrics {
         }
     }
 
+    /// The metrics in the text exposition format. Each map is copied under its lock and
+    /// written out after: every invocation's end takes the series' lock ([`Self::observe`]),
+    /// and a scrape that wrote out every series under it held each of them up for as long.
     pub fn render(&self) -> String {
-        let map = self.series.lock().unwrap_or_else(PoisonError::into_inner);
+        let map = self
+            .series
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        let refused = self
+            .refused
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        let unauthenticated = self
+            .unauthenticated
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        let uploads = self
+            .uploads
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
         let mut out = String::new();
         let families: [Family; 5] = [
             (
@@ -200,7 +222,6 @@ impl Metrics {
                 );
             }
         }
-        let refused = self.refused.lock().unwrap_or_else(PoisonError::into_inner);
         let _ = writeln!(
             out,
             "# HELP hapi_refused_total Requests answered with an error before they ran, by tenant, endpoint and code.\n# TYPE hapi_refused_total counter"
@@ -212,10 +233,6 @@ impl Metrics {
                 escape(tenant)
             );
         }
-        let unauthenticated = self
-            .unauthenticated
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
         let _ = writeln!(
             out,
             "# HELP hapi_unauthenticated_total Requests refused before a tenant or the operator was known (no token, a token of no tenant, not the operator's), by code.\n# TYPE hapi_unauthenticated_total counter"
@@ -223,8 +240,6 @@ impl Metrics {
         for (code, n) in unauthenticated.iter() {
             let _ = writeln!(out, "hapi_unauthenticated_total{{code=\"{code}\"}} {n}");
         }
-        drop(unauthenticated);
-        let uploads = self.uploads.lock().unwrap_or_else(PoisonError::into_inner);
         let upload_families: [UploadFamily; 2] = [
             (
                 "hapi_uploads_total",

@@ -151,26 +151,10 @@ impl Metrics {
     /// written out after: every invocation's end takes the series' lock ([`Self::observe`]),
     /// and a scrape that wrote out every series under it held each of them up for as long.
     pub fn render(&self) -> String {
-        let map = self
-            .series
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone();
-        let refused = self
-            .refused
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone();
-        let unauthenticated = self
-            .unauthenticated
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone();
-        let uploads = self
-            .uploads
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone();
+        let map = copied(&self.series);
+        let refused = copied(&self.refused);
+        let unauthenticated = copied(&self.unauthenticated);
+        let uploads = copied(&self.uploads);
         let mut out = String::new();
         let families: [Family; 5] = [
             (
@@ -265,6 +249,11 @@ impl Metrics {
         }
         out
     }
+}
+
+/// A copy of what `m` holds, taken under its lock.
+fn copied<T: Clone>(m: &Mutex<T>) -> T {
+    m.lock().unwrap_or_else(PoisonError::into_inner).clone()
 }
 
 #[cfg(test)]

@@ -7,14 +7,11 @@
 //! never its count of running and waiting invocations, so a reload cannot let a tenant run
 //! more than its `concurrency`.
 
+use crate::locks::lock;
 use crate::policy::{Policy, Tenant};
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex};
 use tokio::sync::Notify;
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
 
 #[derive(Debug, Default)]
 struct State {

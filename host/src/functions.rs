@@ -11,6 +11,7 @@
 //! be learnt from another's timings) and removed with the last function that used it.
 
 use crate::account::text::quote;
+use crate::locks::{lock, read, write};
 use crate::metrics::Metrics;
 use crate::policy::{Policy, Tenant, hash_bytes, valid_name};
 use crate::wasm::compile::{self, DeployError};
@@ -22,7 +23,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::hash::{Hash, Hasher};
 use std::io::Write;
 use std::path::Path;
-use std::sync::{Arc, Mutex, PoisonError, RwLock, Weak};
+use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::{Duration, Instant};
 
 /// What uploaded functions (the policy's left out) take: how many, their Wasm bytes, and their
@@ -195,10 +196,6 @@ pub struct Functions {
     retired: Mutex<HashMap<String, Vec<Weak<Function>>>>,
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
 /// A tenant's one upload in progress, from before its bytes are read to the end of its
 /// compile; given back when dropped. Taken before the body is read, so a tenant holds at most
 /// one upload's bytes at once, whatever number of connections it opens.
@@ -251,12 +248,12 @@ impl Functions {
     }
 
     pub fn get(&self, tenant: &str, name: &str) -> Option<Arc<Function>> {
-        let t = self.table.read().unwrap_or_else(PoisonError::into_inner);
+        let t = read(&self.table);
         t.get(tenant)?.get(name).cloned()
     }
 
     pub fn list(&self, tenant: &str) -> Vec<Arc<Function>> {
-        let t = self.table.read().unwrap_or_else(PoisonError::into_inner);
+        let t = read(&self.table);
         t.get(tenant)
             .map(|f| f.values().cloned().collect())
             .unwrap_or_default()
@@ -323,13 +320,7 @@ impl Functions {
                 .map(|f| f.prepared.component().clone())
         };
         let loaded = same(loading)
-            .or_else(|| {
-                self.table
-                    .read()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .get(&tenant.name)
-                    .and_then(same)
-            })
+            .or_else(|| read(&self.table).get(&tenant.name).and_then(same))
             .or_else(|| {
                 // Replaced or removed, but calls still run on it: the quota counts its code
                 // once per digest, so bytes removed and uploaded again must not load a second
@@ -420,7 +411,7 @@ impl Functions {
     /// the table yet.
     pub fn sweep(&self, runtime: &Runtime) {
         let tenants = lock(&self.writers);
-        let table = self.table.read().unwrap_or_else(PoisonError::into_inner);
+        let table = read(&self.table);
         let (mut files, mut bytes) = (0usize, 0u64);
         let mut count = |(n, b): (usize, u64)| {
             files += n;
@@ -615,7 +606,7 @@ impl Functions {
         // calls running on them hold their code, which counts against the quota until they
         // end. Without this a reload took that code out of every count.
         let gone: Vec<(String, Arc<Function>)> = {
-            let old = self.table.read().unwrap_or_else(PoisonError::into_inner);
+            let old = read(&self.table);
             old.iter()
                 .flat_map(|(tenant, fns)| fns.values().map(move |f| (tenant, f)))
                 .filter(|(tenant, f)| {
@@ -627,7 +618,7 @@ impl Functions {
                 .map(|(tenant, f)| (tenant.clone(), Arc::clone(f)))
                 .collect()
         };
-        *self.table.write().unwrap_or_else(PoisonError::into_inner) = table;
+        *write(&self.table) = table;
         for (tenant, f) in &gone {
             self.retire(tenant, f);
         }
@@ -780,7 +771,7 @@ impl Functions {
         let entered = self.enter(runtime, &writers, t, name, bytes, built);
         if entered.is_err() {
             // The compiled code the build kept, unless a function of the tenant uses it.
-            let table = self.table.read().unwrap_or_else(PoisonError::into_inner);
+            let table = read(&self.table);
             self.forget_code(runtime, &t.name, &sha256, &table);
         }
         (entered, held.elapsed())
@@ -819,10 +810,7 @@ impl Functions {
         // writers' lock that every commit, removal and reload waits for).
         let dir = format!("functions/{}", t.name);
         let file = format!("{dir}/{name}.wasm");
-        let current = self
-            .table
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
+        let current = read(&self.table)
             .get(&t.name)
             .and_then(|fns| fns.get(name))
             .cloned();
@@ -854,16 +842,13 @@ impl Functions {
         if !self.state.exists(&cached) {
             self.keep_code(&t.name, name, &cached, f.prepared.component());
         }
-        let old = self
-            .table
-            .write()
-            .unwrap_or_else(PoisonError::into_inner)
+        let old = write(&self.table)
             .entry(t.name.clone())
             .or_default()
             .insert(name.to_string(), Arc::clone(&f));
         if let Some(old) = old.filter(|o| o.sha256 != f.sha256) {
             // Its file unlinked under the read lock: invocations read on meanwhile.
-            let table = self.table.read().unwrap_or_else(PoisonError::into_inner);
+            let table = read(&self.table);
             self.forget_code(runtime, &t.name, &old.sha256, &table);
             drop(table);
             self.retire(&t.name, &old);
@@ -998,16 +983,13 @@ impl Functions {
             }
             _ => self.sync_dir(&format!("functions/{}", tenant.name)),
         }
-        let removed = self
-            .table
-            .write()
-            .unwrap_or_else(PoisonError::into_inner)
+        let removed = write(&self.table)
             .get_mut(&tenant.name)
             .and_then(|fns| fns.remove(name));
         let Some(f) = removed else {
             return Ok(());
         };
-        let table = self.table.read().unwrap_or_else(PoisonError::into_inner);
+        let table = read(&self.table);
         self.forget_code(runtime, &tenant.name, &f.sha256, &table);
         drop(table);
         self.retire(&tenant.name, &f);

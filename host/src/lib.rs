@@ -28,6 +28,7 @@ pub mod caps;
 pub mod device;
 pub mod functions;
 pub mod http;
+pub(crate) mod locks;
 pub mod memory;
 pub mod metrics;
 pub mod models;
@@ -40,6 +41,7 @@ use crate::account::{Deadline, Pace};
 use crate::admission::{Admission, Admissions};
 use crate::device::{Device, DeviceConfig, DeviceError};
 use crate::functions::{Function, FunctionError, Functions};
+use crate::locks::lock;
 use crate::metrics::Metrics;
 use crate::models::Models;
 use crate::policy::{Policy, Tenant};
@@ -48,7 +50,7 @@ use anyhow::Context;
 use hapi_wire::InvokeRequest;
 use hapi_wire::profile::ModelProfile;
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, PoisonError};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Longest a profile request waits for its model to be loaded and for room to measure it
@@ -395,13 +397,7 @@ impl Host {
         if let Some(kept) = self.kept_profile(id, model, tenant, &pin) {
             return kept;
         }
-        let turn = Arc::clone(
-            self.profiling
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .entry(id.to_string())
-                .or_default(),
-        );
+        let turn = Arc::clone(lock(&self.profiling).entry(id.to_string()).or_default());
         // Measuring runs every layer on the device outside the dispatcher: the memory it takes
         // is held in the budget while it runs, at the largest batch (up to PROFILE_BATCH) that
         // the budget can hold beside the weights now without unloading models other tenants

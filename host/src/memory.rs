@@ -175,9 +175,7 @@ pub mod rss {
     /// several times. Measurements are serialised.
     pub fn exact<T>(f: impl FnOnce() -> T) -> T {
         static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
-        let _one = ONE
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let _one = crate::locks::lock(&ONE);
         set_mmap_threshold(256 << 10);
         let out = f();
         set_mmap_threshold(32 << 20);

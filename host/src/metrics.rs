@@ -1,8 +1,9 @@
 //! Prometheus metrics, in the text exposition format.
 
+use crate::locks::lock;
 use std::collections::BTreeMap;
 use std::fmt::Write;
-use std::sync::{Mutex, PoisonError};
+use std::sync::Mutex;
 use std::time::Duration;
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -85,7 +86,7 @@ impl Metrics {
     }
 
     fn count(&self, o: &Observation<'_>) {
-        let mut map = self.series.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut map = lock(&self.series);
         let s = map
             .entry((
                 o.tenant.to_string(),
@@ -103,23 +104,20 @@ impl Metrics {
     /// A request of `tenant` to `endpoint` answered `code` before it ran (no slot, no such
     /// function, a body that could not be read or parsed, a quota).
     pub fn refused(&self, tenant: &str, endpoint: &'static str, code: &'static str) {
-        let mut map = self.refused.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut map = lock(&self.refused);
         *map.entry((tenant.to_string(), endpoint, code)).or_default() += 1;
     }
 
     /// A request refused with `code` before a tenant (or the operator) was known.
     pub fn unauthenticated(&self, code: &'static str) {
-        let mut map = self
-            .unauthenticated
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut map = lock(&self.unauthenticated);
         *map.entry(code).or_default() += 1;
     }
 
     /// An upload of `tenant` that the compiler took, ending with `code` (`ok`, or why it was
     /// rejected) after `spent` on the host's compile threads.
     pub fn uploaded(&self, tenant: &str, code: &'static str, spent: Duration) {
-        let mut map = self.uploads.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut map = lock(&self.uploads);
         let e = map.entry((tenant.to_string(), code)).or_default();
         e.0 += 1;
         e.1 += spent.as_secs_f64();
@@ -129,7 +127,7 @@ impl Metrics {
     /// the function is removed: the tenant's totals stay, and a tenant that deploys, invokes
     /// and removes functions under ever new names does not grow the metrics without bound.
     pub fn fold(&self, tenant: &str, function: &str) {
-        let mut map = self.series.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut map = lock(&self.series);
         let start = (tenant.to_string(), function.to_string(), String::new());
         let keys: Vec<(String, String, String)> = map
             .range(start..)
@@ -151,10 +149,10 @@ impl Metrics {
     /// written out after: every invocation's end takes the series' lock ([`Self::observe`]),
     /// and a scrape that wrote out every series under it held each of them up for as long.
     pub fn render(&self) -> String {
-        let map = copied(&self.series);
-        let refused = copied(&self.refused);
-        let unauthenticated = copied(&self.unauthenticated);
-        let uploads = copied(&self.uploads);
+        let map = lock(&self.series).clone();
+        let refused = lock(&self.refused).clone();
+        let unauthenticated = lock(&self.unauthenticated).clone();
+        let uploads = lock(&self.uploads).clone();
         let mut out = String::new();
         let families: [Family; 5] = [
             (
@@ -249,11 +247,6 @@ impl Metrics {
         }
         out
     }
-}
-
-/// A copy of what `m` holds, taken under its lock.
-fn copied<T: Clone>(m: &Mutex<T>) -> T {
-    m.lock().unwrap_or_else(PoisonError::into_inner).clone()
 }
 
 #[cfg(test)]

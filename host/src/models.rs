@@ -25,6 +25,7 @@
 //! [`FAILURE_KEPT`] get its error, the first call after it measures again.
 
 use crate::account::text::panic_message;
+use crate::locks::{lock, read, write};
 use crate::memory;
 use crate::policy::packages::{Found, PolicyModels};
 use crate::policy::{Policy, Tenant};
@@ -33,7 +34,7 @@ use hapi_model::{Manifest, ModelPackage};
 use hapi_wire::profile::{LayerProfile, ModelMemory};
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock, TryLockError};
+use std::sync::{Arc, Mutex, OnceLock, RwLock, TryLockError};
 use std::time::{Duration, Instant};
 use tch::Device;
 
@@ -128,7 +129,7 @@ impl<T> Memo<T> {
         if let Some(v) = self.done() {
             return Ok(Some(v));
         }
-        let mut failure = self.failure.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut failure = lock(&self.failure);
         // Made while this caller waited.
         if let Some(v) = self.done() {
             return Ok(Some(v));
@@ -230,10 +231,7 @@ impl Models {
             stopped: Mutex::default(),
             kept,
         };
-        *models
-            .catalog
-            .write()
-            .unwrap_or_else(PoisonError::into_inner) = Arc::new(models.catalog_of(&found, None).0);
+        *write(&models.catalog) = Arc::new(models.catalog_of(&found, None).0);
         Ok(models)
     }
 
@@ -292,7 +290,7 @@ impl Models {
     }
 
     fn catalog(&self) -> Arc<Catalog> {
-        Arc::clone(&self.catalog.read().unwrap_or_else(PoisonError::into_inner))
+        Arc::clone(&read(&self.catalog))
     }
 
     /// Reads the packages of `policy` again. Returns what takes a restart, one line each:
@@ -301,7 +299,7 @@ impl Models {
     pub fn reload(&self, found: &PolicyModels) -> Vec<String> {
         let old = self.catalog();
         let (catalog, changed) = self.catalog_of(found, Some(&old));
-        *self.catalog.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(catalog);
+        *write(&self.catalog) = Arc::new(catalog);
         changed
     }
 
@@ -477,7 +475,7 @@ impl Models {
     }
 
     fn slot<T>(map: &Mutex<HashMap<String, Slot<T>>>, name: &str) -> Slot<T> {
-        let mut map = map.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut map = lock(map);
         Arc::clone(map.entry(name.to_string()).or_default())
     }
 
@@ -567,7 +565,7 @@ impl Models {
     /// A profile of model `name` measured at a smaller batch by `tenant` less than
     /// [`UNKEPT_FOR`] ago. Never waits.
     pub fn profiled_for(&self, name: &str, tenant: &str) -> Option<Arc<Vec<LayerProfile>>> {
-        let unkept = self.unkept.lock().unwrap_or_else(PoisonError::into_inner);
+        let unkept = lock(&self.unkept);
         let (at, layers) = unkept.get(&(name.to_string(), tenant.to_string()))?;
         (at.elapsed() < UNKEPT_FOR).then(|| Arc::clone(layers))
     }
@@ -576,7 +574,7 @@ impl Models {
     /// less than [`UNKEPT_FOR`] ago and `limit` (the tenant's now) is no longer than it was
     /// then. Never waits.
     pub fn stopped_for(&self, name: &str, tenant: &str, limit: Duration) -> Option<Duration> {
-        let stopped = self.stopped.lock().unwrap_or_else(PoisonError::into_inner);
+        let stopped = lock(&self.stopped);
         let (at, then) = stopped.get(&(name.to_string(), tenant.to_string()))?;
         Some(at.elapsed()).filter(|ago| *ago < UNKEPT_FOR && limit <= *then)
     }
@@ -584,7 +582,7 @@ impl Models {
     /// A measurement of model `name` for `tenant` stopped at its time limit `limit`, having
     /// measured for most of it ([`Models::stopped_for`]).
     pub fn note_stopped(&self, name: &str, tenant: &str, limit: Duration) {
-        let mut stopped = self.stopped.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut stopped = lock(&self.stopped);
         // At most one per (model, tenant), and none older than they are answered.
         stopped.retain(|_, (at, _)| at.elapsed() < UNKEPT_FOR);
         stopped.insert(
@@ -622,7 +620,7 @@ impl Models {
             let Some(layers) = layers else {
                 return Ok(None);
             };
-            let mut unkept = self.unkept.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut unkept = lock(&self.unkept);
             // At most one per (model, tenant), and none older than they are answered.
             unkept.retain(|_, (at, _)| at.elapsed() < UNKEPT_FOR);
             unkept.insert(

@@ -23,16 +23,13 @@
 
 use crate::account::{Deadline, Pace};
 use crate::device::types::DeviceError;
+use crate::locks::lock;
 use crate::models::Models;
 use hapi_model::ModelPackage;
 use hapi_wire::profile::ModelMemory;
 use std::collections::HashMap;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
 
 /// The budget's state, locked: when let go, it wakes the waiters if a wait's grace began
 /// meanwhile ([`State::grace_started`]).

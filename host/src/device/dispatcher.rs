@@ -34,12 +34,13 @@ use crate::device::job::{Input, Ran, WireDtype};
 use crate::device::schedule::{Fair, Pending, Slice, fill, stretch};
 use crate::device::stats::Stats;
 use crate::device::types::{DeviceConfig, DeviceError};
+use crate::locks::lock;
 use hapi_model::ModelPackage;
 use hapi_wire::profile::SegmentCost;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::ops::Range;
 use std::sync::mpsc::{Receiver, Sender, channel};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
@@ -51,10 +52,6 @@ pub const ACTIVE_FOR: Duration = Duration::from_millis(100);
 pub const MIN_SLICE: Duration = Duration::from_millis(2);
 /// How long the dispatcher sleeps when not even one sample fits the free memory.
 const MEMORY_POLL: Duration = Duration::from_millis(2);
-
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
 
 /// What the dispatcher thread and the device share.
 #[derive(Debug)]

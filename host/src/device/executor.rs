@@ -8,9 +8,10 @@
 use crate::account::{Cancel, Deadline, Pace};
 use crate::device::batch::{self, Dest};
 use crate::device::budget::{Budget, Pin, Reservation};
-use crate::device::dispatcher::{Call, Progress, Shared, lock};
+use crate::device::dispatcher::{Call, Progress, Shared};
 use crate::device::job::{Job, Ran};
 use crate::device::types::{DeviceConfig, DeviceError};
+use crate::locks::lock;
 use crate::models::Models;
 use hapi_wire::profile::DeviceMemory;
 use std::sync::Arc;

@@ -20,10 +20,11 @@
 //! client does not read (a list's, which takes no slot) had held any number of connections
 //! busy from many addresses, and every other tenant out.
 
+use crate::locks::lock;
 use axum::body::{Body, Bytes};
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex};
 
 /// Open connections and their states.
 #[derive(Debug, Default)]
@@ -193,10 +194,6 @@ impl State {
         self.per_client.entry(ip).or_default().idle.insert(key, id);
         self.next += 1;
     }
-}
-
-fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// A connection counted while it is open.
@@ -474,7 +471,7 @@ impl Carried {
     /// The request's token is a tenant's (with its [`busy_cap`]) or the operator's: its
     /// connection is busy, or why not.
     pub fn authenticated(&self, tenant: Option<(&str, usize)>) -> Result<(), NotBusy> {
-        let mut busy = self.busy.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut busy = lock(&self.busy);
         if busy.is_none() {
             *busy = Some(self.track.busy(tenant)?);
         }
@@ -483,10 +480,7 @@ impl Carried {
 
     /// The connection's busy guard, if the request was authenticated (and it was not taken).
     fn take(&self) -> Option<Arc<Busy>> {
-        self.busy
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take()
+        lock(&self.busy).take()
     }
 
     /// The request was refused and its body is being drained: the connection may be closed

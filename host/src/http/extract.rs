@@ -4,6 +4,7 @@
 use crate::Host;
 use crate::account::text::quote;
 use crate::http::errors::ApiError;
+use crate::locks::lock;
 use crate::policy::{Tenant, token_digest, valid_name};
 use axum::body::{Body, Bytes};
 use axum::extract::{FromRequestParts, Path};
@@ -301,9 +302,7 @@ pub async fn unread_bodies(
     }));
     let reader = Arc::clone(&shared);
     let frames = futures::stream::poll_fn(move |cx| {
-        let mut u = reader
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut u = lock(&reader);
         u.polled = true;
         let Some(body) = u.body.as_mut() else {
             return std::task::Poll::Ready(None);
@@ -327,9 +326,7 @@ pub async fn unread_bodies(
         None => next.run(req).await,
     };
     let (left, polled) = {
-        let mut u = shared
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut u = lock(&shared);
         (u.body.take(), u.polled)
     };
     let Some(body) = left.filter(|b| !b.is_end_stream()) else {

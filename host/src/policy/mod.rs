@@ -75,10 +75,11 @@
 pub mod packages;
 mod parse;
 
+use crate::locks::{read, write};
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::{Arc, PoisonError, RwLock};
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 /// Largest guest memory a policy may grant: the whole 32-bit address space.
@@ -451,11 +452,11 @@ impl Current {
     }
 
     pub fn get(&self) -> Arc<Policy> {
-        Arc::clone(&self.0.read().unwrap_or_else(PoisonError::into_inner))
+        Arc::clone(&read(&self.0))
     }
 
     pub fn set(&self, policy: Arc<Policy>) {
-        *self.0.write().unwrap_or_else(PoisonError::into_inner) = policy;
+        *write(&self.0) = policy;
     }
 }
 

@@ -10,10 +10,11 @@
 //! caller reads through S3 as before. The tenant's grants and byte charges were checked before
 //! any of this (the `scoped` layer), and no more than the bytes asked for are read into memory.
 
+use crate::locks::lock;
 use crate::policy::Locality as Settings;
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// How long the volume server's list of volumes is trusted.
@@ -137,7 +138,7 @@ impl Locality {
 
     /// The cached list of volumes, and whether it is still to be trusted.
     fn cached_volumes(&self) -> Option<(bool, Arc<HashSet<u32>>)> {
-        let cached = self.volumes.lock().unwrap_or_else(PoisonError::into_inner);
+        let cached = lock(&self.volumes);
         cached
             .as_ref()
             .map(|(at, set)| (at.elapsed() < VOLUMES_FOR, Arc::clone(set)))
@@ -171,8 +172,7 @@ impl Locality {
             None => HashSet::new(),
         };
         let set = Arc::new(set);
-        *self.volumes.lock().unwrap_or_else(PoisonError::into_inner) =
-            Some((Instant::now(), Arc::clone(&set)));
+        *lock(&self.volumes) = Some((Instant::now(), Arc::clone(&set)));
         set
     }
 
@@ -323,12 +323,7 @@ impl Locality {
                         let Ok(_mine) = share.acquire().await else {
                             return Vec::new();
                         };
-                        *self
-                            .placed
-                            .lock()
-                            .unwrap_or_else(PoisonError::into_inner)
-                            .entry(tenant.to_string())
-                            .or_default() += 1;
+                        *lock(&self.placed).entry(tenant.to_string()).or_default() += 1;
                         let mut v: Vec<u32> = self
                             .object_chunks(bucket, &key, true)
                             .await
@@ -353,10 +348,7 @@ impl Locality {
     /// `tenant`'s lookup semaphore (made on first use; those of tenants with nothing in flight
     /// are dropped then, so the map holds only the tenants placing keys now).
     fn tenant_share(&self, tenant: &str) -> Arc<tokio::sync::Semaphore> {
-        let mut map = self
-            .tenant_lookups
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut map = lock(&self.tenant_lookups);
         map.retain(|name, s| name == tenant || Arc::strong_count(s) > 1);
         Arc::clone(
             map.entry(tenant.to_string())
@@ -382,12 +374,7 @@ impl Locality {
         // The filer serves every host and the S3 gateway: who asks it how much is the
         // operator's to see (a tenant's placement requests reach it 1,024 keys at a time).
         out.push_str("# HELP hapi_placement_lookups_total Filer lookups made for a tenant's placement requests.\n# TYPE hapi_placement_lookups_total counter\n");
-        for (tenant, n) in self
-            .placed
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .iter()
-        {
+        for (tenant, n) in lock(&self.placed).iter() {
             out.push_str(&format!(
                 "hapi_placement_lookups_total{{tenant=\"{tenant}\"}} {n}\n"
             ));

@@ -3,6 +3,7 @@
 use super::error::{Held, ObjectError, ObjectMeta, Smallest};
 use crate::account::Account;
 use crate::account::text::quote;
+use crate::locks::lock;
 use crate::policy::S3Settings;
 use futures::StreamExt;
 use object_store::aws::{AmazonS3, AmazonS3Builder, AmazonS3ConfigKey, AwsAuthorizer};
@@ -10,7 +11,7 @@ use object_store::client::HttpRequestBody;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt};
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// Most bytes of one listing page read (S3 sends at most 1,000 keys of at most 1 KiB a page,
@@ -127,7 +128,7 @@ impl S3 {
     }
 
     fn bucket(&self, bucket: &str) -> Result<Arc<Bucket>, ObjectError> {
-        let mut buckets = self.buckets.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut buckets = lock(&self.buckets);
         if let Some(b) = buckets.get(bucket) {
             return Ok(Arc::clone(b));
         }

@@ -26,8 +26,9 @@
 
 use super::engine::EPOCH_TICK;
 use crate::account::Pace;
+use crate::locks::lock;
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::Instant;
 use tokio::sync::Notify;
@@ -140,8 +141,8 @@ impl CpuShares {
         })
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        lock(&self.inner)
     }
 
     /// Slots a tenant of weight `weight` may hold while tenants of weights summing to
@@ -341,8 +342,8 @@ impl Turn {
         })
     }
 
-    fn held(&self) -> std::sync::MutexGuard<'_, bool> {
-        self.held.lock().unwrap_or_else(PoisonError::into_inner)
+    fn held(&self) -> MutexGuard<'_, bool> {
+        lock(&self.held)
     }
 
     /// Takes a slot for the invocation, waiting while its tenant may not hold another or

@@ -12,6 +12,7 @@
 
 use anyhow::{Context, bail};
 use hapi_train::job::{Results, SweepResults, write_json};
+use hapi_train::pipeline::Iteration;
 use hapi_train::plan::Split;
 use serde::{Deserialize, Serialize};
 use std::fmt::Write as _;
@@ -139,6 +140,13 @@ struct CaseSummary {
     /// The fixed time of the split it settled on, against the best: whether the choice was
     /// right, free of what exploring cost.
     chosen_over_best: f64,
+    /// The faster adaptive run's pace on its last stretch at the split it settled on (seconds
+    /// per iteration, [`settled_pace`]) and over how many intervals, against that split's
+    /// fixed pace (its long run's when it was a finalist): above 1, the adaptive run's
+    /// iterations at that split were slower than the fixed run's, whatever exploring cost.
+    settled_pace_s: f64,
+    settled_intervals: usize,
+    settled_pace_over_fixed: f64,
     /// Where exploration started (the model's best), and whether that was the best split.
     first_candidate: Split,
     first_was_best: bool,
@@ -192,12 +200,11 @@ fn split_summary(args: &[String]) -> anyhow::Result<()> {
             .and_then(|p| p.file_name())
             .map(|n| n.to_string_lossy().trim_start_matches("bw-").to_string())
             .unwrap_or_default();
-        let fixed = |split: Split| {
-            s.cases
-                .iter()
-                .find(|c| c.split == split)
-                .map_or(f64::NAN, |c| c.seconds_measured())
-        };
+        let case = |split: Split| s.cases.iter().find(|c| c.split == split);
+        let fixed = |split: Split| case(split).map_or(f64::NAN, |c| c.seconds_measured());
+        let timed = &s.auto_trace[..s.adaptive_iterations.min(s.auto_trace.len())];
+        let (settled_pace_s, settled_intervals) = settled_pace(timed, s.auto);
+        let fixed_pace = case(s.auto).map_or(f64::NAN, |c| c.pace_measured());
         cases.push(CaseSummary {
             file: f.clone(),
             model: s.model.clone(),
@@ -214,6 +221,9 @@ fn split_summary(args: &[String]) -> anyhow::Result<()> {
             first_auto_over_best: s.auto_runs.first().map_or(s.auto_s, |r| r.seconds) / s.best_s,
             auto_over_best: s.auto_s / s.best_s,
             chosen_over_best: fixed(s.auto) / s.best_s,
+            settled_pace_s,
+            settled_intervals,
+            settled_pace_over_fixed: settled_pace_s / fixed_pace,
             first_candidate: s.first_candidate,
             first_was_best: s.first_candidate == s.best,
             explored: s.explored,
@@ -252,7 +262,7 @@ fn split_summary(args: &[String]) -> anyhow::Result<()> {
         cases,
     };
     println!(
-        "{:<20} {:>5} {:>9} {:>5} {:>6} {:>8} {:>6} {:>8} {:>15} {:>9} {:>11} {:>6} {:>8} {:>8}",
+        "{:<20} {:>5} {:>9} {:>5} {:>6} {:>8} {:>6} {:>8} {:>15} {:>9} {:>11} {:>10} {:>6} {:>8} {:>8}",
         "model",
         "batch",
         "bandwidth",
@@ -264,13 +274,14 @@ fn split_summary(args: &[String]) -> anyhow::Result<()> {
         "auto runs s",
         "auto/best",
         "chosen/best",
+        "pace/fixed",
         "first",
         "explored",
         "vs none"
     );
     for c in &summary.cases {
         println!(
-            "{:<20} {:>5} {:>9} {:>5} {:>6} {:>8.2} {:>6} {:>8.2} {:>15} {:>9.3} {:>11.3} {:>6} {:>8} {:>7.2}x",
+            "{:<20} {:>5} {:>9} {:>5} {:>6} {:>8.2} {:>6} {:>8.2} {:>15} {:>9.3} {:>11.3} {:>10.3} {:>6} {:>8} {:>7.2}x",
             c.model,
             c.batch,
             c.bandwidth,
@@ -286,6 +297,7 @@ fn split_summary(args: &[String]) -> anyhow::Result<()> {
                 .join(" / "),
             c.auto_over_best,
             c.chosen_over_best,
+            c.settled_pace_over_fixed,
             c.first_candidate.to_string(),
             c.explored,
             c.speedup_over_none
@@ -310,6 +322,9 @@ fn split_summary(args: &[String]) -> anyhow::Result<()> {
         summary.overhead_max * 100.0,
         summary.overhead_mean * 100.0
     );
+    println!(
+        "pace/fixed: the faster adaptive run's seconds per iteration on its last stretch at the split it settled on, against that split's fixed run"
+    );
     std::fs::create_dir_all(&out)?;
     write_json(&out.join("summary.json"), &summary)?;
     std::fs::write(out.join("split-choice.svg"), svg(&sweeps, &summary))?;
@@ -319,6 +334,21 @@ fn split_summary(args: &[String]) -> anyhow::Result<()> {
         out.join("split-choice.svg").display()
     );
     Ok(())
+}
+
+/// The adaptive run's pace on its last stretch at `split` (from its last move on): the mean
+/// time between the ends of consecutive iterations both at `split`, with the number of
+/// intervals it averages. NaN with none.
+fn settled_pace(trace: &[Iteration], split: Split) -> (f64, usize) {
+    let start = trace
+        .iter()
+        .rposition(|it| it.split != split)
+        .map_or(0, |last_other| last_other + 1);
+    let Some(stretch) = trace.get(start..).filter(|s| s.len() > 1) else {
+        return (f64::NAN, 0);
+    };
+    let n = stretch.len() - 1;
+    ((stretch[n].end_unix - stretch[0].end_unix) / n as f64, n)
 }
 
 /// One panel per case: measured time of every split (bars), the best (green) and auto's
@@ -607,4 +637,35 @@ fn drift_summary(args: &[String]) -> anyhow::Result<()> {
     write_json(Path::new(out), &summary)?;
     println!("wrote {out}");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn it(split: usize, end_unix: f64) -> Iteration {
+        Iteration {
+            split: Split::At(split),
+            storage_s: 0.0,
+            compute_s: 0.0,
+            end_unix,
+            link_bps: None,
+        }
+    }
+
+    #[test]
+    fn the_settled_pace_counts_the_intervals_at_the_split_after_the_last_move() {
+        // Explores 3, 5, 3, 6, then settles on 3: the interval from the last iteration at 6 is
+        // left out, and so is the earlier stretch at 3.
+        let ends = [0.0, 1.0, 2.0, 3.0, 10.0, 12.0, 13.0, 14.0];
+        let splits = [3, 3, 5, 3, 6, 3, 3, 3];
+        let trace: Vec<Iteration> = splits.iter().zip(ends).map(|(&s, e)| it(s, e)).collect();
+        assert_eq!(settled_pace(&trace, Split::At(3)), (1.0, 2));
+        // Never left: every interval counts.
+        let steady: Vec<Iteration> = (0..5).map(|i| it(4, 2.0 * i as f64)).collect();
+        assert_eq!(settled_pace(&steady, Split::At(4)), (2.0, 4));
+        // Too short a stretch, or never there: no pace.
+        assert!(settled_pace(&trace[..6], Split::At(3)).0.is_nan());
+        assert!(settled_pace(&trace, Split::At(9)).0.is_nan());
+    }
 }

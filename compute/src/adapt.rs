@@ -145,6 +145,9 @@ pub struct Arm {
     /// Batches handed out and not yet measured.
     #[serde(skip)]
     pending: usize,
+    /// Batches handed out in this exploration, measured or not.
+    #[serde(skip)]
+    handed: usize,
     /// Samples it started with, measured before this exploration (a second look's settled
     /// split): they do not count towards `max_samples`.
     #[serde(skip)]
@@ -161,6 +164,7 @@ impl Arm {
             compute: Vec::new(),
             active: true,
             pending: 0,
+            handed: 0,
             seeded: 0,
         }
     }
@@ -308,8 +312,18 @@ impl Adaptive {
             }
         };
         self.arms[i].pending += 1;
+        self.arms[i].handed += 1;
         self.issued += 1;
         self.arms[i].split
+    }
+
+    /// A batch at `split` ran cold (a pipeline's first, see [`crate::pipeline::run`]): it is
+    /// no longer on its way and is no sample, so a candidate measured on nothing else gets
+    /// another batch once every candidate has had one.
+    pub fn cold(&mut self, split: Split) {
+        if let Some(arm) = self.arms.iter_mut().find(|a| a.split == split) {
+            arm.pending = arm.pending.saturating_sub(1);
+        }
     }
 
     /// A batch at `split` took `storage` (the producer's busy time) and `compute` (the
@@ -545,14 +559,18 @@ impl Adaptive {
         });
     }
 
-    /// The candidate to measure next: one not yet measured nor on its way (the model's
-    /// favourite first); else the one that may be fastest, by the lowest lower confidence bound
+    /// The candidate to measure next: one never handed a batch (the model's favourite first),
+    /// then one whose batches were no samples ([`Adaptive::cold`]); else the one that may be fastest, by the lowest lower confidence bound
     /// on its cost (counting batches on their way as samples). A clearly slower candidate gets
     /// no more iterations, a near-tie gets them only while it may still be the faster, and the
     /// leader gets the rest: iterations spent exploring cost little more than the best's.
     fn optimistic(&self) -> usize {
         let active = || (0..self.arms.len()).filter(|&i| self.arms[i].active);
-        if let Some(i) = active().find(|&i| self.arms[i].samples.len() + self.arms[i].pending == 0)
+        let unmeasured = |i: &usize| self.arms[*i].samples.len() + self.arms[*i].pending == 0;
+        if let Some(i) = active()
+            .filter(unmeasured)
+            .find(|&i| self.arms[i].handed == 0)
+            .or_else(|| active().find(unmeasured))
         {
             return i;
         }
@@ -843,6 +861,13 @@ impl Choice {
         }
     }
 
+    /// A batch at `split` ran cold: no sample ([`Adaptive::cold`]).
+    pub fn cold(&self, split: Split) {
+        if let Self::Adaptive(a) = self {
+            a.lock().unwrap_or_else(PoisonError::into_inner).cold(split);
+        }
+    }
+
     /// The split in use (the leader while exploring).
     pub fn current(&self) -> Split {
         match self {
@@ -990,6 +1015,48 @@ mod tests {
             "{}",
             m[0].reason
         );
+    }
+
+    /// The pipeline's first batch runs cold (AlexNet at batch 64: its step 1.6x the next
+    /// ones'). Given to the chooser as a sample, it loses the model's favourite, here the
+    /// fastest split; given as [`Adaptive::cold`], the others are measured first, then the
+    /// favourite again, and it wins.
+    #[test]
+    fn a_cold_first_batch_is_no_sample() {
+        let only = [Split::At(1), Split::At(2), Split::At(3)];
+        let run = |as_sample: bool| {
+            let mut a = Adaptive::new(costs(5e6), AdaptConfig::new(0.2), Some(&only));
+            let mut handed = std::collections::VecDeque::new();
+            let mut favourite = None;
+            for i in 0..40 {
+                while handed.len() <= 1 {
+                    handed.push_back(a.next_split());
+                }
+                let s = handed.pop_front().expect("handed out");
+                let fav = *favourite.get_or_insert(s);
+                if i == 1 || i == 2 {
+                    assert_ne!(s, fav, "batch {i}: every candidate has one first");
+                }
+                let cost = if s == fav { 0.100 } else { 0.125 } * jitter(i, 0.02);
+                if i > 0 {
+                    a.observe(s, cost, 0.05, None);
+                } else if as_sample {
+                    a.observe(s, cost * 1.6, 0.05, None);
+                } else {
+                    a.cold(s);
+                }
+            }
+            (a.settled(), a.current(), favourite.expect("a batch"))
+        };
+        let (settled, at, favourite) = run(false);
+        assert!(settled);
+        assert_eq!(
+            at, favourite,
+            "the favourite, measured warm, is the fastest"
+        );
+        let (settled, at, favourite) = run(true);
+        assert!(settled);
+        assert_ne!(at, favourite, "the cold sample alone drops the favourite");
     }
 
     /// Noise from a seeded generator: relative, about normal, standard deviation `sd`.

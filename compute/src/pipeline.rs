@@ -120,6 +120,12 @@ pub struct Ahead {
 /// A batch's storage time is the time from its fetch's start, or the previous batch's arrival
 /// if later, to its own arrival: with one fetch at a time, the fetch's duration; with several,
 /// the interval at which batches arrive, what the storage stage costs an iteration.
+///
+/// The run's first batch is traced but is no sample for `choice` ([`Choice::cold`]): its fetch
+/// overlapped no step, so its storage stage ran alone, and its step pays first-use costs (the
+/// head's optimiser state, for one). On AlexNet at batch 64 that step took 1.27 s against
+/// 0.65-0.80 s for the next seven, and the chooser, given it as its best split's only sample,
+/// dropped that split.
 pub fn run<F, A>(
     rt: &Runtime,
     sources: HashMap<Split, Source>,
@@ -208,7 +214,11 @@ where
                 end_unix: now_unix(),
                 link_bps: link,
             };
-            choice.observe(split, it.storage_s, it.compute_s, it.link_bps);
+            if times.iterations.is_empty() {
+                choice.cold(split);
+            } else {
+                choice.observe(split, it.storage_s, it.compute_s, it.link_bps);
+            }
             after(&it);
             times.iterations.push(it);
             if until.reached(times.iterations.len(), it.end_unix) {

@@ -53,6 +53,14 @@ impl StageTimes {
     }
 }
 
+/// The mean interval between the ends of consecutive iterations (`None` under two).
+pub fn mean_interval(trace: &[Iteration]) -> Option<f64> {
+    match trace {
+        [first, .., last] => Some((last.end_unix - first.end_unix) / (trace.len() - 1) as f64),
+        _ => None,
+    }
+}
+
 /// How many of `splits` are each split, in the order they first appear.
 pub fn split_counts(splits: impl IntoIterator<Item = Split>) -> Vec<(Split, usize)> {
     let mut counts: Vec<(Split, usize)> = Vec::new();

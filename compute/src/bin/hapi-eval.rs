@@ -344,11 +344,11 @@ fn settled_pace(trace: &[Iteration], split: Split) -> (f64, usize) {
         .iter()
         .rposition(|it| it.split != split)
         .map_or(0, |last_other| last_other + 1);
-    let Some(stretch) = trace.get(start..).filter(|s| s.len() > 1) else {
-        return (f64::NAN, 0);
-    };
-    let n = stretch.len() - 1;
-    ((stretch[n].end_unix - stretch[0].end_unix) / n as f64, n)
+    let stretch = trace.get(start..).unwrap_or_default();
+    match hapi_train::pipeline::mean_interval(stretch) {
+        Some(pace) => (pace, stretch.len() - 1),
+        None => (f64::NAN, 0),
+    }
 }
 
 /// One panel per case: measured time of every split (bars), the best (green) and auto's

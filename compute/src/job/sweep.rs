@@ -3,7 +3,7 @@
 //! online adaptation on the same batches (the split-choice evaluation).
 
 use crate::adapt::{Choice, Move};
-use crate::pipeline::{Iteration, Until};
+use crate::pipeline::{Iteration, Until, mean_interval};
 use crate::plan::{Costs, Estimate, Split};
 use anyhow::Context;
 use serde::{Deserialize, Serialize};
@@ -29,6 +29,59 @@ pub struct AutoRun {
     pub split: Split,
     /// Iterations it spent exploring.
     pub explored: usize,
+    /// Where its storage stage went, at every split it used.
+    #[serde(default)]
+    pub storage: StorageSide,
+}
+
+/// Where a long run's storage stage went: the storage host's time per request by stage, and
+/// the link's rate. Two runs at the same split whose storage stages differ tell here whether
+/// the host or the network differed.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize)]
+pub struct StorageSide {
+    /// The host's mean seconds per request, by stage (`Server-Timing`).
+    pub per_request: hapi_client::ServerTiming,
+    pub requests: usize,
+    /// The median of the iterations' link rates (bytes per second of transfer).
+    pub link_bps: Option<f64>,
+}
+
+impl StorageSide {
+    fn of(r: &EpochResult) -> Self {
+        let mut per_request = hapi_client::ServerTiming::default();
+        if r.requests > 0 {
+            for stage in hapi_wire::Stage::ALL {
+                let mean = r.server.get(stage) / r.requests as f64;
+                per_request.set(stage, std::time::Duration::from_secs_f64(mean));
+            }
+        }
+        let mut links: Vec<f64> = r
+            .trace
+            .iter()
+            .filter_map(|i| i.link_bps)
+            .filter(|l| l.is_finite() && *l > 0.0)
+            .collect();
+        links.sort_by(f64::total_cmp);
+        Self {
+            per_request,
+            requests: r.requests,
+            link_bps: links.get(links.len() / 2).copied(),
+        }
+    }
+
+    /// `host 812 ms/request (queue 40, compute 610, decode 90), link 6.12 MB/s`.
+    fn line(&self) -> String {
+        let t = &self.per_request;
+        format!(
+            "host {} ms/request (queue {}, compute {}, decode {}), link {}",
+            ms(t.total),
+            ms(t.queue),
+            ms(t.compute),
+            ms(t.decode),
+            self.link_bps
+                .map_or("not measured".into(), |l| format!("{:.2} MB/s", l / 1e6))
+        )
+    }
 }
 
 /// A short run stops once its wall time passes this many times the fastest complete short run
@@ -45,6 +98,9 @@ pub struct FullRun {
     pub seconds: f64,
     /// Seconds per iteration after the first.
     pub pace_s: f64,
+    /// Where its storage stage went.
+    #[serde(default)]
+    pub storage: StorageSide,
 }
 
 /// One split's measured time in a sweep.
@@ -123,13 +179,9 @@ pub struct SweepResults {
 
 /// Seconds per iteration after the first (the first's own time when there is one).
 fn pace(start: f64, trace: &[Iteration]) -> f64 {
-    match (trace.first(), trace.last()) {
-        (Some(first), Some(last)) if trace.len() > 1 => {
-            (last.end_unix - first.end_unix) / (trace.len() - 1) as f64
-        }
-        (Some(first), _) => first.end_unix - start,
-        _ => f64::NAN,
-    }
+    mean_interval(trace)
+        .or_else(|| trace.first().map(|first| first.end_unix - start))
+        .unwrap_or(f64::NAN)
 }
 
 /// The first iteration's end from the start, then `(n - 1)` steady intervals.
@@ -272,12 +324,14 @@ impl Job {
             let full = FullRun {
                 seconds: timed.last().map_or(f64::NAN, |it| it.end_unix - start),
                 pace_s: pace(start, timed),
+                storage: StorageSide::of(&r),
             };
             eprintln!(
-                "sweep: split {split:>4} on all {adaptive_iters} batches: {:.2} s ({:.2} s extrapolated from {k}), {} ms/it",
+                "sweep: split {split:>4} on all {adaptive_iters} batches: {:.2} s ({:.2} s extrapolated from {k}), {} ms/it; {}",
                 full.seconds,
                 cases[i].seconds_at_adaptive,
-                ms(full.pace_s)
+                ms(full.pace_s),
+                full.storage.line()
             );
             cases[i].full = Some(full);
             let choice = self.adaptive(&plan.costs);
@@ -294,14 +348,17 @@ impl Job {
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
                 .explored();
+            let storage = StorageSide::of(&r);
             eprintln!(
-                "sweep: auto on all {adaptive_iters} batches: {seconds:.2} s, mostly at split {} ({explored} it exploring)",
-                r.split
+                "sweep: auto on all {adaptive_iters} batches: {seconds:.2} s, mostly at split {} ({explored} it exploring); {}",
+                r.split,
+                storage.line()
             );
             let run = AutoRun {
                 seconds,
                 split: r.split,
                 explored,
+                storage,
             };
             autos.push((run, r));
         }

@@ -40,7 +40,7 @@
 
 use crate::plan::{Costs, Estimate, Split};
 use serde::{Deserialize, Serialize};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 /// Candidates explored at once.
 pub const CANDIDATES: usize = 4;
@@ -832,6 +832,10 @@ fn faster_at_link(
     })
 }
 
+fn locked(a: &Mutex<Adaptive>) -> MutexGuard<'_, Adaptive> {
+    a.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
 /// How the pipeline gets each batch's split: fixed, or from an [`Adaptive`] chooser that it
 /// tells how each batch went.
 #[derive(Clone, Debug)]
@@ -841,30 +845,34 @@ pub enum Choice {
 }
 
 impl Choice {
+    /// The adaptive chooser, locked; `None` for a fixed split. A lock poisoned by a panic
+    /// elsewhere while it was held is taken as it is (the chooser's own methods do not panic).
+    pub fn adaptive(&self) -> Option<MutexGuard<'_, Adaptive>> {
+        match self {
+            Self::Fixed(_) => None,
+            Self::Adaptive(a) => Some(locked(a)),
+        }
+    }
+
     pub fn next_split(&self) -> Split {
         match self {
             Self::Fixed(s) => *s,
-            Self::Adaptive(a) => a
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .next_split(),
+            Self::Adaptive(a) => locked(a).next_split(),
         }
     }
 
     /// A batch at `split` took `storage` and `compute` seconds; `link`: bytes it received per
     /// second of transfer, where measured.
     pub fn observe(&self, split: Split, storage: f64, compute: f64, link: Option<f64>) {
-        if let Self::Adaptive(a) = self {
-            a.lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .observe(split, storage, compute, link);
+        if let Some(mut a) = self.adaptive() {
+            a.observe(split, storage, compute, link);
         }
     }
 
     /// A batch at `split` ran cold: no sample ([`Adaptive::cold`]).
     pub fn cold(&self, split: Split) {
-        if let Self::Adaptive(a) = self {
-            a.lock().unwrap_or_else(PoisonError::into_inner).cold(split);
+        if let Some(mut a) = self.adaptive() {
+            a.cold(split);
         }
     }
 
@@ -872,7 +880,7 @@ impl Choice {
     pub fn current(&self) -> Split {
         match self {
             Self::Fixed(s) => *s,
-            Self::Adaptive(a) => a.lock().unwrap_or_else(PoisonError::into_inner).current(),
+            Self::Adaptive(a) => locked(a).current(),
         }
     }
 
@@ -887,14 +895,8 @@ impl Choice {
     }
 
     pub fn moves(&self) -> Vec<Move> {
-        match self {
-            Self::Fixed(_) => Vec::new(),
-            Self::Adaptive(a) => a
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .moves()
-                .to_vec(),
-        }
+        self.adaptive()
+            .map_or_else(Vec::new, |a| a.moves().to_vec())
     }
 }
 

@@ -341,12 +341,9 @@ impl Job {
                 .trace
                 .get(adaptive_iters - 1)
                 .map_or(f64::NAN, |i| i.end_unix - start);
-            let Choice::Adaptive(a) = &choice else {
-                unreachable!("Job::adaptive gives an adaptive choice")
-            };
-            let (explored, _) = a
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
+            let (explored, _) = choice
+                .adaptive()
+                .context("Job::adaptive gave a fixed split")?
                 .explored();
             let storage = StorageSide::of(&r);
             eprintln!(

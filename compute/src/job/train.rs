@@ -646,8 +646,7 @@ impl Job {
         let iters = self.iterations();
         for epoch in start_epoch..self.cfg.epochs {
             let mut r = self.train_epoch(epoch, &choice, iters)?;
-            if let (Some(p), Choice::Adaptive(a)) = (results.plan.as_mut(), &choice) {
-                let a = a.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            if let (Some(p), Some(a)) = (results.plan.as_mut(), choice.adaptive()) {
                 r.predicted = Some(a.costs().estimate(r.split));
                 // Resuming starts from the model as calibrated so far.
                 p.costs = a.costs().clone();

@@ -126,7 +126,7 @@ struct CaseSummary {
     iterations: usize,
     adaptive_iterations: usize,
     /// The fastest fixed split over the adaptive run's iterations, and its time (the best of
-    /// the finalists' runs on all of its batches), and the fastest short run's extrapolation.
+    /// the fixed long runs on all of its batches), and the fastest short run's extrapolation.
     best: Split,
     best_s: f64,
     screen_best_s: f64,
@@ -142,7 +142,7 @@ struct CaseSummary {
     chosen_over_best: f64,
     /// The faster adaptive run's pace on its last stretch at the split it settled on (seconds
     /// per iteration, [`settled_pace`]) and over how many intervals, against that split's
-    /// fixed pace (its long run's when it was a finalist): above 1, the adaptive run's
+    /// fixed pace (its long run's when it had one): above 1, the adaptive run's
     /// iterations at that split were slower than the fixed run's, whatever exploring cost.
     settled_pace_s: f64,
     settled_intervals: usize,
@@ -304,7 +304,7 @@ fn split_summary(args: &[String]) -> anyhow::Result<()> {
         );
     }
     println!(
-        "auto best or within 5% of the best fixed split: {:.1}% of {} cases (the faster of its runs against the faster of the finalists'; its first run alone: {:.1}%); the split it settled on within 5%: {:.1}%",
+        "auto best or within 5% of the best fixed split: {:.1}% of {} cases (the faster of its runs against the fastest fixed long run; its first run alone: {:.1}%); the split it settled on within 5%: {:.1}%",
         summary.share_within_5pct * 100.0,
         summary.cases.len(),
         summary.share_first_run_within_5pct * 100.0,

@@ -560,10 +560,11 @@ impl Adaptive {
     }
 
     /// The candidate to measure next: one never handed a batch (the model's favourite first),
-    /// then one whose batches were no samples ([`Adaptive::cold`]); else the one that may be fastest, by the lowest lower confidence bound
-    /// on its cost (counting batches on their way as samples). A clearly slower candidate gets
-    /// no more iterations, a near-tie gets them only while it may still be the faster, and the
-    /// leader gets the rest: iterations spent exploring cost little more than the best's.
+    /// then one whose batches were no samples ([`Adaptive::cold`]); else the one that may be
+    /// fastest, by the lowest lower confidence bound on its cost (counting batches on their way
+    /// as samples). A clearly slower candidate gets no more iterations, a near-tie gets them
+    /// only while it may still be the faster, and the leader gets the rest: iterations spent
+    /// exploring cost little more than the best's.
     fn optimistic(&self) -> usize {
         let active = || (0..self.arms.len()).filter(|&i| self.arms[i].active);
         let unmeasured = |i: &usize| self.arms[*i].samples.len() + self.arms[*i].pending == 0;

@@ -36,14 +36,17 @@ pub struct AutoRun {
 }
 
 /// Where a long run's storage stage went: the storage host's time per request by stage, and
-/// the link's rate. Two runs at the same split whose storage stages differ tell here whether
+/// the transfer rate. Two runs at the same split whose storage stages differ tell here whether
 /// the host or the network differed.
 #[derive(Clone, Copy, Debug, Default, Serialize, Deserialize)]
 pub struct StorageSide {
     /// The host's mean seconds per request, by stage (`Server-Timing`).
     pub per_request: hapi_client::ServerTiming,
     pub requests: usize,
-    /// The median of the iterations' link rates (bytes per second of transfer).
+    /// The median of the iterations' transfer rates: bytes over the requests' summed network
+    /// and HTTP time ([`crate::pipeline::Iteration::link_bps`]). A batch's requests that share
+    /// the link at once each count their whole transfer, so where they overlap this reads under
+    /// the link's rate: compare it between runs at one split, not between splits.
     pub link_bps: Option<f64>,
 }
 

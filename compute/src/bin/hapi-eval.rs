@@ -12,7 +12,7 @@
 
 use anyhow::{Context, bail};
 use hapi_train::job::{Results, SweepResults, write_json};
-use hapi_train::pipeline::Iteration;
+use hapi_train::pipeline::{Iteration, median};
 use hapi_train::plan::Split;
 use serde::{Deserialize, Serialize};
 use std::fmt::Write as _;
@@ -171,15 +171,6 @@ struct Summary {
     overhead_cases: usize,
     overhead_max: f64,
     overhead_mean: f64,
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    if v.is_empty() {
-        f64::NAN
-    } else {
-        v[v.len() / 2]
-    }
 }
 
 fn split_summary(args: &[String]) -> anyhow::Result<()> {

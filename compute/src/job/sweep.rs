@@ -4,7 +4,7 @@
 //! the few (the split-choice evaluation).
 
 use crate::adapt::{Choice, Move};
-use crate::pipeline::{Iteration, Until, mean_interval};
+use crate::pipeline::{Iteration, Until, mean_interval, median};
 use crate::plan::{Costs, Estimate, Split};
 use anyhow::Context;
 use serde::{Deserialize, Serialize};
@@ -59,17 +59,16 @@ impl StorageSide {
                 per_request.set(stage, std::time::Duration::from_secs_f64(mean));
             }
         }
-        let mut links: Vec<f64> = r
+        let links: Vec<f64> = r
             .trace
             .iter()
             .filter_map(|i| i.link_bps)
             .filter(|l| l.is_finite() && *l > 0.0)
             .collect();
-        links.sort_by(f64::total_cmp);
         Self {
             per_request,
             requests: r.requests,
-            link_bps: links.get(links.len() / 2).copied(),
+            link_bps: Some(median(links)).filter(|l| !l.is_nan()),
         }
     }
 

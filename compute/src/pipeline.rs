@@ -61,6 +61,17 @@ pub fn mean_interval(trace: &[Iteration]) -> Option<f64> {
     }
 }
 
+/// The mean storage and compute stages (seconds per iteration) of `trace` (`None` if empty).
+pub fn mean_stages(trace: &[Iteration]) -> Option<(f64, f64)> {
+    let n = trace.len() as f64;
+    (!trace.is_empty()).then(|| {
+        (
+            trace.iter().map(|it| it.storage_s).sum::<f64>() / n,
+            trace.iter().map(|it| it.compute_s).sum::<f64>() / n,
+        )
+    })
+}
+
 /// How many of `splits` are each split, in the order they first appear.
 pub fn split_counts(splits: impl IntoIterator<Item = Split>) -> Vec<(Split, usize)> {
     let mut counts: Vec<(Split, usize)> = Vec::new();

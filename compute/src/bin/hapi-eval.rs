@@ -147,6 +147,10 @@ struct CaseSummary {
     settled_pace_s: f64,
     settled_intervals: usize,
     settled_pace_over_fixed: f64,
+    /// Where that pace went: the stretch's mean storage and compute stages (seconds per
+    /// iteration), and that split's long run's, when it had one that kept them.
+    settled_stages_s: Option<(f64, f64)>,
+    fixed_stages_s: Option<(f64, f64)>,
     /// Where exploration started (the model's best), and whether that was the best split.
     first_candidate: Split,
     first_was_best: bool,
@@ -167,10 +171,52 @@ struct Summary {
     median_speedup_over_none: f64,
     median_auto_over_best: f64,
     /// Cases where the first candidate was the best fixed split: the adaptive run against it
-    /// (what exploring cost), the largest and the mean.
+    /// (what exploring cost).
+    #[serde(flatten)]
+    overhead: Overhead,
+}
+
+/// What exploring cost where the first candidate was already the best fixed split: each such
+/// case's adaptive run over the best, less one.
+#[derive(Serialize, Debug)]
+struct Overhead {
     overhead_cases: usize,
-    overhead_max: f64,
-    overhead_mean: f64,
+    /// Cases within the 3%.
+    overhead_within_3pct: usize,
+    /// The largest and the mean; none where no case had its first candidate the best.
+    overhead_max: Option<f64>,
+    overhead_mean: Option<f64>,
+}
+
+impl Overhead {
+    fn of(overhead: &[f64]) -> Self {
+        Self {
+            overhead_cases: overhead.len(),
+            overhead_within_3pct: overhead.iter().filter(|&&o| o <= 0.03).count(),
+            overhead_max: overhead.iter().copied().reduce(f64::max),
+            overhead_mean: (!overhead.is_empty())
+                .then(|| overhead.iter().sum::<f64>() / overhead.len() as f64),
+        }
+    }
+}
+
+impl std::fmt::Display for Overhead {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match (self.overhead_max, self.overhead_mean) {
+            (Some(max), Some(mean)) => write!(
+                f,
+                "exploration overhead where the first candidate was the best ({} cases): {} within 3%, max {:+.1}%, mean {:+.1}%",
+                self.overhead_cases,
+                self.overhead_within_3pct,
+                max * 100.0,
+                mean * 100.0
+            ),
+            _ => write!(
+                f,
+                "exploration overhead: no case whose first candidate was the best fixed split"
+            ),
+        }
+    }
 }
 
 fn split_summary(args: &[String]) -> anyhow::Result<()> {
@@ -196,6 +242,7 @@ fn split_summary(args: &[String]) -> anyhow::Result<()> {
         let timed = &s.auto_trace[..s.adaptive_iterations.min(s.auto_trace.len())];
         let (settled_pace_s, settled_intervals) = settled_pace(timed, s.auto);
         let fixed_pace = case(s.auto).map_or(f64::NAN, |c| c.pace_measured());
+        let fixed_stages_s = case(s.auto).and_then(|c| c.full).and_then(|f| f.stages_s);
         cases.push(CaseSummary {
             file: f.clone(),
             model: s.model.clone(),
@@ -215,6 +262,8 @@ fn split_summary(args: &[String]) -> anyhow::Result<()> {
             settled_pace_s,
             settled_intervals,
             settled_pace_over_fixed: settled_pace_s / fixed_pace,
+            settled_stages_s: settled_stages(timed, s.auto),
+            fixed_stages_s,
             first_candidate: s.first_candidate,
             first_was_best: s.first_candidate == s.best,
             explored: s.explored,
@@ -247,9 +296,7 @@ fn split_summary(args: &[String]) -> anyhow::Result<()> {
             .fold(0.0, f64::max),
         median_speedup_over_none: median(cases.iter().map(|c| c.speedup_over_none).collect()),
         median_auto_over_best: median(cases.iter().map(|c| c.auto_over_best).collect()),
-        overhead_cases: overhead.len(),
-        overhead_max: overhead.iter().copied().fold(f64::NAN, f64::max),
-        overhead_mean: overhead.iter().sum::<f64>() / overhead.len().max(1) as f64,
+        overhead: Overhead::of(&overhead),
         cases,
     };
     println!(
@@ -307,12 +354,22 @@ fn split_summary(args: &[String]) -> anyhow::Result<()> {
         summary.best_speedup_over_none,
         summary.median_speedup_over_none
     );
-    println!(
-        "exploration overhead where the first candidate was the best ({} cases): max {:+.1}%, mean {:+.1}%",
-        summary.overhead_cases,
-        summary.overhead_max * 100.0,
-        summary.overhead_mean * 100.0
-    );
+    println!("{}", summary.overhead);
+    for c in &summary.cases {
+        if let (Some((ss, sc)), Some((fs, fc))) = (c.settled_stages_s, c.fixed_stages_s) {
+            println!(
+                "stages at {} (storage / compute ms per iteration), {} batch {} {}: the adaptive run's settled stretch {:.0} / {:.0}, the fixed long run {:.0} / {:.0}",
+                c.auto,
+                c.model,
+                c.batch,
+                c.bandwidth,
+                ss * 1e3,
+                sc * 1e3,
+                fs * 1e3,
+                fc * 1e3
+            );
+        }
+    }
     println!(
         "pace/fixed: the faster adaptive run's seconds per iteration on its last stretch at the split it settled on, against that split's fixed run"
     );
@@ -331,15 +388,30 @@ fn split_summary(args: &[String]) -> anyhow::Result<()> {
 /// time between the ends of consecutive iterations both at `split`, with the number of
 /// intervals it averages. NaN with none.
 fn settled_pace(trace: &[Iteration], split: Split) -> (f64, usize) {
-    let start = trace
-        .iter()
-        .rposition(|it| it.split != split)
-        .map_or(0, |last_other| last_other + 1);
-    let stretch = trace.get(start..).unwrap_or_default();
+    let stretch = settled_stretch(trace, split);
     match hapi_train::pipeline::mean_interval(stretch) {
         Some(pace) => (pace, stretch.len() - 1),
         None => (f64::NAN, 0),
     }
+}
+
+/// The mean storage and compute stages (seconds) of the iterations [`settled_pace`] times:
+/// with at least two of them, as it needs.
+fn settled_stages(trace: &[Iteration], split: Split) -> Option<(f64, f64)> {
+    let stretch = settled_stretch(trace, split);
+    if stretch.len() < 2 {
+        return None;
+    }
+    hapi_train::pipeline::mean_stages(stretch)
+}
+
+/// The trace's last stretch at `split`: from the iteration after the last one elsewhere.
+fn settled_stretch(trace: &[Iteration], split: Split) -> &[Iteration] {
+    let start = trace
+        .iter()
+        .rposition(|it| it.split != split)
+        .map_or(0, |last_other| last_other + 1);
+    trace.get(start..).unwrap_or_default()
 }
 
 /// One panel per case: measured time of every split (bars), the best (green) and auto's
@@ -645,6 +717,22 @@ mod tests {
     }
 
     #[test]
+    fn exploration_overhead_counts_the_cases_within_3pct_and_says_when_there_is_none() {
+        let some = Overhead::of(&[0.01, -0.05, 0.03, 0.042]);
+        assert_eq!((some.overhead_cases, some.overhead_within_3pct), (4, 3));
+        assert_eq!(some.overhead_max, Some(0.042));
+        assert!((some.overhead_mean.unwrap_or(f64::NAN) - 0.008).abs() < 1e-12);
+        assert!(
+            some.to_string()
+                .contains("(4 cases): 3 within 3%, max +4.2%, mean +0.8%")
+        );
+        let none = Overhead::of(&[]);
+        assert_eq!((none.overhead_max, none.overhead_mean), (None, None));
+        let said = none.to_string();
+        assert!(said.contains("no case") && !said.contains("NaN"), "{said}");
+    }
+
+    #[test]
     fn the_settled_pace_counts_the_intervals_at_the_split_after_the_last_move() {
         // Explores 3, 5, 3, 6, then settles on 3: the interval from the last iteration at 6 is
         // left out, and so is the earlier stretch at 3.
@@ -658,5 +746,24 @@ mod tests {
         // Too short a stretch, or never there: no pace.
         assert!(settled_pace(&trace[..6], Split::At(3)).0.is_nan());
         assert!(settled_pace(&trace, Split::At(9)).0.is_nan());
+    }
+
+    #[test]
+    fn the_settled_stages_average_the_same_stretch_as_the_pace() {
+        let splits = [3, 5, 3, 6, 3, 3, 3];
+        let trace: Vec<Iteration> = splits
+            .iter()
+            .enumerate()
+            .map(|(i, &s)| Iteration {
+                storage_s: i as f64,
+                compute_s: 10.0 * i as f64,
+                ..it(s, i as f64)
+            })
+            .collect();
+        // Iterations 4, 5 and 6: the last stretch at 3.
+        assert_eq!(settled_stages(&trace, Split::At(3)), Some((5.0, 50.0)));
+        // One iteration at the end is no stretch; never there, none.
+        assert_eq!(settled_stages(&trace[..5], Split::At(3)), None);
+        assert_eq!(settled_stages(&trace, Split::At(9)), None);
     }
 }

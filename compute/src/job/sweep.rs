@@ -104,6 +104,11 @@ pub struct FullRun {
     /// Where its storage stage went.
     #[serde(default)]
     pub storage: StorageSide,
+    /// Its two stages' mean seconds per iteration (storage, compute), from the pipeline's
+    /// trace: what an adaptive run's iterations at the same split are compared with. None in
+    /// results written before they were kept.
+    #[serde(default)]
+    pub stages_s: Option<(f64, f64)>,
 }
 
 /// One split's measured time in a sweep.
@@ -330,12 +335,15 @@ impl Job {
                 seconds: timed.last().map_or(f64::NAN, |it| it.end_unix - start),
                 pace_s: pace(start, timed),
                 storage: StorageSide::of(&r),
+                stages_s: crate::pipeline::mean_stages(timed),
             };
             eprintln!(
-                "sweep: split {split:>4} on all {adaptive_iters} batches: {:.2} s ({:.2} s extrapolated from {k}), {} ms/it; {}",
+                "sweep: split {split:>4} on all {adaptive_iters} batches: {:.2} s ({:.2} s extrapolated from {k}), {} ms/it (storage {} / compute {} ms/it); {}",
                 full.seconds,
                 case.seconds_at_adaptive,
                 ms(full.pace_s),
+                full.stages_s.map_or("-".into(), |s| ms(s.0)),
+                full.stages_s.map_or("-".into(), |s| ms(s.1)),
                 full.storage.line()
             );
             case.full = Some(full);

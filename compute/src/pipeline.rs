@@ -63,11 +63,10 @@ pub fn mean_interval(trace: &[Iteration]) -> Option<f64> {
 
 /// The mean storage and compute stages (seconds per iteration) of `trace` (`None` if empty).
 pub fn mean_stages(trace: &[Iteration]) -> Option<(f64, f64)> {
-    let n = trace.len() as f64;
     (!trace.is_empty()).then(|| {
         (
-            trace.iter().map(|it| it.storage_s).sum::<f64>() / n,
-            trace.iter().map(|it| it.compute_s).sum::<f64>() / n,
+            mean(trace.iter().map(|it| it.storage_s)),
+            mean(trace.iter().map(|it| it.compute_s)),
         )
     })
 }

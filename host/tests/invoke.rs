@@ -151,9 +151,9 @@ async fn the_guests_preprocessing_equals_the_native_code_on_every_resampling_pat
                 ImageFormat::Png,
             ),
         ),
-        // JPEG: zune-jpeg runs its scalar kernels in the guest (vectorised by LLVM for
-        // simd128) and its AVX2 ones natively. Noise (every AC coefficient busy), sizes that
-        // are no multiple of the 16-pixel MCU (one narrower than 16), and grayscale.
+        // JPEG: zune-jpeg runs its Wasm SIMD kernels in the guest (vendor/zune-jpeg) and its
+        // AVX2 ones natively. Noise (every AC coefficient busy), sizes that are no multiple of
+        // the 16-pixel MCU (one narrower than 16), and grayscale.
         (
             "noise-301x259.jpg",
             encode(synthetic(301, 259).into(), ImageFormat::Jpeg),

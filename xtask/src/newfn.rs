@@ -30,6 +30,64 @@ fn check_name(name: &str) -> Result<(), String> {
     }
 }
 
+/// The crates the guests build from `vendor/` (patched for Wasm SIMD, vendor/README.md), with
+/// the checksums of the releases they were vendored from. A generated function is a crate of
+/// its own: it builds these releases from crates.io, so its `Cargo.lock` says so.
+const VENDORED: [(&str, &str, &str); 3] = [
+    (
+        "png",
+        "0.18.1",
+        "60769b8b31b2a9f263dae2776c37b1b28ae246943cf719eb6946a1db05128a61",
+    ),
+    (
+        "zune-core",
+        "0.5.3",
+        "d56377fd46368984a170bc5aac5567e52ca5da874caa60bea39fcbca78fb658b",
+    ),
+    (
+        "zune-jpeg",
+        "0.5.15",
+        "27bc9d5b815bc103f142aa054f561d9187d191692ec7c2d1e2b4737f8dbd7296",
+    ),
+];
+
+const CRATES_IO: &str = "registry+https://github.com/rust-lang/crates.io-index";
+
+/// The guests' `Cargo.lock` with the vendored crates' entries (no source: a path) pointing at
+/// crates.io's releases of the same versions again.
+fn lock_for_crates_io(lock: &str) -> Result<String, String> {
+    let mut out = String::with_capacity(lock.len() + 512);
+    let mut lines = lock.lines().peekable();
+    while let Some(line) = lines.next() {
+        out.push_str(line);
+        out.push('\n');
+        let Some(name) = line
+            .strip_prefix("name = \"")
+            .and_then(|s| s.strip_suffix('"'))
+        else {
+            continue;
+        };
+        let Some((_, version, checksum)) = VENDORED.iter().find(|(n, ..)| *n == name) else {
+            continue;
+        };
+        let locked = lines.next().unwrap_or_default();
+        if locked != format!("version = \"{version}\"") {
+            return Err(format!(
+                "guest-fns/Cargo.lock: {name} has `{locked}`, but xtask's VENDORED list has \
+                 {version}: update it with the vendored release's version and checksum"
+            ));
+        }
+        out.push_str(locked);
+        out.push('\n');
+        if !lines.peek().is_some_and(|l| l.starts_with("source = ")) {
+            out.push_str(&format!(
+                "source = \"{CRATES_IO}\"\nchecksum = \"{checksum}\"\n"
+            ));
+        }
+    }
+    Ok(out)
+}
+
 pub fn run(workspace: &Path, args: &[String]) -> Result<(), String> {
     let usage = "usage: cargo xtask new-function <NAME> [--dir DIR]";
     let mut name = None;
@@ -89,7 +147,7 @@ pub fn create(workspace: &Path, name: &str, dir: &Path) -> Result<usize, String>
     }
     // The dependency versions this repository builds and tests its own guests with.
     if let Ok(lock) = std::fs::read_to_string(workspace.join("guest-fns/Cargo.lock")) {
-        files.push((dir.join("Cargo.lock"), lock));
+        files.push((dir.join("Cargo.lock"), lock_for_crates_io(&lock)?));
     }
     for (path, text) in &files {
         if let Some(parent) = path.parent() {
@@ -104,6 +162,38 @@ pub fn create(workspace: &Path, name: &str, dir: &Path) -> Result<usize, String>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_vendored_list_matches_vendor_and_the_guests_lock() {
+        let manifest_dir = std::env::var_os("CARGO_MANIFEST_DIR")
+            .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from);
+        let workspace = manifest_dir.join("..");
+        let lock = std::fs::read_to_string(workspace.join("guest-fns/Cargo.lock")).expect("lock");
+        for (name, version, _) in VENDORED {
+            let manifest = workspace.join("vendor").join(name).join("Cargo.toml");
+            let manifest = std::fs::read_to_string(&manifest).expect("vendored Cargo.toml");
+            assert!(
+                manifest.contains(&format!("\nname = \"{name}\"\nversion = \"{version}\"\n")),
+                "vendor/{name} is not {version}"
+            );
+            // Built from vendor/ (a path: no source line), not from crates.io.
+            let entry = format!("name = \"{name}\"\nversion = \"{version}\"\n");
+            let at = lock
+                .find(&entry)
+                .unwrap_or_else(|| panic!("{name} {version} not locked"));
+            assert!(
+                !lock[at + entry.len()..].starts_with("source"),
+                "{name} not patched"
+            );
+        }
+        // A lock whose version differs is refused, not rewritten.
+        let stale = lock.replace(
+            "name = \"png\"\nversion = \"0.18.1\"",
+            "name = \"png\"\nversion = \"0.18.2\"",
+        );
+        let err = lock_for_crates_io(&stale).expect_err("stale");
+        assert!(err.contains("png has `version = \"0.18.2\"`"), "{err}");
+    }
 
     #[test]
     fn names_must_be_function_and_crate_names() {
@@ -130,6 +220,18 @@ mod tests {
         let lib = std::fs::read_to_string(dir.join("src/lib.rs")).expect("lib.rs");
         assert!(!lib.contains("{{"), "unrendered placeholder left");
         assert!(dir.join("wit/deps/wasi-nn/wasi-nn.wit").exists());
+        // The vendored crates come from crates.io in a function of its own.
+        let lock = std::fs::read_to_string(dir.join("Cargo.lock")).expect("Cargo.lock");
+        for (name, version, checksum) in VENDORED {
+            let entry = format!(
+                "name = \"{name}\"\nversion = \"{version}\"\nsource = \"{CRATES_IO}\"\n\
+                 checksum = \"{checksum}\"\n"
+            );
+            assert!(
+                lock.contains(&entry),
+                "{name} {version} from crates.io:\n{lock}"
+            );
+        }
         let again = create(&workspace, "my-fn", &dir).expect_err("not over existing files");
         assert!(again.contains("not empty"), "{again}");
         std::fs::remove_dir_all(&tmp).expect("clean up");

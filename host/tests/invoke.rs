@@ -174,6 +174,28 @@ async fn the_guests_preprocessing_equals_the_native_code_on_every_resampling_pat
             ),
         ),
     ];
+    // JPEG as cameras and libjpeg write it (Pillow 13 from the venv): 4:2:0 and 4:2:2 chroma
+    // (the upsamplers), restart markers every 5 MCUs and every MCU row (the bit reader's
+    // marker path), and progressive (its own decoding loop, then the full IDCT per block).
+    let mut cases = cases.to_vec();
+    let photo = std::env::temp_dir().join(format!("hapi-invoke-jpeg-{}", std::process::id()));
+    std::fs::create_dir_all(&photo).expect("mkdir");
+    let source = photo.join("coffee-301x203.png");
+    resized(301, 203).save(&source).expect("write PNG");
+    for (name, options) in [
+        ("pillow-progressive.jpg", r#"{"progressive": true}"#),
+        (
+            "pillow-restart-5-blocks.jpg",
+            r#"{"restart_marker_blocks": 5}"#,
+        ),
+        (
+            "pillow-restart-rows-422.jpg",
+            r#"{"restart_marker_rows": 1, "subsampling": 1}"#,
+        ),
+    ] {
+        cases.push((name, pillow_jpeg(&source, &photo.join(name), options)));
+    }
+    std::fs::remove_dir_all(&photo).expect("clean up");
     let pkg =
         ModelPackage::load(&models_dir().join("resnet18"), tch::Device::Cpu).expect("package");
     let t = pkg.manifest().input.transform();
@@ -200,6 +222,27 @@ async fn the_guests_preprocessing_equals_the_native_code_on_every_resampling_pat
             native.len()
         );
     }
+}
+
+/// `source` saved by Pillow (the venv's Python, `HAPI_PYTHON`) as a JPEG of quality 90 with
+/// the save `options` (JSON) at `dest`; its bytes.
+fn pillow_jpeg(source: &std::path::Path, dest: &std::path::Path, options: &str) -> Vec<u8> {
+    let python = std::env::var_os("HAPI_PYTHON")
+        .expect("HAPI_PYTHON is not set: run the tests through `cargo xtask test`, or `source <(cargo xtask env)` first");
+    let script = "import json, sys\nfrom PIL import Image\n\
+                  Image.open(sys.argv[1]).save(sys.argv[2], 'JPEG', quality=90, **json.loads(sys.argv[3]))";
+    let status = std::process::Command::new(python)
+        .args(["-c", script])
+        .arg(source)
+        .arg(dest)
+        .arg(options)
+        .status()
+        .expect("run Pillow");
+    assert!(
+        status.success(),
+        "Pillow could not write {options}: {status}"
+    );
+    std::fs::read(dest).expect("Pillow's JPEG")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

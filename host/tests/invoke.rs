@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::{ALICE, SAMPLES, TestHost, features, sample_key};
+use common::{ALICE, SAMPLES, TestHost, features, guest, raw, sample_key};
 use hapi_model::{ModelPackage, models_dir};
 use hapi_preprocess::preprocess;
 use serde_json::json;
@@ -220,6 +220,52 @@ async fn the_guests_preprocessing_equals_the_native_code_on_every_resampling_pat
             0,
             "{name}: {differ} of {} values differ",
             native.len()
+        );
+    }
+}
+
+/// The Wasm SIMD kernels in `vendor/zune-jpeg` against the scalar code they stand in for, run
+/// by the `kernel-check` guest inside the host (Cranelift's code, as every guest runs them):
+/// random blocks, dense and sparse, from a photo's magnitudes to `i32`'s range (where the SIMD
+/// code hands over to the scalar one), full and 4x4, into rows of three strides and into
+/// buffers too short for them, and random colour conversions, in range and any `i16`. Every
+/// output the same, and the SIMD code, not its fallback, ran for most blocks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_vendored_simd_kernels_equal_the_scalar_code_inside_the_host() {
+    let h = TestHost::start().await;
+    let wasm = std::fs::read(guest("kernel-check")).expect("kernel-check guest");
+    let put = h.put_function(ALICE, "kernel-check", wasm).await;
+    assert_eq!(put.status(), 201, "{:?}", put.text().await);
+    let blocks = 24_000;
+    let resp = h
+        .invoke(
+            ALICE,
+            "kernel-check",
+            json!({"bucket": "datasets", "keys": [], "options": {"seed": "7", "blocks": blocks.to_string()}}),
+        )
+        .await;
+    let line = String::from_utf8(raw(resp).await).expect("utf-8");
+    let count = |key: &str| -> u64 {
+        line.split(' ')
+            .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {key} in {line}"))
+    };
+    for kernel in ["idct", "idct4x4", "colour"] {
+        assert_eq!(count(kernel), blocks, "{line}");
+        assert_eq!(count(&format!("{kernel}_differ")), 0, "{line}");
+    }
+    // The blocks cycle through eight kinds; the first three (a photo's magnitudes) always run
+    // the SIMD code, the last two never (beyond i16), the others partly.
+    for kernel in ["idct", "idct4x4"] {
+        let simd = count(&format!("{kernel}_simd"));
+        assert!(
+            simd >= blocks * 3 / 8,
+            "{kernel}: {simd} of {blocks} on the SIMD path: {line}"
+        );
+        assert!(
+            simd <= blocks * 5 / 8,
+            "{kernel}: {simd} of {blocks} on the SIMD path: {line}"
         );
     }
 }

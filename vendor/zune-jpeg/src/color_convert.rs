@@ -58,10 +58,11 @@ use crate::decoder::ColorConvert16Ptr;
 
 mod avx;
 mod neon64;
-mod scalar;
+// HAPI-rs: `pub(crate)` (upstream: private) for `crate::hapi_kernels`.
+pub(crate) mod scalar;
 // HAPI-rs: the Wasm SIMD colour conversion the guests use.
 #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
-mod simd128;
+pub(crate) mod simd128;
 
 #[allow(unused_variables)]
 pub fn choose_ycbcr_to_rgb_convert_func(

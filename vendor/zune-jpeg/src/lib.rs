@@ -192,3 +192,15 @@ mod unsafe_utils_avx2;
 mod unsafe_utils_neon;
 mod upsampler;
 mod worker;
+
+/// HAPI-rs: the Wasm SIMD kernels beside the scalar code they stand in for, for the test guest
+/// that checks them against each other inside the host's engine (`guest-fns/kernel-check`).
+/// Not upstream's API.
+#[doc(hidden)]
+#[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+pub mod hapi_kernels {
+    pub use crate::color_convert::scalar::ycbcr_to_rgb_inner_16_scalar;
+    pub use crate::color_convert::simd128::ycbcr_to_rgb_simd128;
+    pub use crate::idct::scalar::{idct4x4, idct_int};
+    pub use crate::idct::simd128::{idct_simd128, idct_simd128_4x4, takes_simd_path};
+}

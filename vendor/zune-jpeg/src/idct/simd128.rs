@@ -198,6 +198,17 @@ pub fn idct_simd128_4x4(in_vector: &mut [i32; 64], out_vector: &mut [i16], strid
     }
 }
 
+/// Whether [`idct_simd128`] (`four`: [`idct_simd128_4x4`]) runs the SIMD code for this block,
+/// not the scalar fallback (for `crate::hapi_kernels`' checks).
+pub fn takes_simd_path(in_vector: &[i32; 64], four: bool) -> bool {
+    let mut out = [0_i16; 64];
+    if four {
+        idct::<true>(in_vector, &mut out, 8)
+    } else {
+        idct::<false>(in_vector, &mut out, 8)
+    }
+}
+
 /// The IDCT of one block (`FOUR`: only its top-left 4x4 coefficients can be non-zero).
 /// Returns false, having written nothing, where an input of a pass is out of its range (only
 /// a crafted file has such a block); the caller then runs the scalar code.

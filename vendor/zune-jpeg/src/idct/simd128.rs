@@ -108,7 +108,7 @@ fn butterfly<const SHIFT: u32>(a: (v128, v128), b: (v128, v128)) -> (v128, v128)
     )
 }
 
-/// The four outputs pairs of a pass from its even terms `x` and odd terms `y`.
+/// A pass's eight outputs, in butterfly pairs, from its even terms `x` and odd terms `y`.
 #[inline(always)]
 fn outputs<const SHIFT: u32>(x: [(v128, v128); 4], y: [(v128, v128); 4]) -> [v128; 8] {
     let (o0, o7) = butterfly::<SHIFT>(x[0], y[3]);

@@ -205,7 +205,8 @@ impl BitStream {
         self.refill_slow(reader)
     }
 
-    /// The upstream `refill`: see [`Self::refill`].
+    /// The upstream `refill` less its 4-byte read, which [`Self::refill`] makes: markers, the
+    /// end of the data, and refilling byte by byte through 0xFF bytes.
     #[inline(never)]
     fn refill_slow<T>(&mut self, reader: &mut ZReader<T>) -> Result<bool, DecodeErrors>
     where
@@ -290,29 +291,10 @@ impl BitStream {
                 return Ok(true);
             }
 
-            // we optimize for the case where we don't have 255 in the stream and have 4 bytes left
-            // as it is the common case
-            //
-            // so we always read 4 bytes, if read_fixed_bytes errors out, the cursor is
-            // guaranteed not to advance in case of failure (is this true), so
-            // we revert the read later on (if we have 255), if this fails, we use the normal
-            // byte at a time read
-
-            if let Ok(bytes) = reader.read_fixed_bytes_or_error::<4>() {
-                // we have 4 bytes to spare, read the 4 bytes into a temporary buffer
-                // create buffer
-                let msb_buf = u32::from_be_bytes(bytes);
-                // check if we have 0xff
-                if !has_byte(msb_buf, 255) {
-                    self.bits_left += 32;
-                    self.buffer <<= 32;
-                    self.buffer |= u64::from(msb_buf);
-                    self.aligned_buffer = self.buffer << (64 - self.bits_left);
-                    return Ok(true);
-                }
-
-                reader.rewind(4)?;
-            }
+            // HAPI-rs: upstream tried a 4-byte read here first; `refill` has just tried it (it
+            // calls this only with no marker, no EOI and no over-read, the cases returned
+            // above), so here it could only fail again (fewer than 4 bytes left) or find the
+            // same 0xFF and rewind again.
             // This serves two reasons,
             // 1: Make clippy shut up
             // 2: Favour register reuse

@@ -270,11 +270,10 @@ async fn the_vendored_simd_kernels_equal_the_scalar_code_inside_the_host() {
     }
 }
 
-/// `source` saved by Pillow (the venv's Python, `HAPI_PYTHON`) as a JPEG of quality 90 with
+/// `source` saved by Pillow (the venv's Python) as a JPEG of quality 90 with
 /// the save `options` (JSON) at `dest`; its bytes.
 fn pillow_jpeg(source: &std::path::Path, dest: &std::path::Path, options: &str) -> Vec<u8> {
-    let python = std::env::var_os("HAPI_PYTHON")
-        .expect("HAPI_PYTHON is not set: run the tests through `cargo xtask test`, or `source <(cargo xtask env)` first");
+    let python = hapi_tests::python();
     let script = "import json, sys\nfrom PIL import Image\n\
                   Image.open(sys.argv[1]).save(sys.argv[2], 'JPEG', quality=90, **json.loads(sys.argv[3]))";
     let status = std::process::Command::new(python)

@@ -12,9 +12,7 @@ use std::process::Command;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_imported_nhwc_bgr_model_is_served_with_its_declared_preprocessing() {
-    let python = std::env::var("HAPI_PYTHON").expect(
-        "HAPI_PYTHON is not set: run the tests through `cargo xtask test`, or `source <(cargo xtask env)` first",
-    );
+    let python = hapi_tests::python();
     let tmp = tempfile::tempdir().expect("tmp");
     let d = tmp.path();
     std::fs::copy(

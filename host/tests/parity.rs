@@ -39,9 +39,7 @@ fn argmax(v: &[f32]) -> usize {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lite0_features_and_classes_match_pytorch_on_real_photos() {
-    let python = std::env::var_os("HAPI_PYTHON").expect(
-        "HAPI_PYTHON is not set: run the tests through `cargo xtask test`, or `source <(cargo xtask env)` first",
-    );
+    let python = hapi_tests::python();
     // scikit-image's photos: PNG and JPEG; the 16-bit chessboard is left out (Pillow keeps
     // its high byte when converting, a different image).
     let mut photos: Vec<PathBuf> = std::fs::read_dir(photos_dir())

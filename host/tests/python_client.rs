@@ -23,9 +23,7 @@ fn rust_subset(keys: &[String], limit: usize, seed: u64) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_python_client_and_its_dataset_deliver_the_hosts_features() {
-    let python = std::env::var_os("HAPI_PYTHON").expect(
-        "HAPI_PYTHON is not set: run the tests through `cargo xtask test`, or `source <(cargo xtask env)` first",
-    );
+    let python = hapi_tests::python();
     let h = TestHost::start().await;
     let keys: Vec<String> = SAMPLES.iter().map(|&i| sample_key(i)).collect();
     // Load the model before Python's first call (its client retries, but the test should not

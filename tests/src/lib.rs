@@ -19,6 +19,14 @@ pub fn workspace() -> PathBuf {
         .join("..")
 }
 
+/// The venv's Python (with PyTorch, torchvision and Pillow), which `cargo xtask env` exports
+/// as `HAPI_PYTHON`.
+pub fn python() -> std::ffi::OsString {
+    std::env::var_os("HAPI_PYTHON").expect(
+        "HAPI_PYTHON is not set: run the tests through `cargo xtask test`, or `source <(cargo xtask env)` first",
+    )
+}
+
 /// The binary `name` of the package under test, beside the running test binary
 /// (`<target>/debug/deps/<test>-<hash>` -> `<target>/debug/<name>`), else `compiled`, the
 /// `CARGO_BIN_EXE_<name>` cargo compiled into the test: clones sharing a build directory share

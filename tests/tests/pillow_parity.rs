@@ -29,8 +29,7 @@ fn photos(ext: &str) -> Vec<PathBuf> {
 
 /// Runs the Python reference on `jobs`; returns each job's output bytes.
 fn reference(dir: &Path, jobs: &[Value]) -> Vec<Vec<u8>> {
-    let python = std::env::var_os("HAPI_PYTHON")
-        .expect("HAPI_PYTHON is not set: run the tests through `cargo xtask test`, or `source <(cargo xtask env)` first");
+    let python = hapi_tests::python();
     let spec = dir.join("jobs.json");
     std::fs::write(&spec, serde_json::to_vec(jobs).expect("json")).expect("write jobs");
     let out = dir.join("out");

@@ -163,11 +163,17 @@ pub fn create(workspace: &Path, name: &str, dir: &Path) -> Result<usize, String>
 mod tests {
     use super::*;
 
+    /// The repository, the run-time value first: clones sharing a build directory may share
+    /// this binary.
+    fn workspace() -> PathBuf {
+        std::env::var_os("CARGO_MANIFEST_DIR")
+            .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from)
+            .join("..")
+    }
+
     #[test]
     fn the_vendored_list_matches_vendor_and_the_guests_lock() {
-        let manifest_dir = std::env::var_os("CARGO_MANIFEST_DIR")
-            .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from);
-        let workspace = manifest_dir.join("..");
+        let workspace = workspace();
         let lock = std::fs::read_to_string(workspace.join("guest-fns/Cargo.lock")).expect("lock");
         for (name, version, _) in VENDORED {
             let manifest = workspace.join("vendor").join(name).join("Cargo.toml");
@@ -209,10 +215,7 @@ mod tests {
     fn the_template_is_rendered_with_the_wit_beside_it_and_never_over_existing_files() {
         let tmp = std::env::temp_dir().join(format!("xtask-newfn-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&tmp);
-        // The run-time value first: clones sharing a build directory may share this binary.
-        let manifest_dir = std::env::var_os("CARGO_MANIFEST_DIR")
-            .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from);
-        let workspace = manifest_dir.join("..");
+        let workspace = workspace();
         let dir = tmp.join("my-fn");
         assert_eq!(create(&workspace, "my-fn", &dir), Ok(8));
         let cargo = std::fs::read_to_string(dir.join("Cargo.toml")).expect("Cargo.toml");

@@ -241,9 +241,10 @@ fn split_summary(args: &[String]) -> anyhow::Result<()> {
         let fixed = |split: Split| case(split).map_or(f64::NAN, |c| c.seconds_measured());
         let timed = &s.auto_trace[..s.adaptive_iterations.min(s.auto_trace.len())];
         let (settled_pace_s, settled_intervals) = settled_pace(timed, s.auto);
-        let fixed = case(s.auto);
-        let fixed_pace = fixed.map_or(f64::NAN, |c| c.pace_measured());
-        let fixed_stages_s = fixed.and_then(|c| c.full).and_then(|f| f.stages_s);
+        // The fixed split `auto` settled on.
+        let settled = case(s.auto);
+        let fixed_pace = settled.map_or(f64::NAN, |c| c.pace_measured());
+        let fixed_stages_s = settled.and_then(|c| c.full).and_then(|f| f.stages_s);
         cases.push(CaseSummary {
             file: f.clone(),
             model: s.model.clone(),

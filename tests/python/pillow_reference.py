@@ -13,7 +13,13 @@ JOBS.json is a list of jobs; job i writes OUT_DIR/i.bin:
       Resize(R) (or Resize((R, R)) to squash) with that interpolation, CenterCrop(C),
       ToTensor() (or PILToTensor().float() for scale 255), channels reversed for bgr,
       Normalize(mean, std), permuted to H x W x 3 for nhwc: float32, little-endian
+  {"op": "jpeg", "file": F, "mode": "L" | "RGB" | "CMYK", "save": {...}}
+      the image converted to that mode and written by Pillow as a JPEG, with `save`'s
+      keyword arguments (quality, progressive, subsampling, restart_marker_blocks, ...):
+      the file's bytes
 """
+
+import io
 
 import json
 import sys
@@ -57,6 +63,10 @@ def main() -> None:
             if job.get("layout", "nchw") == "nhwc":
                 x = x.permute(1, 2, 0).contiguous()
             data = x.numpy().astype("<f4").tobytes()
+        elif job["op"] == "jpeg":
+            buf = io.BytesIO()
+            img.convert(job["mode"]).save(buf, "JPEG", **job["save"])
+            data = buf.getvalue()
         else:
             raise SystemExit(f"unknown op {job['op']!r}")
         (out / f"{i}.bin").write_bytes(data)

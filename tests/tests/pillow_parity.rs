@@ -2,7 +2,8 @@
 //! as a subprocess): the resizer gives Pillow's bytes for both filters, and the whole transform
 //! gives torchvision's `Resize`, `CenterCrop`, `ToTensor`, `Normalize` bit for bit on lossless
 //! images. For JPEG, where decoders may round the IDCT differently from libjpeg, the figures
-//! are printed and bounded.
+//! are printed and bounded. `hapi_preprocess` decodes JPEG with `zune-jpeg` directly; its pixels
+//! are `image`'s, byte for byte, on every kind of JPEG Pillow writes.
 
 use hapi_preprocess::resize::{Filter, Window, resize_window};
 use hapi_preprocess::{
@@ -292,4 +293,65 @@ fn jpeg_photos_match_torchvision_within_decoder_rounding() {
         );
         assert!(cosine >= 0.9999, "{}: cosine {cosine}", f.display());
     }
+}
+
+/// `decode` calls `zune-jpeg` itself, not `image`'s JPEG decoder (which parses every header
+/// twice): the pixels must stay those `image` gives, for the JPEGs Pillow writes in each
+/// colour mode, subsampling, progressive, and with restart markers.
+#[test]
+fn jpeg_decoding_gives_the_pixels_of_image() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let photo = photos_dir().join("coffee.png");
+    let small = dir.path().join("small.png");
+    let gray = GrayImage::from_raw(28, 28, synthetic(28, 28, 1, 3)).expect("gray");
+    save_png(&DynamicImage::ImageLuma8(gray), &small);
+    let cases: Vec<(&Path, &str, Value)> = vec![
+        (&photo, "RGB", json!({"quality": 90})),
+        (&photo, "RGB", json!({"quality": 75, "subsampling": 0})),
+        (&photo, "RGB", json!({"quality": 90, "subsampling": 1})),
+        (&photo, "RGB", json!({"quality": 90, "progressive": true})),
+        (
+            &photo,
+            "RGB",
+            json!({"quality": 90, "restart_marker_blocks": 5}),
+        ),
+        (&photo, "L", json!({"quality": 90})),
+        (&photo, "L", json!({"quality": 90, "progressive": true})),
+        (&photo, "CMYK", json!({"quality": 90})),
+        (&small, "L", json!({"quality": 90})),
+        (&small, "RGB", json!({"quality": 50, "subsampling": 2})),
+    ];
+    let jobs: Vec<Value> = cases
+        .iter()
+        .map(|(f, mode, save)| json!({"op": "jpeg", "file": f, "mode": mode, "save": save}))
+        .collect();
+    let files = reference(dir.path(), &jobs);
+    for ((f, mode, save), bytes) in cases.iter().zip(&files) {
+        let case = format!("{} as {mode} {save}", f.display());
+        let ours = decode(bytes).unwrap_or_else(|e| panic!("{case}: {e}"));
+        let theirs = image::load_from_memory_with_format(bytes, ImageFormat::Jpeg)
+            .unwrap_or_else(|e| panic!("{case}: image: {e}"));
+        match (&ours, theirs) {
+            (Decoded::Gray(a), DynamicImage::ImageLuma8(b)) => {
+                assert!(*a == b, "{case}: gray pixels differ")
+            }
+            (Decoded::Rgb(a), DynamicImage::ImageRgb8(b)) => {
+                assert!(*a == b, "{case}: RGB pixels differ")
+            }
+            (a, b) => {
+                let ours = if matches!(a, Decoded::Gray(_)) {
+                    "gray"
+                } else {
+                    "RGB"
+                };
+                panic!("{case}: decoded as {ours} against image's {:?}", b.color())
+            }
+        }
+        let (w, h) = ours.dimensions();
+        assert!(w > 0 && h > 0, "{case}: {w}x{h}");
+    }
+    println!(
+        "{} Pillow JPEGs: the same pixels as image's decoder",
+        files.len()
+    );
 }

@@ -569,12 +569,12 @@ async fn main() {
         "ratio",
         "rounds (min-max)",
         "in invocation",
-        "decode g/n (ratio)",
-        "preprocess g/n (ratio)"
+        "decode g/n us (ratio)",
+        "preprocess g/n us (ratio)"
     );
     for row in &decode_rows {
         let part =
-            |(g, n, r): (Duration, Duration, f64)| format!("{:.2}/{:.2} ({r:.2})", ms(g), ms(n));
+            |(g, n, r): (Duration, Duration, f64)| format!("{:.1}/{:.1} ({r:.2})", us(g), us(n));
         println!(
             "{:<14} {:>8.3}ms {:>8.3}ms {:>7.3}  {:<20} {:>12.3}ms  {:>22}  {:>22}",
             row.image,

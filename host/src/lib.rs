@@ -95,6 +95,12 @@ impl Host {
         let current = Arc::new(policy::Current::new(Arc::clone(&policy)));
         let h = &policy.host;
         let device = hapi_model::device::parse(&h.device)?;
+        // Before any libtorch operator: the model measurements below run with the threads
+        // the batches will have.
+        let workers = h
+            .device_workers
+            .unwrap_or_else(|| device::types::default_workers(device));
+        device::types::share_cores(device, workers);
         let models = Arc::new(
             Models::open(&policy, device, Some(h.state.join("memory")))
                 .context("reading the model packages")?,
@@ -114,10 +120,7 @@ impl Host {
                 slice: h.slice,
                 batch_time: h.batch_time,
                 resident_for: h.resident_for,
-                workers: h.device_workers.unwrap_or(match device {
-                    tch::Device::Cpu => std::thread::available_parallelism().map_or(1, |n| n.get()),
-                    _ => 1,
-                }),
+                workers,
             },
             Arc::clone(&models),
         )?;

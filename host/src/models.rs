@@ -159,7 +159,8 @@ const MEMORY_MODEL_VERSION: u32 = 1;
 #[derive(Debug, Clone)]
 struct Entry {
     found: Found,
-    /// What identifies the memory model: the package's manifest, the device, the measurement.
+    /// What identifies the memory model: the package's manifest, the device (a CPU's with
+    /// libtorch's threads per operator), the measurement.
     memory_key: String,
 }
 
@@ -237,6 +238,11 @@ impl Models {
 
     fn catalog_of(&self, found: &PolicyModels, old: Option<&Catalog>) -> (Catalog, Vec<String>) {
         let device = self.device;
+        // A CPU's times depend on libtorch's threads per operator (`share_cores`).
+        let threads = match device {
+            Device::Cpu => format!("-t{}", tch::get_num_threads()),
+            _ => String::new(),
+        };
         let mut changed = Vec::new();
         let mut entries = BTreeMap::new();
         // A private package's memory model is its tenant's: keyed by the manifest alone, a
@@ -265,7 +271,7 @@ impl Models {
             }
             let mut entry = Entry {
                 memory_key: format!(
-                    "{}-{}-{owner}{device:?}-v{MEMORY_MODEL_VERSION}",
+                    "{}-{}-{owner}{device:?}{threads}-v{MEMORY_MODEL_VERSION}",
                     f.manifest.name,
                     &f.fingerprint[..16]
                 ),

@@ -3,7 +3,9 @@
 //!
 //! Calls for the same segment from any tenant are merged into one device batch. Up to
 //! `workers` batches run at once ([`DeviceConfig::workers`]): on a CPU one per core, so that a
-//! segment whose efficient batch is small keeps every core busy, as unpooled calls do; a call
+//! segment whose efficient batch is small keeps every core busy, as unpooled calls do (libtorch
+//! then gives each batch's operators the cores divided among the workers, not all of them
+//! each: [`crate::device::types::share_cores`]); a call
 //! is in at most one running batch, and the rest of its samples wait for it. The tenant
 //! with the least device time (per unit of weight) leads each batch ([`schedule`]); the batch
 //! is as large as memory, `max_batch` and the fastest batch size allow, waiting at most the

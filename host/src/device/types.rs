@@ -23,11 +23,46 @@ pub struct DeviceConfig {
     pub batch_time: Duration,
     /// Pooled batches that run at once. On a CPU, as many as there are cores: a batch of one
     /// sample leaves cores idle that another batch can use, as unpooled calls running side by
-    /// side do. On a GPU, one: batches queue on the device anyway.
+    /// side do; each batch's operators then use the cores divided among the workers
+    /// ([`share_cores`]). On a GPU, one: batches queue on the device anyway.
     pub workers: usize,
     /// How long a model a tenant used stays its own: a load for another tenant unloads it
     /// within this only while its tenant holds more than its share of the budget.
     pub resident_for: Duration,
+}
+
+/// Device batches that run at once when the policy sets no `device_workers`: on a CPU one per
+/// core, on a GPU one.
+pub fn default_workers(device: tch::Device) -> usize {
+    match device {
+        tch::Device::Cpu => cores(),
+        _ => 1,
+    }
+}
+
+fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// libtorch's threads for each batch on a CPU: the `cores` divided among the `workers` that
+/// run batches side by side, at least one.
+pub fn threads_per_worker(cores: usize, workers: usize) -> usize {
+    (cores / workers.max(1)).max(1)
+}
+
+/// On a CPU, gives libtorch [`threads_per_worker`] threads for each operator, unless the
+/// operator set `OMP_NUM_THREADS` (then libtorch's own reading of it stands). Left alone,
+/// every batch's operators start a team of as many threads as the machine has cores: two
+/// workers on two cores ran four threads, which spun at OpenMP's barriers waiting for each
+/// other, and a light tenant's batch beside a heavy tenant's took 1.6x its time alone. To be
+/// called before any libtorch operator runs: each thread takes the count when it first runs
+/// one. Returns the threads each operator uses.
+pub fn share_cores(device: tch::Device, workers: usize) -> usize {
+    if device == tch::Device::Cpu && std::env::var_os("OMP_NUM_THREADS").is_none() {
+        let n = threads_per_worker(cores(), workers);
+        tch::set_num_threads(i32::try_from(n).unwrap_or(1));
+    }
+    usize::try_from(tch::get_num_threads()).unwrap_or(1)
 }
 
 /// Why the device did not run a call.
@@ -54,4 +89,20 @@ pub enum DeviceError {
     /// A fault of the host's own (a libtorch error, a panic): details for the log only.
     #[error("device fault: {0}")]
     Failed(String),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::threads_per_worker;
+
+    #[test]
+    fn workers_side_by_side_share_the_cores_without_oversubscribing_them() {
+        assert_eq!(threads_per_worker(2, 2), 1);
+        assert_eq!(threads_per_worker(16, 2), 8);
+        assert_eq!(threads_per_worker(16, 1), 16);
+        assert_eq!(threads_per_worker(16, 3), 5);
+        // More workers than cores, or none configured: one thread each.
+        assert_eq!(threads_per_worker(2, 4), 1);
+        assert_eq!(threads_per_worker(4, 0), 4);
+    }
 }

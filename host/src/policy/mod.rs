@@ -32,7 +32,9 @@
 //! shutdown_timeout = "90s"             # on SIGTERM, how long work in flight may take to finish
 //!                                      # (default: the longest tenant `timeout` or body_timeout, + 30s)
 //! workers = 2                          # threads that run invocations (default: the cores)
-//! device_workers = 2                   # device batches run at once (default: CPU the cores, GPU 1)
+//! device_workers = 2                   # device batches run at once (default: CPU the cores, GPU 1);
+//!                                      # on a CPU each gets cores / device_workers libtorch threads
+//!                                      # (unless OMP_NUM_THREADS is set)
 //!
 //! [host.s3]                            # with store = "s3://"
 //! endpoint = "http://127.0.0.1:8333"   # the S3 service (empty: AWS); plain http allowed

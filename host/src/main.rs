@@ -164,6 +164,8 @@ async fn run() -> anyhow::Result<()> {
         Command::Measure { policy } => {
             let p = Policy::load(&policy)?;
             let device = hapi_model::device::parse(&p.host.device)?;
+            // With the threads `serve` gives the batches: the kept models are found by them.
+            hapi_host::share_cores(&p, device);
             let models =
                 hapi_host::models::Models::open(&p, device, Some(p.host.state.join("memory")))?;
             let ids = models.usable(&p);

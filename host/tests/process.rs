@@ -350,3 +350,59 @@ async fn at_its_open_file_limit_the_host_sheds_connections_and_recovers() {
     );
     drop(conns);
 }
+
+/// `hapi-host measure` at install time keeps the memory models that `serve` then uses: it
+/// measures with the libtorch threads the device's batches will have (`share_cores`), under
+/// the key that names them. It had measured with libtorch's default threads, whose key
+/// `serve` did not look for, so every model was measured again when the host started (on a
+/// machine with one core the two counts are the same, and this cannot tell them apart).
+#[test]
+fn models_measured_at_install_time_are_the_ones_serve_uses() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let store = tmp.path().join("store");
+    std::fs::create_dir_all(&store).expect("mkdir");
+    let state = tmp.path().join("state");
+    let policy = tmp.path().join("policy.toml");
+    std::fs::write(&policy, policy_text(&store, &state)).expect("policy");
+    let _ = guest("hostile");
+    let binary = hapi_tests::package_binary("hapi-host", env!("CARGO_BIN_EXE_hapi-host"));
+    // As operators run it: `cargo xtask test` sets OMP_NUM_THREADS, which `share_cores`
+    // would leave to libtorch.
+    let out = std::process::Command::new(&binary)
+        .args(["measure", "--policy"])
+        .arg(&policy)
+        .env_remove("OMP_NUM_THREADS")
+        .output()
+        .expect("run hapi-host measure");
+    assert!(
+        out.status.success(),
+        "hapi-host measure: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let kept = || -> std::collections::BTreeSet<String> {
+        std::fs::read_dir(state.join("memory"))
+            .expect("the kept memory models")
+            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+            .collect()
+    };
+    let measured = kept();
+    assert!(
+        measured.len() >= 2,
+        "measure kept {measured:?} for the policy's two models"
+    );
+    // `serve` measures every usable model before it listens (`measure_at_start`, on by
+    // default), or finds it kept.
+    drop(HostProcess::serve_with(
+        &binary,
+        &policy,
+        "127.0.0.1:0",
+        |c| {
+            c.env_remove("OMP_NUM_THREADS");
+        },
+    ));
+    assert_eq!(
+        kept(),
+        measured,
+        "serve kept memory models of its own beside those `measure` kept"
+    );
+}

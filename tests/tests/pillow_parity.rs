@@ -3,7 +3,7 @@
 //! gives torchvision's `Resize`, `CenterCrop`, `ToTensor`, `Normalize` bit for bit on lossless
 //! images. For JPEG, where decoders may round the IDCT differently from libjpeg, the figures
 //! are printed and bounded. `hapi_preprocess` decodes JPEG with `zune-jpeg` directly; its pixels
-//! are `image`'s, byte for byte, on every kind of JPEG Pillow writes.
+//! are `image`'s, byte for byte, on the colour modes, subsamplings and codings Pillow writes.
 
 use hapi_preprocess::resize::{Filter, Window, resize_window};
 use hapi_preprocess::{

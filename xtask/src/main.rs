@@ -165,7 +165,18 @@ fn test(args: &[String]) -> Result<(), String> {
         env.cargo_in(&guests, &["clippy", "--release", "--", "-D", "warnings"])?;
     }
     sh::step("cargo test");
-    env.cargo(&["test", "--workspace"])?;
+    // The tests' hosts give libtorch every core for each operator, as libtorch does by
+    // default: a host gives each device batch cores / device_workers threads
+    // (`share_cores`, one each on a CPU by default), and the tests, which mostly run one call
+    // at a time, took 1.5-3.5x as long with one thread. `share_cores` leaves a set
+    // `OMP_NUM_THREADS` alone; the tests of `share_cores` itself remove it from the hosts they
+    // start. One that the caller set stands.
+    let mut extra = Vec::new();
+    if std::env::var_os("OMP_NUM_THREADS").is_none() {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        extra.push(("OMP_NUM_THREADS", cores.to_string()));
+    }
+    env.cargo_with(&env.workspace, &["test", "--workspace"], &extra)?;
     Ok(())
 }
 

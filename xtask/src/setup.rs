@@ -119,9 +119,20 @@ impl Env {
 
     /// Runs cargo in `dir` (e.g. the guests' workspace) with the set-up environment.
     pub fn cargo_in(&self, dir: &Path, args: &[&str]) -> Result<(), String> {
+        self.cargo_with(dir, args, &[])
+    }
+
+    /// [`Self::cargo_in`] with `extra` variables as well.
+    pub fn cargo_with(
+        &self,
+        dir: &Path,
+        args: &[&str],
+        extra: &[(&str, String)],
+    ) -> Result<(), String> {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let mut cmd = Command::new(cargo);
         cmd.args(args).current_dir(dir).envs(self.vars());
+        cmd.envs(extra.iter().map(|(k, v)| (k, v)));
         sh::run(&mut cmd)
     }
 

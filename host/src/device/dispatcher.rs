@@ -151,6 +151,9 @@ impl Job {
 
 /// A device worker: runs the batches it is handed until the dispatcher goes away.
 fn work(shared: &Shared, jobs: &Mutex<Receiver<Job>>) {
+    // This thread's libtorch threads, taken now from what `share_cores` set, not at its first
+    // parallel operator (an operator that is not one would run with libtorch's default).
+    let _ = tch::get_num_threads();
     loop {
         let job = match lock(jobs).recv() {
             Ok(job) => job,

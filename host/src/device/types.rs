@@ -58,15 +58,13 @@ pub fn threads_per_worker(cores: usize, workers: usize) -> usize {
 /// tenant's batch beside a heavy tenant's took 1.6x its time alone. To be called before any
 /// libtorch operator runs: each thread takes the count when it first runs one (or calls
 /// [`tch::get_num_threads`], as the device's threads do when they start). The setting is the
-/// process's, so hosts started in one process share the last one. Returns the threads each
-/// operator uses.
-pub fn share_cores(device: tch::Device, side_by_side: usize) -> usize {
+/// process's, so hosts started in one process share the last one.
+pub fn share_cores(device: tch::Device, side_by_side: usize) {
     let set_by_operator = std::env::var_os("OMP_NUM_THREADS").is_some_and(|v| !v.is_empty());
     if device == tch::Device::Cpu && !set_by_operator {
         let n = threads_per_worker(cores(), side_by_side);
         tch::set_num_threads(i32::try_from(n).unwrap_or(1));
     }
-    usize::try_from(tch::get_num_threads()).unwrap_or(1)
 }
 
 /// Why the device did not run a call.

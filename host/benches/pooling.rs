@@ -3,7 +3,8 @@
 //! 1. Throughput: 1, 2, 4, 8 and 16 tenants, each a closed loop of small requests (1 to 8
 //!    images, seeded), through HTTP and the real guest, with pooling off (every call runs on its
 //!    own thread) and on (calls merged into device batches, run by the device workers);
-//!    aggregate samples/s, p50 and p99 request latency, and the mean device batch. Every point
+//!    aggregate samples/s, p50 and p99 request latency, the mean device batch, and the requests'
+//!    median decode, queue and compute times (the host's Server-Timing). Every point
 //!    runs in a fresh `hapi-host` process (a shared state directory keeps the memory model, so
 //!    only the model's load is repeated), three times (`--reps`), modes interleaved; the table
 //!    gives the median and the spread (min-max). Per segment, from the host's memory model: the
@@ -18,7 +19,8 @@
 //! Storage batch adaptation is on throughout (the default). Prints tables and writes JSON and
 //! an SVG plot (`--out DIR`, default target/bench). `--seconds S` per measurement (default 5),
 //! `--reps N` (default 3), `--models a:split,...` (default alexnet:17, efficientnet_lite0:7,
-//! resnet50:21), `--host "key = value; ..."` extra `[host]` settings for every host process,
+//! resnet50:21), `--tenants 1,2,...` the throughput points' tenant counts (default 1,2,4,8,16),
+//! `--host "key = value; ..."` extra `[host]` settings for every host process,
 //! `--device D` the host's device (`cpu`, the default; `cuda`, `cuda:N`).
 
 #[path = "../tests/common/mod.rs"]
@@ -36,6 +38,7 @@ use std::fmt::Write;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+/// The tenant counts of the throughput points, unless `--tenants` names others.
 const TENANTS: [usize; 5] = [1, 2, 4, 8, 16];
 
 struct Args {
@@ -46,6 +49,8 @@ struct Args {
     /// `--host "key = value; ..."`: extra `[host]` settings for every host (e.g. `slice = "200ms"`).
     host: String,
     models: Vec<(String, usize)>,
+    /// `--tenants 1,2`: the throughput points' tenant counts (default [`TENANTS`]).
+    tenants: Vec<usize>,
     out: PathBuf,
 }
 
@@ -82,6 +87,14 @@ fn args() -> Args {
                 (name.to_string(), split.parse().expect("split"))
             })
             .collect(),
+        tenants: argv.value("--tenants").map_or_else(
+            || TENANTS.to_vec(),
+            |v| {
+                v.split(',')
+                    .map(|n| n.trim().parse().expect("--tenants 1,2,..."))
+                    .collect()
+            },
+        ),
         out: argv.out(),
     }
 }
@@ -247,14 +260,15 @@ async fn request(h: &Target, t: usize, body: Value) -> Result<Duration, u16> {
     }
 }
 
-/// Median decode, queue and compute ms of tenant `t`'s requests since the last call.
-fn take_stages(t: usize) -> [f64; 3] {
+/// Median decode, queue and compute ms of tenant `t`'s requests (every tenant's with `None`)
+/// since the last call.
+fn take_stages(t: Option<usize>) -> [f64; 3] {
     let mut all = STAGES
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     let mine: Vec<[f64; 3]> = all
         .iter()
-        .filter(|(x, _)| *x == t)
+        .filter(|(x, _)| t.is_none_or(|t| *x == t))
         .map(|(_, s)| *s)
         .collect();
     all.clear();
@@ -352,8 +366,9 @@ fn per_sample(times: &[(i64, f64)], n: f64) -> f64 {
     times[times.len() - 1].1
 }
 
-/// One throughput point: samples/s, p50 ms, p99 ms, mean batch, failed requests.
-type Point = (f64, f64, f64, f64, usize);
+/// One throughput point: samples/s, p50 ms, p99 ms, mean batch, failed requests, and the
+/// median decode, queue and compute ms of its requests (the host's Server-Timing).
+type Point = (f64, f64, f64, f64, usize, [f64; 3]);
 
 /// One throughput point in a fresh process.
 async fn point(
@@ -376,6 +391,7 @@ async fn point(
     let h = &host.target;
     h.warm(model, split).await;
     let before = h.device().await;
+    take_stages(None);
     let started = Instant::now();
     let until = started + window;
     let runs = (0..n).map(|t| {
@@ -392,7 +408,15 @@ async fn point(
     let batches = after.batches - before.batches;
     let mean_batch = (after.batch_samples - before.batch_samples) as f64 / batches.max(1) as f64;
     let (p50, p99) = (quantile(&mut lat, 0.5), quantile(&mut lat, 0.99));
-    (samples as f64 / elapsed, p50, p99, mean_batch, failed)
+    let stages = take_stages(None);
+    (
+        samples as f64 / elapsed,
+        p50,
+        p99,
+        mean_batch,
+        failed,
+        stages,
+    )
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -456,14 +480,17 @@ async fn main() {
         }));
         let mut runs: Vec<(bool, usize, Point)> = Vec::new();
         for rep in 0..args.reps {
-            for &n in &TENANTS {
+            for &n in &args.tenants {
                 for pool in [false, true] {
                     let r = point(dir.path(), &args.host, model, *split, pool, n, window).await;
                     eprintln!(
-                        "  rep {rep} pooling {} tenants {n}: {:.1} samples/s, mean batch {:.1}",
+                        "  rep {rep} pooling {} tenants {n}: {:.1} samples/s, mean batch {:.1}, median ms decode {:.1} queue {:.1} compute {:.1}",
                         if pool { "on" } else { "off" },
                         r.0,
-                        r.3
+                        r.3,
+                        r.5[0],
+                        r.5[1],
+                        r.5[2]
                     );
                     runs.push((pool, n, r));
                 }
@@ -486,13 +513,14 @@ async fn main() {
                 .collect()
         };
         for pool in [false, true] {
-            for &n in &TENANTS {
+            for &n in &args.tenants {
                 let pts = of(pool, n);
                 let rate = spread(&pts.iter().map(|p| p.0).collect::<Vec<_>>());
                 let p50 = spread(&pts.iter().map(|p| p.1).collect::<Vec<_>>()).0;
                 let p99 = spread(&pts.iter().map(|p| p.2).collect::<Vec<_>>()).0;
                 let batch = spread(&pts.iter().map(|p| p.3).collect::<Vec<_>>()).0;
                 let failed: usize = pts.iter().map(|p| p.4).sum();
+                let stage = |k: usize| spread(&pts.iter().map(|p| p.5[k]).collect::<Vec<_>>()).0;
                 println!(
                     "{:>8} {n:>8} {:>8.1} ({:>5.1}-{:>5.1}) {p50:>9.1} {p99:>9.1} {batch:>10.1} {failed:>7}",
                     if pool { "on" } else { "off" },
@@ -505,13 +533,14 @@ async fn main() {
                     "samples_per_s": rate.0, "samples_per_s_min": rate.1, "samples_per_s_max": rate.2,
                     "runs": pts.iter().map(|p| p.0).collect::<Vec<_>>(),
                     "p50_ms": p50, "p99_ms": p99, "mean_batch": batch, "failed": failed,
+                    "stages_ms": {"decode": stage(0), "queue": stage(1), "compute": stage(2)},
                 }));
             }
         }
         println!(
             "  pooled / unpooled (median, and the ratio's range over repetitions paired in order); pooled / device alone:"
         );
-        for &n in &TENANTS {
+        for &n in &args.tenants {
             let (on, off) = (of(true, n), of(false, n));
             let med = |v: &[&Point]| spread(&v.iter().map(|p| p.0).collect::<Vec<_>>()).0;
             let pairs: Vec<f64> = on.iter().zip(&off).map(|(a, b)| a.0 / b.0).collect();
@@ -555,10 +584,10 @@ async fn main() {
             );
             let h = &host.target;
             h.warm(model, *split).await;
-            take_stages(0);
+            take_stages(Some(0));
             let until = Instant::now() + window;
             let (mut solo, _, _) = closed_loop(h, 0, model, *split, 1, until, |_| 4).await;
-            let solo_stages = take_stages(0);
+            let solo_stages = take_stages(Some(0));
             let started = Instant::now();
             let until = started + window;
             let (light, heavy) = tokio::join!(
@@ -566,7 +595,7 @@ async fn main() {
                 closed_loop(h, 1, model, *split, 4, until, |_| 8)
             );
             let flood_rate = heavy.1 as f64 / started.elapsed().as_secs_f64();
-            let flooded_stages = take_stages(0);
+            let flooded_stages = take_stages(Some(0));
             let mut flooded = light.0;
             let (s, f) = (quantile(&mut solo, 0.5), quantile(&mut flooded, 0.5));
             reps.push((s, f, flood_rate, solo_stages, flooded_stages, flooded.len()));

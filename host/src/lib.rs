@@ -111,6 +111,7 @@ impl Host {
         // Before any libtorch operator: the model measurements below run with the threads
         // the batches will have.
         let workers = share_cores(&policy, device);
+        memory::rss::serving();
         let models = Arc::new(
             Models::open(&policy, device, Some(h.state.join("memory")))
                 .context("reading the model packages")?,

@@ -67,7 +67,9 @@ fn raise_fd_limit() -> u64 {
 
 /// Every few seconds, hands memory that invocations freed back to the kernel. Tenants'
 /// allocations come and go in many sizes on many threads; without this, glibc keeps freed
-/// pages in its arenas and the resident set creeps up over hours of mixed load. On a thread of
+/// pages in its arenas and the resident set creeps up over hours of mixed load (the more so
+/// since the host keeps up to 64 MiB freed at the top of each heap between device batches:
+/// `memory::rss::serving`). On a thread of
 /// its own: trimming unmaps what it returns, which held one of the HTTP runtime's threads (and
 /// the requests on it) while it ran.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]

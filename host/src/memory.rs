@@ -169,26 +169,40 @@ pub mod rss {
     /// Runs `f` with exact accounting: glibc serves blocks above its mmap threshold with their
     /// own mappings, returned to the kernel when freed, but raises the threshold as such blocks
     /// are freed, after which big tensors come from, and stay in, the heap, and the resident set
-    /// no longer follows what is allocated. A low fixed threshold makes it follow; afterwards
-    /// the threshold is set to glibc's own ceiling for it (32 MiB), where the dynamic rule
-    /// ends up anyway, since mapping and faulting in every large tensor would slow inference
-    /// several times. Measurements are serialised.
+    /// no longer follows what is allocated. A low fixed threshold makes it follow, and so does
+    /// glibc's default trim threshold (freed memory at the top of a heap goes back to the
+    /// kernel); afterwards the allocator is set for serving again ([`serving`]). Measurements
+    /// are serialised.
     pub fn exact<T>(f: impl FnOnce() -> T) -> T {
         static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
         let _one = crate::locks::lock(&ONE);
-        set_mmap_threshold(256 << 10);
+        set_thresholds(256 << 10, 128 << 10);
         let out = f();
-        set_mmap_threshold(32 << 20);
+        serving();
         out
     }
 
-    fn set_mmap_threshold(bytes: i32) {
+    /// Sets glibc's allocator for serving, before the first model runs and after each exact
+    /// measurement: blocks up to 32 MiB (glibc's own ceiling for its dynamic mmap threshold)
+    /// come from the heap, since mapping and faulting in every large tensor would slow
+    /// inference several times; and up to 64 MiB freed at the top of a heap (a thread arena's
+    /// heap is at most that) stays there for the next batch. Setting the mmap threshold fixes
+    /// glibc's trim threshold at its default, 128 KiB: every device batch then handed its
+    /// activations back to the kernel when it freed them and faulted them in again in the
+    /// next, and a third of a device worker's time on the CPU went to page faults. `hapi-host
+    /// serve` hands freed memory back every few seconds instead (`malloc_trim`).
+    pub fn serving() {
+        set_thresholds(32 << 20, 64 << 20);
+    }
+
+    fn set_thresholds(mmap: i32, trim: i32) {
         #[cfg(all(target_os = "linux", target_env = "gnu"))]
         // SAFETY: mallopt only changes allocator tuning; any value is valid.
         unsafe {
-            libc::mallopt(libc::M_MMAP_THRESHOLD, bytes);
+            libc::mallopt(libc::M_MMAP_THRESHOLD, mmap);
+            libc::mallopt(libc::M_TRIM_THRESHOLD, trim);
         }
         #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
-        let _ = bytes;
+        let _ = (mmap, trim);
     }
 }

@@ -171,12 +171,17 @@ pub mod rss {
     /// are freed, after which big tensors come from, and stay in, the heap, and the resident set
     /// no longer follows what is allocated. A low fixed threshold makes it follow, and so does
     /// glibc's default trim threshold (freed memory at the top of a heap goes back to the
-    /// kernel); afterwards the allocator is set for serving again ([`serving`]). Measurements
-    /// are serialised.
+    /// kernel, trimmed first); afterwards the allocator is set for serving again
+    /// ([`serving`]). Measurements are serialised.
     pub fn exact<T>(f: impl FnOnce() -> T) -> T {
         static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
         let _one = crate::locks::lock(&ONE);
         set_thresholds(256 << 10, 128 << 10);
+        // What serving kept at the top of this thread's heap goes back now: a block is taken
+        // from the top, resident already, before glibc considers a mapping of its own. Freeing
+        // a block of 128 KiB (above the fast bins) merges it with the top and trims that to the
+        // threshold just set; free blocks within the heap stay, as they did before.
+        drop(std::hint::black_box(Vec::<u8>::with_capacity(128 << 10)));
         let out = f();
         serving();
         out

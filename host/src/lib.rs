@@ -64,16 +64,18 @@ const OUTPUTS_FREEING: usize = 256 << 20;
 /// Function removals that may wait on a blocking thread at once, host-wide.
 pub const UNDEPLOYS_AT_ONCE: usize = 2;
 
-/// Sets libtorch's threads for `policy`'s device work on `device` (see
-/// [`device::types::share_cores`]): what runs side by side is the device workers' batches when
-/// pooled, the invocation workers' calls when not. Before any libtorch operator, in every
-/// command that measures or runs models. Returns the device workers.
-pub fn share_cores(policy: &Policy, device: tch::Device) -> usize {
+/// Readies this process for `policy`'s device work on `device`, before any libtorch operator,
+/// in every command that measures or runs models, so that measurements are taken as batches
+/// run: libtorch's threads ([`device::types::share_cores`]; what runs side by side is the
+/// device workers' batches when pooled, the invocation workers' calls when not) and the
+/// allocator ([`memory::rss::serving`]). Returns the device workers.
+pub fn prepare_for_models(policy: &Policy, device: tch::Device) -> usize {
     let h = &policy.host;
     let workers = h
         .device_workers
         .unwrap_or_else(|| device::types::default_workers(device));
     device::types::share_cores(device, if h.pool { workers } else { h.workers });
+    memory::rss::serving();
     workers
 }
 
@@ -109,9 +111,8 @@ impl Host {
         let h = &policy.host;
         let device = hapi_model::device::parse(&h.device)?;
         // Before any libtorch operator: the model measurements below run with the threads
-        // the batches will have.
-        let workers = share_cores(&policy, device);
-        memory::rss::serving();
+        // and the allocator the batches will have.
+        let workers = prepare_for_models(&policy, device);
         let models = Arc::new(
             Models::open(&policy, device, Some(h.state.join("memory")))
                 .context("reading the model packages")?,

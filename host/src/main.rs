@@ -166,8 +166,9 @@ async fn run() -> anyhow::Result<()> {
         Command::Measure { policy } => {
             let p = Policy::load(&policy)?;
             let device = hapi_model::device::parse(&p.host.device)?;
-            // With the threads `serve` gives the batches: the kept models are found by them.
-            hapi_host::share_cores(&p, device);
+            // With the threads and the allocator `serve` gives the batches: the kept models are
+            // found by the threads, and their times are the batches'.
+            hapi_host::prepare_for_models(&p, device);
             let models =
                 hapi_host::models::Models::open(&p, device, Some(p.host.state.join("memory")))?;
             let ids = models.usable(&p);

@@ -170,9 +170,9 @@ fn test(args: &[String]) -> Result<(), String> {
     // (`share_cores`, one each on a CPU by default), and the tests, which mostly run one call
     // at a time, took 1.5-3.5x as long with one thread. `share_cores` leaves a set
     // `OMP_NUM_THREADS` alone; the tests of `share_cores` itself remove it from the hosts they
-    // start. One that the caller set stands.
+    // start. One that the caller set stands (an empty one counts as unset, as there).
     let mut extra = Vec::new();
-    if std::env::var_os("OMP_NUM_THREADS").is_none() {
+    if std::env::var_os("OMP_NUM_THREADS").is_none_or(|v| v.is_empty()) {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         extra.push(("OMP_NUM_THREADS", cores.to_string()));
     }

@@ -1061,6 +1061,49 @@ async fn code_that_does_not_implement_the_world_is_not_kept() {
     assert!(files(&state.join("functions/alice")).is_empty());
 }
 
+/// A component built against another version of the `hapi:pushdown` world (here, the hostile
+/// guest with its imports renamed to 0.1.0) is refused before it is compiled, with the version
+/// it was built for and the one the host implements.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_component_built_against_another_world_version_is_told_to_rebuild() {
+    use hapi_host::wasm::compile::WORLD_VERSION;
+    let h = TestHost::start().await;
+    let mut bytes = std::fs::read(guest("hostile")).expect("guest");
+    let mut replaced = 0;
+    for iface in ["objects", "models", "types"] {
+        let from = format!("hapi:pushdown/{iface}@{WORLD_VERSION}").into_bytes();
+        let to = format!("hapi:pushdown/{iface}@0.1.0").into_bytes();
+        assert_eq!(from.len(), to.len());
+        for i in 0..=bytes.len() - from.len() {
+            if bytes[i..i + from.len()] == from[..] {
+                bytes[i..i + to.len()].copy_from_slice(&to);
+                replaced += 1;
+            }
+        }
+    }
+    assert!(
+        replaced > 0,
+        "the guest imports hapi:pushdown@{WORLD_VERSION}"
+    );
+    let (code, message) = error_code(h.put_function(ALICE, "old", bytes).await, 422).await;
+    assert_eq!(code, "bad_component", "{message}");
+    assert!(
+        message.contains("built against hapi:pushdown@0.1.0")
+            && message.contains(&format!("implements hapi:pushdown@{WORLD_VERSION}"))
+            && message.contains("rebuild"),
+        "{message}"
+    );
+    // The host's own functions still deploy and run.
+    let resp = h
+        .put_function(
+            ALICE,
+            "current",
+            std::fs::read(guest("hostile")).expect("guest"),
+        )
+        .await;
+    assert!(resp.status().is_success(), "{}", resp.status());
+}
+
 /// A tenant's upload is reserved before its bytes are read: while one upload of alice's is in
 /// progress (here, its 1 MB body not sent yet), another is refused at once (429
 /// `deploy_busy`), so a tenant holds at most one upload's bytes whatever number of connections

@@ -4,7 +4,7 @@
 mod common;
 
 use common::components::{growing_table, instantiating};
-use common::{ALICE, BOB, CLOCKY, TIGHT, TestHost, error_code, hostile, raw};
+use common::{ALICE, BOB, CLOCKY, TIGHT, TestHost, error_code, features, hostile, raw};
 use hapi_host::policy::hash_token;
 use serde_json::json;
 use std::sync::Arc;
@@ -685,6 +685,37 @@ async fn a_trapping_guest_gets_a_clear_error() {
     )
     .await;
     assert_eq!(code, "bad_output", "{message}");
+    others_still_served(&h).await;
+}
+
+/// A wasi-nn tensor returned by its handle (`output::nn`) is checked as bytes are: its data
+/// against its dimensions, its rank, its type (the response has no fp64 or i32); a valid one is
+/// answered with its bytes as they were.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_output_handed_over_by_its_handle_is_checked_like_bytes() {
+    let h = TestHost::start().await;
+    let nn = |ty: &str, dims: &str, bytes: &str| {
+        hostile(
+            "nn-output",
+            &[("type", ty), ("dims", dims), ("bytes", bytes)],
+            &[],
+        )
+    };
+    let resp = h.invoke(TIGHT, "hostile", nn("u8", "2,3", "6")).await;
+    assert_eq!(raw(resp).await, vec![1u8; 6]);
+    let (shape, values) = features(h.invoke(TIGHT, "hostile", nn("fp32", "2", "8")).await).await;
+    assert_eq!(shape, vec![2]);
+    assert_eq!(values, vec![f32::from_le_bytes([1; 4]); 2]);
+    for (body, needle) in [
+        (nn("fp32", "1000,1000", "16"), "need 4000000 bytes"),
+        (nn("fp64", "2", "16"), "fp64"),
+        (nn("i32", "2", "8"), "i32"),
+        (nn("u8", "1,1,1,1,1,1,1,1,1", "1"), "rank 9"),
+    ] {
+        let (code, message) = error_code(h.invoke(TIGHT, "hostile", body).await, 422).await;
+        assert_eq!(code, "bad_output", "{message}");
+        assert!(message.contains(needle), "{needle}: {message}");
+    }
     others_still_served(&h).await;
 }
 

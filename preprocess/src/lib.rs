@@ -17,6 +17,7 @@ pub mod resize;
 use image::{DynamicImage, GrayImage, ImageFormat, ImageReader, Limits, RgbImage};
 pub use resize::Filter;
 use std::io::Cursor;
+use std::mem::MaybeUninit;
 
 /// Largest width or height accepted from a stored object. ImageNet photos are about 500 px;
 /// this leaves room for large photos while a crafted header cannot claim gigapixels.
@@ -472,31 +473,29 @@ pub fn crop_offset(size: u32, crop: u32) -> u32 {
 /// The normalised value of each 8-bit level for each model input channel: `(v / 255 - mean)
 /// / std` in f32, in the order torchvision's `ToTensor` and `Normalize` compute it (`(v - mean)
 /// / std` with pixels in [0, 255]), each as `store` gives it (the f32 itself, or its bytes).
-fn levels<T: Copy + Default>(t: &Transform, store: impl Fn(f32) -> T) -> [[T; 256]; 3] {
-    let mut lut = [[T::default(); 256]; 3];
-    for (c, row) in lut.iter_mut().enumerate() {
-        for (v, x) in row.iter_mut().enumerate() {
+fn levels<T: Copy>(t: &Transform, store: impl Fn(f32) -> T) -> [[T; 256]; 3] {
+    std::array::from_fn(|c| {
+        std::array::from_fn(|v| {
             let p = match t.scale {
                 Scale::Unit => v as f32 / 255.0,
                 Scale::Byte => v as f32,
             };
-            *x = store((p - t.mean[c]) / t.std[c]);
-        }
-    }
-    lut
+            store((p - t.mean[c]) / t.std[c])
+        })
+    })
 }
 
 /// Resize (Pillow's resampling with antialiasing), centre crop and normalise an image:
 /// torchvision's `Resize`, `CenterCrop(crop)`, `ToTensor()`, `Normalize(mean, std)` on a PIL
 /// image, bit for bit. Writes one sample into `dst` (`sample_len` elements) in the transform's
 /// layout, each element as `store` gives it; with BGR order, model channel 0 is the image's
-/// blue.
-fn transform_with<T: Copy + Default>(
+/// blue. Returns how many elements it wrote: all of `dst`.
+fn transform_with<T: Copy>(
     img: &Decoded,
     t: &Transform,
     store: impl Fn(f32) -> T,
     dst: &mut [T],
-) -> Result<(), PreprocessError> {
+) -> Result<usize, PreprocessError> {
     t.check()?;
     let (w, h) = img.dimensions();
     let (nw, nh) = match t.resize_mode {
@@ -517,37 +516,42 @@ fn transform_with<T: Copy + Default>(
         ChannelOrder::Rgb => [0, 1, 2],
         ChannelOrder::Bgr => [2, 1, 0],
     };
-    match img {
+    Ok(match img {
         Decoded::Gray(g) => {
             let px = resize::resize_window::<1>(g.as_raw(), src, out, win, t.filter);
-            write_sample::<1, T>(&px, &lut, [0; 3], t.layout, dst);
+            write_sample::<1, T>(&px, &lut, [0; 3], t.layout, dst)
         }
         Decoded::Rgb(rgb) => {
             let px = resize::resize_window::<3>(rgb.as_raw(), src, out, win, t.filter);
-            write_sample::<3, T>(&px, &lut, sources, t.layout, dst);
+            write_sample::<3, T>(&px, &lut, sources, t.layout, dst)
         }
-    }
-    Ok(())
+    })
 }
 
 /// Normalised elements of the interleaved `C`-channel pixels `px` into `dst` (3 per pixel):
 /// model channel `c` is image channel `sources[c]` through `lut[c]`. Channel planes one after
-/// the other (NCHW) or the three channels of each pixel together (NHWC).
+/// the other (NCHW) or the three channels of each pixel together (NHWC). Returns how many
+/// elements it wrote, counted as written: all of `dst`.
 fn write_sample<const C: usize, T: Copy>(
     px: &[u8],
     lut: &[[T; 256]; 3],
     sources: [usize; 3],
     layout: Layout,
     dst: &mut [T],
-) {
+) -> usize {
     let pixels = px.len() / C;
-    assert_eq!(dst.len(), 3 * pixels, "one sample is 3 x {pixels} elements");
+    assert!(
+        pixels > 0 && px.len() == C * pixels && dst.len() == 3 * pixels,
+        "one sample is 3 x {pixels} elements"
+    );
+    let mut written = 0;
     match layout {
         Layout::Nchw => {
             for ((plane, lut), &source) in dst.chunks_exact_mut(pixels).zip(lut).zip(&sources) {
                 for (d, p) in plane.iter_mut().zip(px.chunks_exact(C)) {
                     *d = lut[usize::from(p[source])];
                 }
+                written += plane.len();
             }
         }
         Layout::Nhwc => {
@@ -555,9 +559,11 @@ fn write_sample<const C: usize, T: Copy>(
                 for c in 0..3 {
                     d[c] = lut[c][usize::from(p[sources[c]])];
                 }
+                written += 3;
             }
         }
     }
+    written
 }
 
 /// Resize, centre crop and normalise an image into f32 in the transform's layout, appended
@@ -568,24 +574,35 @@ pub fn transform_into(
     out: &mut Vec<f32>,
 ) -> Result<(), PreprocessError> {
     t.check()?;
-    let start = out.len();
-    out.resize(start + t.sample_len(), 0.0);
-    transform_with(img, t, |v| v, &mut out[start..])
+    let n = t.sample_len();
+    out.reserve(n);
+    let written = transform_with(img, t, MaybeUninit::new, &mut out.spare_capacity_mut()[..n])?;
+    assert_eq!(written, n, "a sample's every element is written");
+    // SAFETY: the `n` elements past the length were all written just now (counted above), and
+    // `reserve` made room for them.
+    unsafe { out.set_len(out.len() + n) };
+    Ok(())
 }
 
-/// As [`transform_into`], appending the f32 values as little-endian bytes (the layout of a
-/// wasi-nn FP32 tensor and of safetensors), without an intermediate f32 buffer.
+/// [`transform_into`] as little-endian f32 bytes appended to `out`: the layout of an FP32 tensor
+/// handed to wasi-nn, written in place (no f32 copy, no zeroing first).
 pub fn transform_into_le_bytes(
     img: &Decoded,
     t: &Transform,
     out: &mut Vec<u8>,
 ) -> Result<(), PreprocessError> {
     t.check()?;
-    let start = out.len();
-    out.resize(start + 4 * t.sample_len(), 0);
-    let (dst, rest) = out[start..].as_chunks_mut::<4>();
+    let n = t.sample_len();
+    out.reserve(4 * n);
+    let (dst, rest) = out.spare_capacity_mut()[..4 * n].as_chunks_mut::<4>();
     debug_assert!(rest.is_empty());
-    transform_with(img, t, f32::to_le_bytes, dst)
+    let le = |v: f32| v.to_le_bytes().map(MaybeUninit::new);
+    let written = transform_with(img, t, le, dst)?;
+    assert_eq!(written, n, "a sample's every element is written");
+    // SAFETY: the `4 * n` bytes past the length were all written just now (`n` elements of
+    // four, counted above), and `reserve` made room for them.
+    unsafe { out.set_len(out.len() + 4 * n) };
+    Ok(())
 }
 
 /// Decode and transform one encoded image into f32 in the transform's layout.

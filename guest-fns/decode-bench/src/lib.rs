@@ -20,15 +20,15 @@ mod bindings {
 
 use bindings::hapi::pushdown::models;
 use bindings::hapi::pushdown::objects;
-use bindings::hapi::pushdown::types::{ElementType, ObjectFailure};
-use bindings::{Error, Guest, Invocation, TensorOut};
+use bindings::hapi::pushdown::types::{ElementType, ObjectFailure, Output, TensorOut};
+use bindings::{Error, Guest, Invocation};
 use hapi_preprocess::{Transform, decode, transform_into_le_bytes};
 use std::time::Instant;
 
 struct DecodeBench;
 
 impl Guest for DecodeBench {
-    fn run(inv: Invocation) -> Result<TensorOut, Error> {
+    fn run(inv: Invocation) -> Result<Output, Error> {
         let mut reps = 20usize;
         for (key, value) in &inv.options {
             match (key.as_str(), value.parse::<usize>()) {
@@ -77,11 +77,11 @@ impl Guest for DecodeBench {
                 }
             }
         }
-        Ok(TensorOut {
+        Ok(Output::Bytes(TensorOut {
             dimensions: vec![inv.keys.len() as u32, reps as u32, 2],
             ty: ElementType::F32,
             data: times,
-        })
+        }))
     }
 }
 

@@ -3,8 +3,10 @@
 //! Reads the invocation's objects from the tenant's granted bucket, decodes them (JPEG, PNG;
 //! grayscale becomes RGB), preprocesses them as the model's package says (resize, centre crop,
 //! normalise), batches them into an NCHW f32 tensor and runs layers [0, split) of the model
-//! through wasi-nn, by loading the graph named `<model>[0..split]`. The output tensor's first
-//! dimension follows the order of the invocation's keys. `model` is required; without `split`
+//! through wasi-nn, by loading the graph named `<model>[0..split]`, and returns the output
+//! tensor's handle: its bytes go from the host's device to the response without a copy through
+//! this function's memory. The output tensor's first dimension follows the order of the
+//! invocation's keys. `model` is required; without `split`
 //! it runs up to the model's freeze index (all its frozen layers).
 //!
 //! Options: `dtype` = `f32` (the default), `f16` or `bf16`: the element type of the output. The
@@ -28,9 +30,9 @@ mod bindings {
 
 use bindings::hapi::pushdown::models::{self, ModelInfo};
 use bindings::hapi::pushdown::objects;
-use bindings::hapi::pushdown::types::{ElementType, ObjectFailure};
+use bindings::hapi::pushdown::types::{ElementType, ObjectFailure, Output, TensorOut};
 use bindings::wasi::nn::{self, graph, tensor};
-use bindings::{Error, Guest, Invocation, TensorOut};
+use bindings::{Error, Guest, Invocation};
 use hapi_preprocess::{Transform, decode, transform_into_le_bytes};
 
 /// Most objects in one invocation. The host caps bytes read and output size as well; this
@@ -40,7 +42,7 @@ pub const MAX_KEYS: usize = 1024;
 struct FeatureExtract;
 
 impl Guest for FeatureExtract {
-    fn run(invocation: Invocation) -> Result<TensorOut, Error> {
+    fn run(invocation: Invocation) -> Result<Output, Error> {
         let mut dtype = Dtype::F32;
         for (key, value) in &invocation.options {
             match key.as_str() {
@@ -93,11 +95,11 @@ impl Guest for FeatureExtract {
                     dtype.name()
                 )));
             }
-            return Ok(TensorOut {
+            return Ok(Output::Bytes(TensorOut {
                 dimensions: dims,
                 ty: ElementType::F32,
                 data,
-            });
+            }));
         }
         infer(&info.name, split, dtype, dims, data)
     }
@@ -131,12 +133,12 @@ impl Dtype {
         }
     }
 
-    /// What wasi-nn returns and what the output says.
-    fn types(self) -> (tensor::TensorType, ElementType) {
+    /// What wasi-nn returns.
+    fn types(self) -> tensor::TensorType {
         match self {
-            Self::F32 => (tensor::TensorType::Fp32, ElementType::F32),
-            Self::F16 => (tensor::TensorType::Fp16, ElementType::F16),
-            Self::Bf16 => (tensor::TensorType::Bf16, ElementType::Bf16),
+            Self::F32 => tensor::TensorType::Fp32,
+            Self::F16 => tensor::TensorType::Fp16,
+            Self::Bf16 => tensor::TensorType::Bf16,
         }
     }
 }
@@ -186,12 +188,12 @@ fn infer(
     dtype: Dtype,
     dims: Vec<u32>,
     data: Vec<u8>,
-) -> Result<TensorOut, Error> {
+) -> Result<Output, Error> {
     let name = match dtype {
         Dtype::F32 => format!("{model}[0..{split}]"),
         other => format!("{model}[0..{split}]@{}", other.name()),
     };
-    let (nn_type, out_type) = dtype.types();
+    let nn_type = dtype.types();
     let graph =
         graph::load_by_name(&name).map_err(|e| nn_error(&format!("loading graph `{name}`"), e))?;
     let context = graph
@@ -214,11 +216,8 @@ fn infer(
             output.ty()
         )));
     }
-    Ok(TensorOut {
-        dimensions: output.dimensions(),
-        ty: out_type,
-        data: output.data(),
-    })
+    // Handed to the host as it is: its bytes never enter this function's memory.
+    Ok(Output::Nn(output))
 }
 
 bindings::export!(FeatureExtract with_types_in bindings);

@@ -11,19 +11,19 @@ mod bindings {
     });
 }
 
-use bindings::hapi::pushdown::types::ElementType;
-use bindings::{Error, Guest, Invocation, TensorOut};
+use bindings::hapi::pushdown::types::{ElementType, Output, TensorOut};
+use bindings::{Error, Guest, Invocation};
 
 struct FsReader;
 
 impl Guest for FsReader {
-    fn run(_invocation: Invocation) -> Result<TensorOut, Error> {
+    fn run(_invocation: Invocation) -> Result<Output, Error> {
         let data = std::fs::read("/etc/passwd").map_err(|e| Error::BadRequest(e.to_string()))?;
-        Ok(TensorOut {
+        Ok(Output::Bytes(TensorOut {
             dimensions: vec![data.len() as u32],
             ty: ElementType::U8,
             data,
-        })
+        }))
     }
 }
 

@@ -20,7 +20,10 @@
 //! `graph.load` with `count` graph builders of one byte, all the same byte; return the answer's
 //! case, 1 for an error), `describe` (describe a model named by `bytes` bytes; return 1 if
 //! refused), `seed` (return the hash std's `RandomState` gives 0, whose keys come from
-//! `wasi:random/insecure-seed`). With option `hang`
+//! `wasi:random/insecure-seed`), `nn-output` (return, by its handle, a wasi-nn tensor it made
+//! of option `type`, `dims` and `bytes`, matching or not), `graph-output` (run the graph of
+//! option `graph` once on `dims` and `bytes` zero bytes; return the output's handle). With
+//! option `hang`
 //! (any value), the guest never returns after the mode's work: a caller that gives up on it
 //! still had that work done on its behalf.
 
@@ -34,10 +37,10 @@ mod bindings {
     });
 }
 
-use bindings::hapi::pushdown::types::ElementType;
+use bindings::hapi::pushdown::types::{ElementType, Output, TensorOut};
 use bindings::hapi::pushdown::{models, objects};
 use bindings::wasi::nn::{graph, tensor};
-use bindings::{Error, Guest, Invocation, TensorOut};
+use bindings::{Error, Guest, Invocation};
 
 struct Hostile;
 
@@ -72,13 +75,64 @@ fn spin() -> ! {
 }
 
 impl Guest for Hostile {
-    fn run(inv: Invocation) -> Result<TensorOut, Error> {
-        let out = act(&inv);
+    fn run(inv: Invocation) -> Result<Output, Error> {
+        let out = match option(&inv, "mode") {
+            Some("nn-output") => nn_output(&inv),
+            Some("graph-output") => graph_output(&inv),
+            _ => act(&inv).map(Output::Bytes),
+        };
         if option(&inv, "hang").is_some() {
             spin();
         }
         out
     }
+}
+
+/// The comma-separated dimensions of option `dims` (default `1`).
+fn dims(inv: &Invocation) -> Vec<u32> {
+    option(inv, "dims")
+        .unwrap_or("1")
+        .split(',')
+        .map(|d| d.parse().unwrap_or(0))
+        .collect()
+}
+
+/// `nn-output`: a wasi-nn tensor of option `type` (`fp32`, `fp16`, `bf16`, `fp64`, `u8`, `i32`,
+/// `i64`; default `u8`), `dims` and `bytes` bytes of 1, made here and returned by its handle,
+/// whether or not its data matches its dimensions.
+fn nn_output(inv: &Invocation) -> Result<Output, Error> {
+    use tensor::TensorType as T;
+    let ty = match option(inv, "type").unwrap_or("u8") {
+        "fp32" => T::Fp32,
+        "fp16" => T::Fp16,
+        "bf16" => T::Bf16,
+        "fp64" => T::Fp64,
+        "u8" => T::U8,
+        "i32" => T::I32,
+        "i64" => T::I64,
+        other => return Err(Error::BadRequest(format!("unknown type `{other}`"))),
+    };
+    let data = vec![1u8; number(inv, "bytes")? as usize];
+    Ok(Output::Nn(tensor::Tensor::new(&dims(inv), ty, &data)))
+}
+
+/// `graph-output`: layers of option `graph` run once on a tensor of `dims` with `bytes` zero
+/// bytes; returns the output's handle as `compute` gave it.
+fn graph_output(inv: &Invocation) -> Result<Output, Error> {
+    let g = graph::load_by_name(option(inv, "graph").unwrap_or(""))
+        .map_err(|e| Error::Inference(format!("{:?}: {}", e.code(), e.data())))?;
+    let ctx = g
+        .init_execution_context()
+        .map_err(|e| Error::Inference(e.data()))?;
+    let data = vec![0u8; number(inv, "bytes")? as usize];
+    let t = tensor::Tensor::new(&dims(inv), tensor::TensorType::Fp32, &data);
+    let mut out = ctx
+        .compute(vec![("input".to_string(), t)])
+        .map_err(|e| Error::Inference(format!("{:?}: {}", e.code(), e.data())))?;
+    let (_, output) = out
+        .pop()
+        .ok_or_else(|| Error::Inference("compute returned no tensor".into()))?;
+    Ok(Output::Nn(output))
 }
 
 /// What `mode` asks for.
@@ -136,11 +190,7 @@ fn act(inv: &Invocation) -> Result<TensorOut, Error> {
         }
         "graph" => {
             let name = option(inv, "graph").unwrap_or("");
-            let dims: Vec<u32> = option(inv, "dims")
-                .unwrap_or("1")
-                .split(',')
-                .map(|d| d.parse().unwrap_or(0))
-                .collect();
+            let dims = dims(inv);
             let n = number(inv, "bytes")? as usize;
             let count = number(inv, "count").unwrap_or(1);
             let g = graph::load_by_name(name)

@@ -17,8 +17,8 @@ mod bindings {
     });
 }
 
-use bindings::hapi::pushdown::types::ElementType;
-use bindings::{Error, Guest, Invocation, TensorOut};
+use bindings::hapi::pushdown::types::{ElementType, Output, TensorOut};
+use bindings::{Error, Guest, Invocation};
 use zune_jpeg::hapi_kernels as k;
 
 /// xorshift64: the same sequence for the same seed.
@@ -158,7 +158,7 @@ fn check_colour(rng: &mut Rng, calls: u64) -> Counts {
 struct KernelCheck;
 
 impl Guest for KernelCheck {
-    fn run(inv: Invocation) -> Result<TensorOut, Error> {
+    fn run(inv: Invocation) -> Result<Output, Error> {
         let number = |key: &str, default: u64| -> Result<u64, Error> {
             match inv.options.iter().find(|(k, _)| k == key) {
                 None => Ok(default),
@@ -175,11 +175,11 @@ impl Guest for KernelCheck {
             check_colour(&mut rng, blocks).line("colour"),
         ]
         .join(" ");
-        Ok(TensorOut {
+        Ok(Output::Bytes(TensorOut {
             dimensions: vec![line.len() as u32],
             ty: ElementType::U8,
             data: line.into_bytes(),
-        })
+        }))
     }
 }
 

@@ -32,14 +32,14 @@ mod random {
     });
 }
 
-use bindings::hapi::pushdown::types::ElementType;
-use bindings::{Error, Guest, Invocation, TensorOut};
+use bindings::hapi::pushdown::types::{ElementType, Output, TensorOut};
+use bindings::{Error, Guest, Invocation};
 use std::time::{Duration, Instant};
 
 struct Sleeper;
 
 impl Guest for Sleeper {
-    fn run(inv: Invocation) -> Result<TensorOut, Error> {
+    fn run(inv: Invocation) -> Result<Output, Error> {
         let number = |key: &str| -> Option<u64> {
             inv.options
                 .iter()
@@ -48,11 +48,11 @@ impl Guest for Sleeper {
         };
         if let Some(len) = number("random") {
             let got = random::wasi::random::random::get_random_bytes(len).len() as u64;
-            return Ok(TensorOut {
+            return Ok(Output::Bytes(TensorOut {
                 dimensions: vec![8],
                 ty: ElementType::U8,
                 data: got.to_le_bytes().to_vec(),
-            });
+            }));
         }
         let ms = number("ms").ok_or_else(|| {
             Error::BadRequest("option `ms` or `random` (a number) is required".into())
@@ -63,11 +63,11 @@ impl Guest for Sleeper {
         std::thread::sleep(Duration::from_millis(ms));
         std::hint::black_box(&held);
         let slept = started.elapsed().as_millis() as u64;
-        Ok(TensorOut {
+        Ok(Output::Bytes(TensorOut {
             dimensions: vec![8],
             ty: ElementType::U8,
             data: slept.to_le_bytes().to_vec(),
-        })
+        }))
     }
 }
 

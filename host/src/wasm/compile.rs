@@ -258,6 +258,20 @@ pub fn check(bytes: &[u8], tenant: &str, allowed: &[&str]) -> Result<Checked, De
             imports: named.join(", "),
         });
     }
+    // Built against another version of the world: its imports and `run` do not match this
+    // host's, which the linker would only say one name at a time.
+    if let Some(other) = info.imports.iter().find_map(|name| {
+        let (_, version) = name.strip_prefix("hapi:pushdown/")?.split_once('@')?;
+        (version != WORLD_VERSION).then_some((name, version))
+    }) {
+        let (name, version) = other;
+        return Err(DeployError::WrongWorld(format!(
+            "it was built against hapi:pushdown@{} (it imports `{}`), and this host implements \
+             hapi:pushdown@{WORLD_VERSION}: rebuild it against this host's `wit/`",
+            quote(version),
+            quote(name)
+        )));
+    }
     if !exports_run {
         return Err(DeployError::WrongWorld(
             "it exports no `run` function".into(),
@@ -265,6 +279,9 @@ pub fn check(bytes: &[u8], tenant: &str, allowed: &[&str]) -> Result<Checked, De
     }
     Ok(info)
 }
+
+/// The version of the `hapi:pushdown` package (`wit/pushdown.wit`) this host implements.
+pub const WORLD_VERSION: &str = "0.2.0";
 
 /// The component-level instances a section makes, checked and counted: items for the
 /// arguments and exports they name (wasmtime's compile copies each), beyond the section's

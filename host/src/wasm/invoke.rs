@@ -6,13 +6,16 @@
 //! it is stopped wherever it is (in guest code, by epoch interruption; in a host call, by
 //! dropping the call, which cancels whatever the host was doing for it).
 
+use crate::account::Charge;
 use crate::account::{Account, Deadline, Usage};
 use crate::admission::Permit;
-use crate::bindings::{ElementType, Invocation, PushdownPre, TensorOut};
+use crate::bindings::hapi::pushdown::types::{Output as GuestOutput, TensorOut};
+use crate::bindings::{ElementType, Invocation, PushdownPre};
 use crate::caps::caller::{Caller, Stop};
 use crate::caps::models::ModelsCtx;
 use crate::caps::nn::NnCtx;
 use crate::caps::nn::host::NnView;
+use crate::caps::nn::resources::ElemType;
 use crate::caps::objects::ObjectsCtx;
 use crate::device::Device;
 use crate::models::Models;
@@ -626,11 +629,7 @@ async fn run(
         last_object_failure: data.objects.last_failure.take(),
     };
     let (read_time, queue_time) = (data.objects.read_time, data.nn.queue_time);
-    // The guest's memory, and all the host held for it, goes before its output is encoded:
-    // only the output (lifted out of that memory) is held from here. Freed on a slot of the
-    // tenant's share, which a call stopped at its deadline in a host call's wait does not hold.
-    turn.finally(GUARD_GRACE, || drop(store)).await;
-    let result = match called {
+    let outcome = match called {
         Err(expired) => Err(InvokeError::Stopped(Stop::Time {
             limit: expired.limit,
             during: "in a host call",
@@ -644,9 +643,24 @@ async fn run(
             },
         ),
         Ok(Ok(Err(guest))) => Err(guest_error(guest, witness)),
-        Ok(Ok(Ok(out))) => {
-            // It fits: the memory it was lifted from held it.
-            match account.charge(out.data.len() as u64, "output") {
+        // A wasi-nn tensor is taken out of the store's handles, with its charge, before they go.
+        Ok(Ok(Ok(out))) => take_output(&mut data.table, out),
+    };
+    // The guest's memory, and all the host held for it, goes before its output is encoded:
+    // only the output (lifted out of that memory, or the tensor it handed over) is held from
+    // here. Freed on a slot of the tenant's share, which a call stopped at its deadline in a
+    // host call's wait does not hold.
+    turn.finally(GUARD_GRACE, || drop(store)).await;
+    let result = match outcome {
+        Err(e) => Err(e),
+        Ok(Returned { out, charge }) => {
+            // Bytes lifted out of the guest's memory fit: that memory held them. A wasi-nn
+            // tensor's bytes stay on the charge they were made under.
+            let held = match charge {
+                Some(charge) => Ok(charge),
+                None => account.charge(out.data.len() as u64, "output"),
+            };
+            match held {
                 Ok(_held) => {
                     let mut encoding = Box::pin(encode(
                         out,
@@ -684,6 +698,47 @@ async fn run(
         read,
         memory_peak: account.peak(),
     }
+}
+
+/// A function's output, out of its store.
+struct Returned {
+    out: TensorOut,
+    /// What covers a wasi-nn tensor's bytes (and its handle and dimensions), held until the
+    /// response is encoded; `None` for bytes lifted out of the guest's memory.
+    charge: Option<Charge>,
+}
+
+/// `run`'s output as the host holds it: the bytes lifted out of the guest's memory, or the
+/// wasi-nn tensor behind the handle it returned, taken out of `table` without a copy.
+fn take_output(table: &mut ResourceTable, out: GuestOutput) -> Result<Returned, InvokeError> {
+    let handle = match out {
+        GuestOutput::Bytes(out) => return Ok(Returned { out, charge: None }),
+        GuestOutput::Nn(handle) => handle,
+    };
+    let tensor = table
+        .delete(handle)
+        .map_err(|e| InvokeError::HostFault(format!("the output tensor's handle: {e}")))?;
+    let ty = match tensor.ty {
+        ElemType::Fp32 => ElementType::F32,
+        ElemType::Fp16 => ElementType::F16,
+        ElemType::Bf16 => ElementType::Bf16,
+        ElemType::U8 => ElementType::U8,
+        ElemType::I64 => ElementType::I64,
+        other @ (ElemType::Fp64 | ElemType::I32) => {
+            return Err(InvokeError::BadOutput(format!(
+                "a wasi-nn tensor of type {}; an output is fp32, fp16, bf16, u8 or i64",
+                other.name()
+            )));
+        }
+    };
+    Ok(Returned {
+        out: TensorOut {
+            dimensions: tensor.dimensions,
+            ty,
+            data: tensor.data,
+        },
+        charge: Some(tensor.charge),
+    })
 }
 
 /// The end of an invocation's request: its sender, held by the request's future, is dropped

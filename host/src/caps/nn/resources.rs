@@ -29,6 +29,19 @@ impl ElemType {
             ElemType::U8 => 1,
         }
     }
+
+    /// wasi-nn's name of the type.
+    pub fn name(self) -> &'static str {
+        match self {
+            ElemType::Fp16 => "fp16",
+            ElemType::Fp32 => "fp32",
+            ElemType::Fp64 => "fp64",
+            ElemType::Bf16 => "bf16",
+            ElemType::U8 => "u8",
+            ElemType::I32 => "i32",
+            ElemType::I64 => "i64",
+        }
+    }
 }
 
 /// wasi-nn's error codes.

@@ -531,7 +531,8 @@ fn transform_with<T: Copy>(
 /// Normalised elements of the interleaved `C`-channel pixels `px` into `dst` (3 per pixel):
 /// model channel `c` is image channel `sources[c]` through `lut[c]`. Channel planes one after
 /// the other (NCHW) or the three channels of each pixel together (NHWC). Returns how many
-/// elements it wrote, counted as written: all of `dst`.
+/// elements the loops wrote: all of `dst`, each once, which the assert makes so (exactly three
+/// planes, or `pixels` triples, each as long as the pixels it zips with).
 fn write_sample<const C: usize, T: Copy>(
     px: &[u8],
     lut: &[[T; 256]; 3],

@@ -21,9 +21,7 @@
 //! case, 1 for an error), `describe` (describe a model named by `bytes` bytes; return 1 if
 //! refused), `seed` (return the hash std's `RandomState` gives 0, whose keys come from
 //! `wasi:random/insecure-seed`), `nn-output` (return, by its handle, a wasi-nn tensor it made
-//! of option `type`, `dims` and `bytes`, matching or not), `graph-output` (run the graph of
-//! option `graph` once on `dims` and `bytes` zero bytes; return the output's handle). With
-//! option `hang`
+//! of option `type`, `dims` and `bytes`, matching or not). With option `hang`
 //! (any value), the guest never returns after the mode's work: a caller that gives up on it
 //! still had that work done on its behalf.
 
@@ -78,7 +76,6 @@ impl Guest for Hostile {
     fn run(inv: Invocation) -> Result<Output, Error> {
         let out = match option(&inv, "mode") {
             Some("nn-output") => nn_output(&inv),
-            Some("graph-output") => graph_output(&inv),
             _ => act(&inv).map(Output::Bytes),
         };
         if option(&inv, "hang").is_some() {
@@ -114,25 +111,6 @@ fn nn_output(inv: &Invocation) -> Result<Output, Error> {
     };
     let data = vec![1u8; number(inv, "bytes")? as usize];
     Ok(Output::Nn(tensor::Tensor::new(&dims(inv), ty, &data)))
-}
-
-/// `graph-output`: layers of option `graph` run once on a tensor of `dims` with `bytes` zero
-/// bytes; returns the output's handle as `compute` gave it.
-fn graph_output(inv: &Invocation) -> Result<Output, Error> {
-    let g = graph::load_by_name(option(inv, "graph").unwrap_or(""))
-        .map_err(|e| Error::Inference(format!("{:?}: {}", e.code(), e.data())))?;
-    let ctx = g
-        .init_execution_context()
-        .map_err(|e| Error::Inference(e.data()))?;
-    let data = vec![0u8; number(inv, "bytes")? as usize];
-    let t = tensor::Tensor::new(&dims(inv), tensor::TensorType::Fp32, &data);
-    let mut out = ctx
-        .compute(vec![("input".to_string(), t)])
-        .map_err(|e| Error::Inference(format!("{:?}: {}", e.code(), e.data())))?;
-    let (_, output) = out
-        .pop()
-        .ok_or_else(|| Error::Inference("compute returned no tensor".into()))?;
-    Ok(Output::Nn(output))
 }
 
 /// What `mode` asks for.

@@ -243,6 +243,25 @@ pub fn check(bytes: &[u8], tenant: &str, allowed: &[&str]) -> Result<Checked, De
         ))
     })?
     .map_err(|e| DeployError::Invalid(e.to_string()))?;
+    // Built against another version of the world: its imports and `run` do not match this
+    // host's, which the linker would only say one name at a time. Looked at before the grants:
+    // an old component's other imports may be ones the tenant is not granted, and rebuilding is
+    // what it needs first.
+    if let Some((name, version)) = info.imports.iter().find_map(|name| {
+        let rest = name.strip_prefix("hapi:pushdown/")?;
+        let version = rest.split_once('@').map(|(_, v)| v);
+        (!version.is_some_and(world_compatible)).then_some((name, version))
+    }) {
+        let built = match version {
+            Some(v) => format!("hapi:pushdown@{}", quote(v)),
+            None => "an unversioned hapi:pushdown".into(),
+        };
+        return Err(DeployError::WrongWorld(format!(
+            "it was built against {built} (it imports `{}`), and this host implements \
+             hapi:pushdown@{WORLD_VERSION}: rebuild it against this host's `wit/`",
+            quote(name)
+        )));
+    }
     let denied: Vec<&String> = info
         .imports
         .iter()
@@ -258,20 +277,6 @@ pub fn check(bytes: &[u8], tenant: &str, allowed: &[&str]) -> Result<Checked, De
             imports: named.join(", "),
         });
     }
-    // Built against another version of the world: its imports and `run` do not match this
-    // host's, which the linker would only say one name at a time.
-    if let Some(other) = info.imports.iter().find_map(|name| {
-        let (_, version) = name.strip_prefix("hapi:pushdown/")?.split_once('@')?;
-        (version != WORLD_VERSION).then_some((name, version))
-    }) {
-        let (name, version) = other;
-        return Err(DeployError::WrongWorld(format!(
-            "it was built against hapi:pushdown@{} (it imports `{}`), and this host implements \
-             hapi:pushdown@{WORLD_VERSION}: rebuild it against this host's `wit/`",
-            quote(version),
-            quote(name)
-        )));
-    }
     if !exports_run {
         return Err(DeployError::WrongWorld(
             "it exports no `run` function".into(),
@@ -282,6 +287,26 @@ pub fn check(bytes: &[u8], tenant: &str, allowed: &[&str]) -> Result<Checked, De
 
 /// The version of the `hapi:pushdown` package (`wit/pushdown.wit`) this host implements.
 pub const WORLD_VERSION: &str = "0.2.0";
+
+/// Whether a component's `hapi:pushdown` import `version` links with [`WORLD_VERSION`], as
+/// wasmtime's linker matches semver: the same major version (for 0.x, the same minor), build
+/// metadata ignored; a prerelease only as itself.
+fn world_compatible(version: &str) -> bool {
+    let parse = |v: &str| -> Option<(u64, u64, u64, bool)> {
+        let v = v.split_once('+').map_or(v, |(v, _)| v);
+        let (v, pre) = v.split_once('-').map_or((v, false), |(v, _)| (v, true));
+        let mut parts = v.split('.').map(|p| p.parse::<u64>().ok());
+        let (major, minor, patch) = (parts.next()??, parts.next()??, parts.next()??);
+        parts.next().is_none().then_some((major, minor, patch, pre))
+    };
+    match (parse(version), parse(WORLD_VERSION)) {
+        (Some((major, minor, _, false)), Some((our_major, our_minor, _, false))) => {
+            major == our_major && (major != 0 || minor == our_minor)
+        }
+        (Some(_), _) => version == WORLD_VERSION,
+        (None, _) => false,
+    }
+}
 
 /// The component-level instances a section makes, checked and counted: items for the
 /// arguments and exports they name (wasmtime's compile copies each), beyond the section's
@@ -596,5 +621,25 @@ mod tests {
             check(b"\0asm\x0d\0\x01\0garbage", "t", &[]),
             Err(DeployError::Invalid(_))
         ));
+    }
+
+    #[test]
+    fn world_versions_link_as_wasmtime_matches_semver() {
+        assert_eq!(WORLD_VERSION, "0.2.0", "the cases below are for 0.2.0");
+        for ok in ["0.2.0", "0.2.1", "0.2.7+build.5"] {
+            assert!(world_compatible(ok), "{ok}");
+        }
+        for bad in [
+            "0.1.0",
+            "0.3.0",
+            "1.2.0",
+            "0.2.0-rc1",
+            "0.2",
+            "0.2.0.1",
+            "x.y.z",
+            "",
+        ] {
+            assert!(!world_compatible(bad), "{bad}");
+        }
     }
 }

@@ -489,13 +489,13 @@ fn levels<T: Copy>(t: &Transform, store: impl Fn(f32) -> T) -> [[T; 256]; 3] {
 /// torchvision's `Resize`, `CenterCrop(crop)`, `ToTensor()`, `Normalize(mean, std)` on a PIL
 /// image, bit for bit. Writes one sample into `dst` (`sample_len` elements) in the transform's
 /// layout, each element as `store` gives it; with BGR order, model channel 0 is the image's
-/// blue. Returns how many elements it wrote: all of `dst`.
+/// blue. Every element of `dst` is written ([`write_sample`] asserts its length).
 fn transform_with<T: Copy>(
     img: &Decoded,
     t: &Transform,
     store: impl Fn(f32) -> T,
     dst: &mut [T],
-) -> Result<usize, PreprocessError> {
+) -> Result<(), PreprocessError> {
     t.check()?;
     let (w, h) = img.dimensions();
     let (nw, nh) = match t.resize_mode {
@@ -516,43 +516,42 @@ fn transform_with<T: Copy>(
         ChannelOrder::Rgb => [0, 1, 2],
         ChannelOrder::Bgr => [2, 1, 0],
     };
-    Ok(match img {
+    match img {
         Decoded::Gray(g) => {
             let px = resize::resize_window::<1>(g.as_raw(), src, out, win, t.filter);
-            write_sample::<1, T>(&px, &lut, [0; 3], t.layout, dst)
+            write_sample::<1, T>(&px, &lut, [0; 3], t.layout, dst);
         }
         Decoded::Rgb(rgb) => {
             let px = resize::resize_window::<3>(rgb.as_raw(), src, out, win, t.filter);
-            write_sample::<3, T>(&px, &lut, sources, t.layout, dst)
+            write_sample::<3, T>(&px, &lut, sources, t.layout, dst);
         }
-    })
+    }
+    Ok(())
 }
 
 /// Normalised elements of the interleaved `C`-channel pixels `px` into `dst` (3 per pixel):
 /// model channel `c` is image channel `sources[c]` through `lut[c]`. Channel planes one after
-/// the other (NCHW) or the three channels of each pixel together (NHWC). Returns how many
-/// elements the loops wrote: all of `dst`, each once, which the assert makes so (exactly three
-/// planes, or `pixels` triples, each as long as the pixels it zips with).
+/// the other (NCHW) or the three channels of each pixel together (NHWC). Writes every element
+/// of `dst` once, which the assert makes so: exactly three planes, or `pixels` triples, each as
+/// long as the pixels it zips with ([`append_sample`] relies on it).
 fn write_sample<const C: usize, T: Copy>(
     px: &[u8],
     lut: &[[T; 256]; 3],
     sources: [usize; 3],
     layout: Layout,
     dst: &mut [T],
-) -> usize {
+) {
     let pixels = px.len() / C;
     assert!(
         pixels > 0 && px.len() == C * pixels && dst.len() == 3 * pixels,
         "one sample is 3 x {pixels} elements"
     );
-    let mut written = 0;
     match layout {
         Layout::Nchw => {
             for ((plane, lut), &source) in dst.chunks_exact_mut(pixels).zip(lut).zip(&sources) {
                 for (d, p) in plane.iter_mut().zip(px.chunks_exact(C)) {
                     *d = lut[usize::from(p[source])];
                 }
-                written += plane.len();
             }
         }
         Layout::Nhwc => {
@@ -560,11 +559,29 @@ fn write_sample<const C: usize, T: Copy>(
                 for c in 0..3 {
                     d[c] = lut[c][usize::from(p[sources[c]])];
                 }
-                written += 3;
             }
         }
     }
-    written
+}
+
+/// Appends one sample of `img` to `out`, `K` items an element as `store` gives them, written
+/// into `out`'s spare capacity: no zeroing first.
+fn append_sample<E: Copy, const K: usize>(
+    img: &Decoded,
+    t: &Transform,
+    store: impl Fn(f32) -> [E; K],
+    out: &mut Vec<E>,
+) -> Result<(), PreprocessError> {
+    t.check()?;
+    let n = K * t.sample_len();
+    out.reserve(n);
+    let (dst, rest) = out.spare_capacity_mut()[..n].as_chunks_mut::<K>();
+    debug_assert!(rest.is_empty());
+    transform_with(img, t, |v| store(v).map(MaybeUninit::new), dst)?;
+    // SAFETY: `transform_with` returned, so `write_sample` wrote every element of `dst`, the
+    // `n` items past the length, for which `reserve` made room.
+    unsafe { out.set_len(out.len() + n) };
+    Ok(())
 }
 
 /// Resize, centre crop and normalise an image into f32 in the transform's layout, appended
@@ -574,15 +591,7 @@ pub fn transform_into(
     t: &Transform,
     out: &mut Vec<f32>,
 ) -> Result<(), PreprocessError> {
-    t.check()?;
-    let n = t.sample_len();
-    out.reserve(n);
-    let written = transform_with(img, t, MaybeUninit::new, &mut out.spare_capacity_mut()[..n])?;
-    assert_eq!(written, n, "a sample's every element is written");
-    // SAFETY: the `n` elements past the length were all written just now (counted above), and
-    // `reserve` made room for them.
-    unsafe { out.set_len(out.len() + n) };
-    Ok(())
+    append_sample(img, t, |v| [v], out)
 }
 
 /// [`transform_into`] as little-endian f32 bytes appended to `out`: the layout of an FP32 tensor
@@ -592,18 +601,7 @@ pub fn transform_into_le_bytes(
     t: &Transform,
     out: &mut Vec<u8>,
 ) -> Result<(), PreprocessError> {
-    t.check()?;
-    let n = t.sample_len();
-    out.reserve(4 * n);
-    let (dst, rest) = out.spare_capacity_mut()[..4 * n].as_chunks_mut::<4>();
-    debug_assert!(rest.is_empty());
-    let le = |v: f32| v.to_le_bytes().map(MaybeUninit::new);
-    let written = transform_with(img, t, le, dst)?;
-    assert_eq!(written, n, "a sample's every element is written");
-    // SAFETY: the `4 * n` bytes past the length were all written just now (`n` elements of
-    // four, counted above), and `reserve` made room for them.
-    unsafe { out.set_len(out.len() + 4 * n) };
-    Ok(())
+    append_sample(img, t, f32::to_le_bytes, out)
 }
 
 /// Decode and transform one encoded image into f32 in the transform's layout.
